@@ -1,0 +1,148 @@
+package lru
+
+import (
+	"hash/maphash"
+	"math"
+	"math/bits"
+	"sync/atomic"
+	"time"
+)
+
+// Cache is a bounded set of string keys, each kept for a TTL after its last
+// [Cache.Add]. It is safe for concurrent use. Build it with [New]; the zero
+// value is not usable.
+type Cache struct {
+	seed   maphash.Seed
+	shift  uint  // shard index = hash >> shift: the top bits pick the shard
+	ttl    int64 // nanoseconds
+	perCap int   // keys per shard
+	base   time.Time
+	now    func() time.Time        // nil: time.Since(base), one monotonic read
+	tables []atomic.Pointer[table] // per shard; all Contains reads of the Cache
+	shards []shard
+}
+
+// New returns a cache holding at most [Cache.Cap] keys (size rounded up so
+// every shard holds the same number), each for ttl after its last Add.
+//
+// size < 1, ttl <= 0, a nil Option or an invalid option value returns an error
+// wrapping [ErrInvalidOption] that names the setting.
+func New(size int, ttl time.Duration, opts ...Option) (*Cache, error) {
+	cfg, err := newConfig(size, ttl, opts)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cache{
+		seed:   maphash.MakeSeed(),
+		shift:  uint(64 - bits.TrailingZeros(uint(cfg.shards))),
+		ttl:    int64(ttl),
+		perCap: (size + cfg.shards - 1) / cfg.shards,
+		base:   cfg.now(),
+		tables: make([]atomic.Pointer[table], cfg.shards),
+		shards: make([]shard, cfg.shards),
+	}
+	if cfg.clockSet {
+		c.now = cfg.now
+	}
+	for i := range c.shards {
+		c.shards[i].init(&c.tables[i], c.perCap)
+	}
+	return c, nil
+}
+
+// clock returns nanoseconds since c.base. With the default clock this is a
+// single monotonic read (time.Since skips the wall clock), which is most of
+// the cost of a hit.
+func (c *Cache) clock() int64 {
+	if c.now == nil {
+		return int64(time.Since(c.base))
+	}
+	return int64(c.now().Sub(c.base))
+}
+
+func (c *Cache) shard(h uint64) *shard {
+	return &c.shards[h>>c.shift]
+}
+
+// Contains reports whether key was added less than the TTL ago and has not
+// been removed or evicted since. A hit marks the key as recently used, which
+// protects it from the next eviction sweep. It takes no lock and makes no
+// allocation; it reads the clock only when the key is found.
+func (c *Cache) Contains(key string) bool {
+	h := maphash.String(c.seed, key)
+	t := c.tables[h>>c.shift].Load()
+	if t == nil { // closed
+		return false
+	}
+	n := t.find(h, key)
+	if n == nil || c.clock() >= n.expires.Load() {
+		return false
+	}
+	if n.ref.Load() == 0 { // write only when needed: hot keys stay read-shared
+		n.ref.Store(1)
+	}
+	return true
+}
+
+// Add inserts key, or refreshes its expiry to now+TTL if present (expired or
+// not). When the key's shard is full it evicts one key, chosen by the CLOCK
+// (second-chance) hand: an expired key at once, else the first key not used
+// since the hand last passed it. The cache keeps its own copy of key, so a
+// key sliced from a large buffer does not pin that buffer. After [Cache.Close]
+// Add does nothing.
+func (c *Cache) Add(key string) {
+	h := maphash.String(c.seed, key)
+	s := c.shard(h)
+	now := c.clock()
+	exp := int64(math.MaxInt64)
+	if now < math.MaxInt64-c.ttl {
+		exp = now + c.ttl
+	}
+	s.mu.Lock()
+	s.add(h, key, now, exp, c.perCap)
+	s.mu.Unlock()
+}
+
+// Remove deletes key if present; its slot is reused by the next Add to the
+// same shard.
+func (c *Cache) Remove(key string) {
+	h := maphash.String(c.seed, key)
+	s := c.shard(h)
+	s.mu.Lock()
+	s.remove(h, key)
+	s.mu.Unlock()
+}
+
+// Len returns the number of keys held. Expiry is lazy, so this includes
+// expired keys not yet reclaimed by an Add; Len never exceeds [Cache.Cap].
+// It is 0 after [Cache.Close].
+func (c *Cache) Len() int {
+	n := 0
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		n += s.live
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// Cap returns the most keys the cache holds: the size given to [New] rounded
+// up to a multiple of the shard count (each shard holds ceil(size/shards)).
+// It is unchanged by [Cache.Close].
+func (c *Cache) Cap() int {
+	return c.perCap * len(c.shards)
+}
+
+// Close releases the cache's memory. Afterwards Contains reports false, Add
+// and Remove do nothing and Len is 0. Calls racing with Close may see the
+// cache either open or closed. Close starts and stops no goroutine, and is
+// idempotent.
+func (c *Cache) Close() {
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		s.close()
+		s.mu.Unlock()
+	}
+}

@@ -1,0 +1,58 @@
+// Package lru is the local tier of dedupkit: a bounded, timed set of the
+// keys of messages this process knows are processed, so that a redelivered
+// message is answered Duplicate with no network call and no allocation.
+//
+// # What it holds
+//
+// Only keys known DONE: add a key after a successful Complete, a Mark, or a
+// Duplicate answer from the shared store. Never add a key that is merely IN
+// PROGRESS; a failed handler must leave no trace here, or its retry would be
+// dropped as a duplicate. The TTL should not exceed the shared store's
+// retention, so this tier never claims a key the store has forgotten.
+//
+// # Bounds and expiry
+//
+// A [Cache] holds at most [Cache.Cap] keys: size rounded up to shards ×
+// ceil(size/shards). Each shard evicts on its own, so a shard may evict while
+// another has room. Memory is about 100 bytes per key held (keys up to 39
+// bytes are stored inline; longer keys add their length), allocated as the
+// cache fills.
+//
+// Expiry is lazy and there is no background goroutine: a key older than the
+// TTL reads as absent at once and its slot is reclaimed by a later Add, so
+// [Cache.Len] may count expired keys. [Cache.Close] only releases memory.
+// Contains reads the clock once per hit, a single monotonic read.
+//
+// # Eviction
+//
+// Each shard runs CLOCK (second chance), an approximation of LRU that lets
+// a hit stay read-only: Contains sets a reference bit, and Add's hand, when
+// the shard is full, evicts the first key that is expired or unreferenced,
+// clearing reference bits as it passes. Contains takes no lock: it probes a
+// Swiss-table-style index (one cache line of tags and pointers) and reads
+// one cache-line node. Add and Remove take the shard's mutex. A read lock
+// per shard over a Go map, the obvious alternative, measured 82 and 75 ns
+// on the shuffled and insertion-order hits below: its two atomic updates
+// of the lock word per hit cost more than the whole lookup here.
+//
+// # Why not golang-lru's expirable.LRU
+//
+// hashicorp/golang-lru/v2/expirable (v2.0.7) is a fine general cache, but as
+// this tier: every Get takes one exclusive mutex and moves a list element,
+// so hits serialize across cores; its Contains ignores expiry; each cache
+// starts a goroutine that can never be stopped; and it stores a value this
+// set does not need. Measured with 2 goroutines on 2 cores (RunParallel,
+// 64Ki keys, go test -bench=. -benchmem -count=3 ./lru, medians):
+//
+//	benchmark                          dedupkit   sync.Map   expirable
+//	Hit, shuffled order (ns/op)            54.4       41.6       175
+//	Hit, insertion order (ns/op)           32.8       23.1       137
+//	Add, evicting, size 8192 (ns/op)        205     142 (*)       384
+//	Contains+Add on miss, Zipf 1.1 (ns/op)   85          -       220
+//	  hit ratio at size 16384             0.790          -     0.784
+//
+// (*) sync.Map Store neither bounds nor evicts; 64 mutex-guarded maps take
+// 84 ns. A hit allocates nothing in any of them, and sync.Map is here only
+// as the floor for a concurrent read. About 8 ns of dedupkit's hit is the
+// monotonic clock read that expiry needs.
+package lru
