@@ -1,0 +1,434 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// backend is one Store under test, with a way to move its time forward.
+type backend struct {
+	store   Store
+	prefix  string
+	advance func(time.Duration)
+	// rdb is the Redis client behind a Redis store (nil for memory): the suite checks
+	// raw values and TTLs through it.
+	rdb redis.UniversalClient
+}
+
+type backendFactory struct {
+	name string
+	new  func(t *testing.T) backend
+}
+
+// storeBackends lists every Store the conformance suite runs against. The real
+// redis-server comes from DEDUP_REDIS_ADDR or is spawned; without either it skips
+// (and fails under DEDUP_REQUIRE_SERVERS=1).
+func storeBackends() []backendFactory {
+	return []backendFactory{
+		{"memory", func(t *testing.T) backend {
+			clk := newFakeClock()
+			s, err := NewMemoryStore(WithMemoryClock(clk.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return backend{store: s, prefix: testPrefix(t), advance: clk.Add}
+		}},
+		{"miniredis", func(t *testing.T) backend {
+			m, c := newMiniredis(t)
+			s, err := NewRedisStore(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return backend{store: s, prefix: testPrefix(t), advance: m.FastForward, rdb: c}
+		}},
+		{"redis-server", func(t *testing.T) backend {
+			prefix := testPrefix(t)
+			c := realRedis(t, prefix)
+			s, err := NewRedisStore(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return backend{store: s, prefix: prefix, advance: time.Sleep, rdb: c}
+		}},
+	}
+}
+
+// Durations are short so that the real server, which can only sleep, stays fast; the
+// margins are wide so that a loaded machine does not flake.
+const (
+	cLease     = 400 * time.Millisecond
+	cRetention = 1200 * time.Millisecond
+	cMargin    = 150 * time.Millisecond
+)
+
+func TestStoreConformance(t *testing.T) {
+	for _, bf := range storeBackends() {
+		t.Run(bf.name, func(t *testing.T) {
+			t.Parallel()
+			for _, c := range conformanceCases {
+				t.Run(c.name, func(t *testing.T) {
+					t.Parallel()
+					b := bf.new(t)
+					c.run(t, &suite{t: t, b: b, ctx: context.Background()})
+				})
+			}
+		})
+	}
+}
+
+type suite struct {
+	t   *testing.T
+	b   backend
+	ctx context.Context
+	n   int
+}
+
+func (s *suite) key() string {
+	s.n++
+	return s.b.prefix + ":h:" + s.t.Name() + string(rune('a'+s.n))
+}
+
+func (s *suite) claim(key, token, fp string) Answer {
+	s.t.Helper()
+	a, err := s.b.store.Claim(s.ctx, key, token, fp, cLease)
+	if err != nil {
+		s.t.Fatalf("Claim: %v", err)
+	}
+	s.checkTTL(key)
+	return a
+}
+
+func (s *suite) mark(key, token, fp string) Answer {
+	s.t.Helper()
+	a, err := s.b.store.Mark(s.ctx, key, token, fp, cRetention)
+	if err != nil {
+		s.t.Fatalf("Mark: %v", err)
+	}
+	s.checkTTL(key)
+	return a
+}
+
+func (s *suite) complete(key, token string) error {
+	s.t.Helper()
+	err := s.b.store.Complete(s.ctx, key, token, cRetention)
+	s.checkTTL(key)
+	return err
+}
+
+func (s *suite) wantStatus(a Answer, want Status) {
+	s.t.Helper()
+	if a.Status != want {
+		s.t.Fatalf("status %v, want %v", a.Status, want)
+	}
+}
+
+// checkTTL asserts the Redis-side rule that no record lives forever.
+func (s *suite) checkTTL(key string) {
+	s.t.Helper()
+	if s.b.rdb == nil {
+		return
+	}
+	ttl, err := s.b.rdb.PTTL(s.ctx, key).Result()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if ttl == -1 {
+		s.t.Fatalf("record %s has no TTL", key)
+	}
+}
+
+func (s *suite) must(err error) {
+	s.t.Helper()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *suite) wantLeaseLost(err error) {
+	s.t.Helper()
+	if !errors.Is(err, ErrLeaseLost) {
+		s.t.Fatalf("err %v, want ErrLeaseLost", err)
+	}
+}
+
+var conformanceCases = []struct {
+	name string
+	run  func(t *testing.T, s *suite)
+}{
+	{"claim/absent", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.wantStatus(s.claim(k, "A", ""), StatusAcquired)
+	}},
+	{"claim/in-progress-mine", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.b.advance(cLease - cMargin)
+		s.wantStatus(s.claim(k, "A", ""), StatusAcquired)
+		// the retried claim renewed the lease
+		s.b.advance(2 * cMargin)
+		s.wantStatus(s.claim(k, "B", ""), StatusInProgress)
+	}},
+	{"claim/in-progress-other", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		a := s.claim(k, "B", "")
+		s.wantStatus(a, StatusInProgress)
+		if a.TTL <= 0 || a.TTL > cLease {
+			t.Fatalf("remaining lease %v, want in (0, %v]", a.TTL, cLease)
+		}
+	}},
+	{"claim/done", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "fp1")
+		s.must(s.complete(k, "A"))
+		s.wantStatus(s.claim(k, "B", "fp1"), StatusDuplicate)
+		s.wantStatus(s.claim(k, "B", ""), StatusDuplicate)
+		s.wantStatus(s.claim(k, "A", "fp1"), StatusDuplicate)
+	}},
+	{"claim/done-other-fingerprint", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "fp1")
+		s.must(s.complete(k, "A"))
+		s.wantStatus(s.claim(k, "B", "fp2"), StatusConflict)
+	}},
+	{"claim/lease-expiry", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.b.advance(cLease + cMargin)
+		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+		s.wantLeaseLost(s.complete(k, "A"))
+		s.must(s.complete(k, "B"))
+	}},
+	{"complete/absent", func(t *testing.T, s *suite) {
+		s.wantLeaseLost(s.complete(s.key(), "A"))
+	}},
+	{"complete/in-progress-mine", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.must(s.complete(k, "A"))
+		// DONE lives for the retention, not the lease
+		s.b.advance(cRetention - cMargin)
+		s.wantStatus(s.claim(k, "B", ""), StatusDuplicate)
+		s.b.advance(2 * cMargin)
+		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+	}},
+	{"complete/in-progress-other", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.wantLeaseLost(s.complete(k, "B"))
+		s.wantStatus(s.claim(k, "C", ""), StatusInProgress)
+	}},
+	{"complete/done-mine-retried", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.must(s.complete(k, "A"))
+		s.must(s.complete(k, "A"))
+	}},
+	{"complete/done-other", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.must(s.complete(k, "A"))
+		s.wantLeaseLost(s.complete(k, "B"))
+	}},
+	{"release/absent", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.must(s.b.store.Release(s.ctx, k, "A"))
+		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+	}},
+	{"release/in-progress-mine", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.must(s.b.store.Release(s.ctx, k, "A"))
+		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+	}},
+	{"release/in-progress-other", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.must(s.b.store.Release(s.ctx, k, "B"))
+		s.wantStatus(s.claim(k, "C", ""), StatusInProgress)
+	}},
+	{"release/done", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.must(s.complete(k, "A"))
+		s.must(s.b.store.Release(s.ctx, k, "A"))
+		s.wantStatus(s.claim(k, "B", ""), StatusDuplicate)
+	}},
+	{"extend/absent", func(t *testing.T, s *suite) {
+		s.wantLeaseLost(s.b.store.Extend(s.ctx, s.key(), "A", cLease))
+	}},
+	{"extend/in-progress-mine", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.b.advance(cLease - cMargin)
+		s.must(s.b.store.Extend(s.ctx, k, "A", cLease))
+		s.checkTTL(k)
+		s.b.advance(2 * cMargin) // past the first lease, inside the extended one
+		s.wantStatus(s.claim(k, "B", ""), StatusInProgress)
+		s.must(s.complete(k, "A"))
+	}},
+	{"extend/in-progress-other", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.wantLeaseLost(s.b.store.Extend(s.ctx, k, "B", cLease))
+	}},
+	{"extend/done", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.must(s.complete(k, "A"))
+		s.wantLeaseLost(s.b.store.Extend(s.ctx, k, "A", cLease))
+	}},
+	{"mark/absent", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.wantStatus(s.mark(k, "A", ""), StatusAcquired)
+		s.wantStatus(s.claim(k, "B", ""), StatusDuplicate) // the mark wrote DONE
+		s.b.advance(cRetention + cMargin)
+		s.wantStatus(s.mark(k, "C", ""), StatusAcquired)
+	}},
+	{"mark/in-progress-other", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.wantStatus(s.mark(k, "B", ""), StatusDuplicate)
+		s.must(s.complete(k, "A")) // the mark did not disturb the claim
+	}},
+	{"mark/done-mine-retried", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.mark(k, "A", "")
+		s.wantStatus(s.mark(k, "A", ""), StatusAcquired)
+	}},
+	{"mark/done-other", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.mark(k, "A", "fp1")
+		s.wantStatus(s.mark(k, "B", "fp1"), StatusDuplicate)
+		s.wantStatus(s.mark(k, "B", "fp2"), StatusConflict)
+		s.wantStatus(s.mark(k, "B", ""), StatusDuplicate)
+	}},
+	{"batch/claim-many", func(t *testing.T, s *suite) {
+		free, mine, other, done, reused := s.key(), s.key(), s.key(), s.key(), s.key()
+		s.claim(mine, "A", "")
+		s.claim(other, "X", "")
+		s.mark(done, "X", "fp1")
+		s.mark(reused, "X", "fp1")
+		got, err := s.b.store.ClaimMany(s.ctx, []Entry{
+			{Key: free, Token: "A", TTL: cLease},
+			{Key: mine, Token: "A", TTL: cLease},
+			{Key: other, Token: "A", TTL: cLease},
+			{Key: done, Token: "A", Fingerprint: "fp1", TTL: cLease},
+			{Key: reused, Token: "A", Fingerprint: "fp2", TTL: cLease},
+		})
+		s.must(err)
+		want := []Status{StatusAcquired, StatusAcquired, StatusInProgress, StatusDuplicate, StatusConflict}
+		for i, a := range got {
+			if a.Err != nil || a.Status != want[i] {
+				t.Fatalf("entry %d: %v %v, want %v", i, a.Status, a.Err, want[i])
+			}
+		}
+		if got[2].TTL <= 0 || got[2].TTL > cLease {
+			t.Fatalf("remaining lease %v", got[2].TTL)
+		}
+		for _, k := range []string{free, mine} {
+			s.checkTTL(k)
+		}
+	}},
+	{"batch/mark-many", func(t *testing.T, s *suite) {
+		free, other, mine, reused := s.key(), s.key(), s.key(), s.key()
+		s.claim(other, "X", "")
+		s.mark(mine, "A", "")
+		s.mark(reused, "X", "fp1")
+		got, err := s.b.store.MarkMany(s.ctx, []Entry{
+			{Key: free, Token: "A", TTL: cRetention},
+			{Key: other, Token: "A", TTL: cRetention},
+			{Key: mine, Token: "A", TTL: cRetention},
+			{Key: reused, Token: "A", Fingerprint: "fp2", TTL: cRetention},
+		})
+		s.must(err)
+		want := []Status{StatusAcquired, StatusDuplicate, StatusAcquired, StatusConflict}
+		for i, a := range got {
+			if a.Err != nil || a.Status != want[i] {
+				t.Fatalf("entry %d: %v %v, want %v", i, a.Status, a.Err, want[i])
+			}
+		}
+		s.checkTTL(free)
+	}},
+	{"batch/complete-many", func(t *testing.T, s *suite) {
+		mine, other, absent := s.key(), s.key(), s.key()
+		s.claim(mine, "A", "")
+		s.claim(other, "X", "")
+		got, err := s.b.store.CompleteMany(s.ctx, []Entry{
+			{Key: mine, Token: "A", TTL: cRetention},
+			{Key: other, Token: "A", TTL: cRetention},
+			{Key: absent, Token: "A", TTL: cRetention},
+		})
+		s.must(err)
+		if got[0] != nil || !errors.Is(got[1], ErrLeaseLost) || !errors.Is(got[2], ErrLeaseLost) {
+			t.Fatalf("got %v", got)
+		}
+		s.wantStatus(s.claim(mine, "B", ""), StatusDuplicate)
+		s.checkTTL(mine)
+	}},
+	{"batch/empty", func(t *testing.T, s *suite) {
+		a, err := s.b.store.ClaimMany(s.ctx, nil)
+		s.must(err)
+		m, err := s.b.store.MarkMany(s.ctx, nil)
+		s.must(err)
+		c, err := s.b.store.CompleteMany(s.ctx, nil)
+		s.must(err)
+		if len(a)+len(m)+len(c) != 0 {
+			t.Fatal("answers for no entries")
+		}
+	}},
+	{"invalid-input", func(t *testing.T, s *suite) {
+		k := s.key()
+		for _, tok := range []string{"", "a:b", string(make([]byte, maxTokenLen+1))} {
+			if _, err := s.b.store.Claim(s.ctx, k, tok, "", cLease); !errors.Is(err, ErrInvalidOption) {
+				t.Fatalf("token %q: err %v", tok, err)
+			}
+		}
+		if _, err := s.b.store.Claim(s.ctx, k, "A", "", 0); !errors.Is(err, ErrInvalidOption) {
+			t.Fatalf("zero lease: err %v", err)
+		}
+		if _, err := s.b.store.Mark(s.ctx, k, "A", "", -time.Second); !errors.Is(err, ErrInvalidOption) {
+			t.Fatalf("negative retention: err %v", err)
+		}
+		if _, err := s.b.store.ClaimMany(s.ctx, []Entry{{Key: k, Token: "A"}}); !errors.Is(err, ErrInvalidOption) {
+			t.Fatalf("batch without ttl: err %v", err)
+		}
+		s.wantStatus(s.claim(k, "A", ""), StatusAcquired) // nothing was written
+	}},
+	{"hostile-fingerprint", func(t *testing.T, s *suite) {
+		k := s.key()
+		fp := "a:b:c\x00\xff"
+		s.claim(k, "A", fp)
+		s.must(s.complete(k, "A"))
+		s.wantStatus(s.claim(k, "B", fp), StatusDuplicate)
+		s.wantStatus(s.claim(k, "B", fp+"x"), StatusConflict)
+	}},
+}
+
+// A value under a record key that dedup did not write is reported, never taken for a
+// record (which could drop a message) and never overwritten.
+func TestRedisStoreForeignValue(t *testing.T) {
+	for _, bf := range storeBackends()[1:] {
+		t.Run(bf.name, func(t *testing.T) {
+			b := bf.new(t)
+			ctx := context.Background()
+			k := b.prefix + ":h:foreign"
+			if err := b.rdb.Set(ctx, k, "hello", time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.store.Claim(ctx, k, "A", "", cLease); !errors.Is(err, ErrBadRecord) || !errors.Is(err, ErrStoreUnavailable) {
+				t.Fatalf("claim: %v", err)
+			}
+			if _, err := b.store.Mark(ctx, k, "A", "", cRetention); !errors.Is(err, ErrBadRecord) {
+				t.Fatalf("mark: %v", err)
+			}
+			if v := b.rdb.Get(ctx, k).Val(); v != "hello" {
+				t.Fatalf("value overwritten: %q", v)
+			}
+		})
+	}
+}

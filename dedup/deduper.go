@@ -1,0 +1,135 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+
+	"github.com/dedupkit/dedupkit/keys"
+	"github.com/dedupkit/dedupkit/lru"
+)
+
+// Deduper guards message handlers with a Store. Register one Handler per (stable) name;
+// each has its own retention, lease, local tier and policies. Safe for concurrent use.
+type Deduper struct {
+	store Store
+	cfg   config
+
+	// ctx is cancelled by Close, cancelling every running fn.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu       sync.RWMutex
+	closed   bool
+	running  sync.WaitGroup // calls that reached the store; Close waits for them
+	handlers map[string]*Handler
+}
+
+// New returns a Deduper over store. A nil store or a bad option is an error wrapping
+// ErrInvalidOption.
+func New(store Store, opts ...Option) (*Deduper, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: store is nil", ErrInvalidOption)
+	}
+	cfg := config{prefix: DefaultPrefix, logger: slog.Default()}
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Deduper{store: store, cfg: cfg, ctx: ctx, cancel: cancel, handlers: make(map[string]*Handler)}, nil
+}
+
+// Register adds a handler named name. The name is part of every record key, so keep it
+// stable across deploys; 1 to 64 bytes of [A-Za-z0-9._-]. A bad name, a bad option, a
+// name already registered or a closed Deduper is an error (the first three wrap
+// ErrInvalidOption, the last is ErrClosed).
+func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error) {
+	if err := keys.ValidateName(name); err != nil {
+		return nil, fmt.Errorf("%w: handler name: %w", ErrInvalidOption, err)
+	}
+	cfg := defaultHandlerConfig()
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("handler %q: %w", name, err)
+		}
+	}
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("handler %q: %w", name, err)
+	}
+	h := &Handler{
+		d: d, name: name, cfg: cfg, flights: newFlights(),
+		keyHead: d.cfg.prefix + ":" + name + ":",
+		log:     d.cfg.logger.With("handler", name),
+	}
+	if cfg.localSize > 0 {
+		c, err := lru.New(cfg.localSize, cfg.localTTL)
+		if err != nil {
+			return nil, fmt.Errorf("%w: handler %q: local cache: %w", ErrInvalidOption, name, err)
+		}
+		h.local = c
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		h.closeLocal()
+		return nil, ErrClosed
+	}
+	if _, dup := d.handlers[name]; dup {
+		h.closeLocal()
+		return nil, fmt.Errorf("%w: handler %q is already registered", ErrInvalidOption, name)
+	}
+	d.handlers[name] = h
+	return h, nil
+}
+
+// Handlers returns the registered handler names, sorted.
+func (d *Deduper) Handlers() []string {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	names := make([]string, 0, len(d.handlers))
+	for n := range d.handlers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Store returns the store the Deduper was built with.
+func (d *Deduper) Store() Store { return d.store }
+
+// Close stops the Deduper: later calls answer Cancelled with ErrClosed, running handler
+// functions see their context cancelled with cause ErrClosed, and Close waits until
+// every call has released or completed its claim and every heartbeat has stopped. A fn
+// that ignores its context delays Close. Close does not close the store. Idempotent.
+func (d *Deduper) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	d.cancel(ErrClosed)
+	d.running.Wait()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, h := range d.handlers {
+		h.closeLocal()
+	}
+	return nil
+}
+
+// enter registers a call that will reach the store; false once Close has begun.
+func (d *Deduper) enter() bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return false
+	}
+	d.running.Add(1)
+	return true
+}

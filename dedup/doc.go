@@ -1,0 +1,30 @@
+// Package dedup makes message handlers idempotent: each (handler, message key) pair
+// runs successfully at most once inside the handler's retention window, and no
+// message is lost because of the dedup layer.
+//
+// A check goes through two tiers. The local tier is a bounded TTL cache per handler
+// that holds only keys known to be DONE; a hit answers Duplicate with no network call
+// and no allocation. A miss goes to the Store (Redis, or memory for one process),
+// where one atomic command or script claims the key:
+//
+//	d, _ := dedup.New(store)
+//	h, _ := d.Register("charge-card", dedup.WithRetention(72*time.Hour))
+//	res, err := h.Do(ctx, orderID, func(ctx context.Context) error {
+//		return charge(ctx, order)
+//	})
+//
+// Do claims the key with a lease (IN PROGRESS, owner token), runs fn while a
+// heartbeat extends the lease every lease/3, then records DONE for the retention. A
+// failed or panicking fn releases the claim so that a redelivery runs it again; a lost
+// lease cancels fn's context. Every outcome is a Result value (see Outcome); errors
+// are kept for real failures. Mark is the cheaper filter mode: one round trip, no
+// lease, for side effects that are cheap to lose.
+//
+// Owner tokens make every store call safe to retry: a claim or mark whose reply was
+// lost, and which go-redis sends again, finds its own token and is recognised as its
+// own instead of being taken for a duplicate.
+//
+// Handlers are independent: each has its own name (part of every Redis key), retention,
+// lease, local tier, key strategy (package keys), missing-key policy, store-failure
+// policy (fail closed by default), fingerprinting and mode.
+package dedup

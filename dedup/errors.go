@@ -1,0 +1,33 @@
+package dedup
+
+import "errors"
+
+// Sentinel errors. Every error the package returns wraps one of these (or is the
+// handler's own error, returned as is), so callers test them with errors.Is.
+var (
+	// ErrInvalidOption reports a bad setting at construction: New, Register, NewRedisStore
+	// or NewMemoryStore. The wrapping error names the setting.
+	ErrInvalidOption = errors.New("dedup: invalid option")
+
+	// ErrLeaseLost reports that the caller no longer owns the record: its lease expired
+	// and the record was deleted or claimed by another owner, or it was never claimed.
+	ErrLeaseLost = errors.New("dedup: lease lost")
+
+	// ErrStoreUnavailable reports that the store could not answer (a Redis error, a
+	// timeout, a full memory store). The wrapping error holds the cause.
+	ErrStoreUnavailable = errors.New("dedup: store unavailable")
+
+	// ErrNotRecorded reports that the handler succeeded but the DONE record could not be
+	// written, so a later delivery of the same key may run the handler again.
+	ErrNotRecorded = errors.New("dedup: processed but not recorded")
+
+	// ErrPanic reports that the handler panicked; the wrapping error holds the value.
+	ErrPanic = errors.New("dedup: handler panicked")
+
+	// ErrClosed reports a call on a closed Deduper, or a handler cancelled by Close.
+	ErrClosed = errors.New("dedup: closed")
+
+	// ErrBadRecord reports a value under a record key that dedup did not write (another
+	// program shares the prefix). The record is left alone and the message is not dropped.
+	ErrBadRecord = errors.New("dedup: unrecognised record")
+)

@@ -1,0 +1,84 @@
+package dedup
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// flights is the in-process table of keys being checked or run, so that concurrent
+// calls for one key make one store call: the first caller (the leader) asks the store,
+// the others wait for its answer, then answer from it without a network call.
+type flights struct {
+	seed   maphash.Seed
+	shards [flightShards]flightShard
+}
+
+const flightShards = 32
+
+type flightShard struct {
+	mu sync.Mutex
+	m  map[string]*flight
+}
+
+type flight struct {
+	ready chan struct{} // closed once the leader has the store's answer
+	// set by the leader before ready is closed
+	res Result
+	err error
+	fp  string // the leader's fingerprint, set before the flight is shared
+	// running is true while the leader runs fn; leaseEnd (unix nanos) is when its lease
+	// ends as far as this process knows, for the RetryAfter of those that wait.
+	running  bool
+	leaseEnd atomic.Int64
+}
+
+func newFlights() *flights {
+	f := &flights{seed: maphash.MakeSeed()}
+	for i := range f.shards {
+		f.shards[i].m = make(map[string]*flight)
+	}
+	return f
+}
+
+func (fs *flights) shard(key string) *flightShard {
+	return &fs.shards[maphash.String(fs.seed, key)%flightShards]
+}
+
+// join returns the flight for key and whether the caller leads it.
+func (fs *flights) join(key string) (*flight, bool) {
+	s := fs.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.m[key]; ok {
+		return f, false
+	}
+	f := &flight{ready: make(chan struct{})}
+	s.m[key] = f
+	return f, true
+}
+
+// answer publishes the leader's answer to the waiting callers.
+func (f *flight) answer(res Result, err error, running bool) {
+	f.res, f.err, f.running = res, err, running
+	close(f.ready)
+}
+
+// leave removes the flight; the leader calls it once it is done with the key.
+func (fs *flights) leave(key string, f *flight) {
+	s := fs.shard(key)
+	s.mu.Lock()
+	if s.m[key] == f {
+		delete(s.m, key)
+	}
+	s.mu.Unlock()
+}
+
+func (f *flight) retryAfter(lease time.Duration) time.Duration {
+	left := time.Duration(f.leaseEnd.Load() - time.Now().UnixNano())
+	if left <= 0 || left > lease {
+		return lease
+	}
+	return left
+}

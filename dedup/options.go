@@ -1,0 +1,228 @@
+package dedup
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/dedupkit/dedupkit/keys"
+)
+
+// Defaults for handler settings.
+const (
+	// DefaultPrefix starts every record key unless WithPrefix says otherwise.
+	DefaultPrefix = "dedup"
+	// DefaultRetention is how long a DONE record is kept.
+	DefaultRetention = 24 * time.Hour
+	// DefaultLease is how long an IN PROGRESS claim lives without a heartbeat.
+	DefaultLease = 30 * time.Second
+	// DefaultLocalSize is how many DONE keys the local tier holds per handler.
+	DefaultLocalSize = 10_000
+	// MinLease is the shortest lease accepted: the heartbeat runs every lease/3.
+	MinLease = 30 * time.Millisecond
+	// MaxLocalSize bounds the local tier per handler.
+	MaxLocalSize = 1 << 24
+)
+
+// DefaultKeyStrategy reads the Idempotency-Key header, else Nats-Msg-Id.
+var DefaultKeyStrategy keys.Strategy = keys.FirstOf(keys.Header("Idempotency-Key"), keys.Header("Nats-Msg-Id"))
+
+// Option configures a Deduper.
+type Option func(*config) error
+
+type config struct {
+	prefix string
+	logger *slog.Logger
+}
+
+// WithPrefix sets the first segment of every record key (default DefaultPrefix). It
+// isolates tenants sharing one Redis. 1 to 64 printable ASCII bytes, no spaces.
+func WithPrefix(prefix string) Option {
+	return func(c *config) error {
+		if err := keys.ValidatePrefix(prefix); err != nil {
+			return fmt.Errorf("%w: prefix: %w", ErrInvalidOption, err)
+		}
+		c.prefix = prefix
+		return nil
+	}
+}
+
+// WithLogger sets the logger for events such as panics and lost leases (default
+// slog.Default()). Log lines carry a hash of the key, never the key or the payload.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("%w: logger is nil", ErrInvalidOption)
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// MissingKeyPolicy says what Handle does with a message whose key strategy finds no key.
+type MissingKeyPolicy uint8
+
+const (
+	// RejectMissingKey answers NoKey and does not run fn (the default).
+	RejectMissingKey MissingKeyPolicy = iota
+	// ProcessMissingKey runs fn without dedup; the result is marked Unguarded.
+	ProcessMissingKey
+)
+
+// StoreFailurePolicy says what happens when the store cannot answer.
+type StoreFailurePolicy uint8
+
+const (
+	// FailClosed answers StoreUnavailable and does not run fn (the default): the message
+	// waits for redelivery, and nothing runs twice.
+	FailClosed StoreFailurePolicy = iota
+	// FailOpen runs fn without dedup; the result is marked Unguarded and counted.
+	FailOpen
+)
+
+// Mode says how Handle guards fn.
+type Mode uint8
+
+const (
+	// ModeDo claims the key with a lease, runs fn, then records DONE (the default). A
+	// failed fn releases the claim so a redelivery runs it again.
+	ModeDo Mode = iota
+	// ModeFilter records DONE first in one round trip and runs fn on first sight only.
+	// A crash or a failed fn is not retried: for side effects that are cheap to lose.
+	ModeFilter
+)
+
+// HandlerOption configures one handler at Register.
+type HandlerOption func(*handlerConfig) error
+
+type handlerConfig struct {
+	retention    time.Duration
+	lease        time.Duration
+	localSize    int
+	localTTL     time.Duration // 0: the retention
+	strategy     keys.Strategy
+	missingKey   MissingKeyPolicy
+	storeFailure StoreFailurePolicy
+	fingerprint  bool
+	mode         Mode
+}
+
+func defaultHandlerConfig() handlerConfig {
+	return handlerConfig{
+		retention: DefaultRetention,
+		lease:     DefaultLease,
+		localSize: DefaultLocalSize,
+		strategy:  DefaultKeyStrategy,
+	}
+}
+
+// WithRetention sets how long a DONE record lives (default DefaultRetention, at least
+// 1ms). Duplicates arriving later than this run again: make it longer than the broker
+// can redeliver.
+func WithRetention(d time.Duration) HandlerOption {
+	return func(c *handlerConfig) error {
+		if d < time.Millisecond {
+			return fmt.Errorf("%w: retention %v is below 1ms", ErrInvalidOption, d)
+		}
+		c.retention = d
+		return nil
+	}
+}
+
+// WithLease sets how long a claim lives without a heartbeat (default DefaultLease, at
+// least MinLease). The heartbeat extends it every lease/3 while fn runs; a consumer
+// that dies holds the key for at most this long.
+func WithLease(d time.Duration) HandlerOption {
+	return func(c *handlerConfig) error {
+		if d < MinLease {
+			return fmt.Errorf("%w: lease %v is below %v", ErrInvalidOption, d, MinLease)
+		}
+		c.lease = d
+		return nil
+	}
+}
+
+// WithLocalCache sizes the local tier: up to size DONE keys, each kept for ttl (default
+// DefaultLocalSize keys for the retention). size 0 turns the tier off; ttl 0 means the
+// retention; a ttl above the retention is an error.
+func WithLocalCache(size int, ttl time.Duration) HandlerOption {
+	return func(c *handlerConfig) error {
+		if size < 0 || size > MaxLocalSize {
+			return fmt.Errorf("%w: local cache size %d is outside 0..%d", ErrInvalidOption, size, MaxLocalSize)
+		}
+		if ttl < 0 {
+			return fmt.Errorf("%w: local cache ttl %v is negative", ErrInvalidOption, ttl)
+		}
+		c.localSize, c.localTTL = size, ttl
+		return nil
+	}
+}
+
+// WithKeyStrategy sets how Handle finds a message's key (default DefaultKeyStrategy).
+func WithKeyStrategy(s keys.Strategy) HandlerOption {
+	return func(c *handlerConfig) error {
+		if s == nil {
+			return fmt.Errorf("%w: key strategy is nil", ErrInvalidOption)
+		}
+		if v, ok := s.(keys.Validator); ok {
+			if err := v.Validate(); err != nil {
+				return fmt.Errorf("%w: key strategy: %w", ErrInvalidOption, err)
+			}
+		}
+		c.strategy = s
+		return nil
+	}
+}
+
+// WithMissingKey sets what happens to a message without a key (default RejectMissingKey).
+func WithMissingKey(p MissingKeyPolicy) HandlerOption {
+	return func(c *handlerConfig) error {
+		if p > ProcessMissingKey {
+			return fmt.Errorf("%w: missing-key policy %d is unknown", ErrInvalidOption, p)
+		}
+		c.missingKey = p
+		return nil
+	}
+}
+
+// WithStoreFailure sets what happens when the store fails (default FailClosed).
+func WithStoreFailure(p StoreFailurePolicy) HandlerOption {
+	return func(c *handlerConfig) error {
+		if p > FailOpen {
+			return fmt.Errorf("%w: store-failure policy %d is unknown", ErrInvalidOption, p)
+		}
+		c.storeFailure = p
+		return nil
+	}
+}
+
+// WithFingerprint turns payload fingerprinting on or off (default off). When on, Handle
+// stores a SHA-256 fingerprint of the payload with the record, and a DONE key seen again
+// with a different payload answers KeyReuse instead of Duplicate.
+func WithFingerprint(on bool) HandlerOption {
+	return func(c *handlerConfig) error {
+		c.fingerprint = on
+		return nil
+	}
+}
+
+// WithMode sets how Handle guards fn (default ModeDo).
+func WithMode(m Mode) HandlerOption {
+	return func(c *handlerConfig) error {
+		if m > ModeFilter {
+			return fmt.Errorf("%w: mode %d is unknown", ErrInvalidOption, m)
+		}
+		c.mode = m
+		return nil
+	}
+}
+
+func (c *handlerConfig) check() error {
+	if c.localTTL == 0 {
+		c.localTTL = c.retention
+	}
+	if c.localTTL > c.retention {
+		return fmt.Errorf("%w: local cache ttl %v exceeds retention %v", ErrInvalidOption, c.localTTL, c.retention)
+	}
+	return nil
+}

@@ -1,0 +1,233 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// tripCounter is a go-redis hook counting round trips (single commands and pipelines)
+// and the commands they carry.
+type tripCounter struct {
+	trips, cmds atomic.Int64
+}
+
+func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !isHandshake(cmd) {
+			c.trips.Add(1)
+			c.cmds.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !isHandshake(cmds[0]) {
+			c.trips.Add(1)
+			c.cmds.Add(int64(len(cmds)))
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// isHandshake tells go-redis's own connection set-up (HELLO, CLIENT SETINFO, AUTH,
+// SELECT on a new connection) from the commands dedup sends.
+func isHandshake(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "hello", "client", "auth", "select":
+		return true
+	}
+	return false
+}
+
+func (c *tripCounter) reset() { c.trips.Store(0); c.cmds.Store(0) }
+
+var _ redis.Hook = (*tripCounter)(nil)
+
+// countedRedis returns a Redis store whose client counts what it sends: miniredis, and
+// the real server as a second case.
+func countedRedis(t *testing.T) map[string]func(t *testing.T) (*RedisStore, *tripCounter, string) {
+	mk := func(c *redis.Client, prefix string) (*RedisStore, *tripCounter, string) {
+		tc := &tripCounter{}
+		c.AddHook(tc)
+		s, err := NewRedisStore(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, tc, prefix
+	}
+	return map[string]func(t *testing.T) (*RedisStore, *tripCounter, string){
+		"miniredis": func(t *testing.T) (*RedisStore, *tripCounter, string) {
+			_, c := newMiniredis(t)
+			return mk(c, testPrefix(t))
+		},
+		"redis-server": func(t *testing.T) (*RedisStore, *tripCounter, string) {
+			p := testPrefix(t)
+			return mk(realRedis(t, p), p)
+		},
+	}
+}
+
+func TestBatchIsOneRoundTrip(t *testing.T) {
+	for name, mk := range countedRedis(t) {
+		t.Run(name, func(t *testing.T) {
+			s, tc, prefix := mk(t)
+			ctx := context.Background()
+			const n = 100
+			entries := make([]Entry, n)
+			for i := range entries {
+				entries[i] = Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
+			}
+			// warm the script cache so the count is the steady state
+			if _, err := s.Claim(ctx, prefix+":h:warm", "T", "", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Complete(ctx, prefix+":h:warm", "T", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			// some keys already taken, so the answers differ and order matters
+			for i := 0; i < n; i += 10 {
+				if _, err := s.Mark(ctx, entries[i].Key, "other", "", time.Minute); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tc.reset()
+			claims, err := s.ClaimMany(ctx, entries)
+			if err != nil {
+				t.Fatal(err)
+			}
+			expectTrips(t, "ClaimMany", tc, 1, n)
+			for i, a := range claims {
+				wantSt := StatusAcquired
+				if i%10 == 0 {
+					wantSt = StatusDuplicate
+				}
+				if a.Err != nil || a.Status != wantSt {
+					t.Fatalf("claim %d: %v %v, want %v", i, a.Status, a.Err, wantSt)
+				}
+			}
+			tc.reset()
+			errs, err := s.CompleteMany(ctx, entries)
+			if err != nil {
+				t.Fatal(err)
+			}
+			expectTrips(t, "CompleteMany", tc, 1, n)
+			for i, e := range errs {
+				if (i%10 == 0) != (e != nil) {
+					t.Fatalf("complete %d: %v", i, e)
+				}
+			}
+			for i := range entries {
+				entries[i].Key += ":m"
+			}
+			tc.reset()
+			marks, err := s.MarkMany(ctx, entries)
+			if err != nil {
+				t.Fatal(err)
+			}
+			expectTrips(t, "MarkMany", tc, 1, n)
+			for i, a := range marks {
+				if a.Err != nil || a.Status != StatusAcquired {
+					t.Fatalf("mark %d: %v %v", i, a.Status, a.Err)
+				}
+			}
+			// filter mode through the engine: one command per Mark
+			d, err := New(s, WithPrefix(prefix), WithLogger(quiet))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			h, err := d.Register("f", WithMode(ModeFilter), WithLocalCache(0, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.reset()
+			if res, err := h.Mark(ctx, "k"); res.Outcome != First {
+				t.Fatal(res, err)
+			}
+			if res, err := h.Mark(ctx, "k"); res.Outcome != Duplicate {
+				t.Fatal(res, err)
+			}
+			expectTrips(t, "2 × Mark", tc, 2, 2)
+		})
+	}
+}
+
+func expectTrips(t *testing.T, what string, tc *tripCounter, trips, cmds int64) {
+	t.Helper()
+	if tc.trips.Load() != trips || tc.cmds.Load() != cmds {
+		t.Fatalf("%s: %d round trips carrying %d commands, want %d carrying %d", what, tc.trips.Load(), tc.cmds.Load(), trips, cmds)
+	}
+}
+
+// After the server loses its script cache (a restart, SCRIPT FLUSH), a batch still
+// succeeds: the NOSCRIPT entries go again as EVAL.
+func TestBatchSurvivesScriptFlush(t *testing.T) {
+	_, c := newMiniredis(t)
+	s, _ := NewRedisStore(c)
+	ctx := context.Background()
+	if _, err := s.Claim(ctx, "p:h:warm", "T", "", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ClaimMany(ctx, []Entry{{Key: "p:h:a", Token: "T", TTL: time.Minute}, {Key: "p:h:b", Token: "T", TTL: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range got {
+		if a.Err != nil || a.Status != StatusAcquired {
+			t.Fatalf("%v %v", a.Status, a.Err)
+		}
+	}
+}
+
+// A Redis that is down is ErrStoreUnavailable, for single and batch calls.
+func TestRedisDownIsStoreUnavailable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	s, _ := NewRedisStore(c)
+	ctx := context.Background()
+	if _, err := s.Claim(ctx, "p:h:k", "T", "", time.Minute); !isUnavailable(err) {
+		t.Fatalf("claim: %v", err)
+	}
+	if _, err := s.Mark(ctx, "p:h:k", "T", "", time.Minute); !isUnavailable(err) {
+		t.Fatalf("mark: %v", err)
+	}
+	if err := s.Extend(ctx, "p:h:k", "T", time.Minute); !isUnavailable(err) {
+		t.Fatalf("extend: %v", err)
+	}
+	if _, err := s.ClaimMany(ctx, []Entry{{Key: "p:h:k", Token: "T", TTL: time.Minute}}); !isUnavailable(err) {
+		t.Fatalf("claim many: %v", err)
+	}
+	if _, err := s.MarkMany(ctx, []Entry{{Key: "p:h:k", Token: "T", TTL: time.Minute}}); !isUnavailable(err) {
+		t.Fatalf("mark many: %v", err)
+	}
+	// through the engine: fail closed, fn not run
+	d, _ := New(s, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("orders")
+	res, err := h.Do(ctx, "k", func(context.Context) error { t.Fatal("fn ran"); return nil })
+	if res.Outcome != StoreUnavailable || !isUnavailable(err) {
+		t.Fatalf("Do: %v %v", res.Outcome, err)
+	}
+}
+
+func isUnavailable(err error) bool { return err != nil && errors.Is(err, ErrStoreUnavailable) }

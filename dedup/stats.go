@@ -1,0 +1,60 @@
+package dedup
+
+import "sync/atomic"
+
+type counters struct {
+	outcomes  [numOutcomes]atomic.Uint64
+	local     atomic.Uint64
+	store     atomic.Uint64
+	unguarded atomic.Uint64
+	leaseLost atomic.Uint64
+}
+
+func (h *Handler) count(res Result) Result {
+	h.stats.outcomes[res.Outcome].Add(1)
+	switch res.Tier {
+	case TierLocal:
+		h.stats.local.Add(1)
+	case TierStore:
+		h.stats.store.Add(1)
+	}
+	if res.Unguarded {
+		h.stats.unguarded.Add(1)
+	}
+	return res
+}
+
+// Stats is a snapshot of a handler's counters since Register.
+type Stats struct {
+	outcomes [numOutcomes]uint64
+	// LocalDuplicates counts duplicates answered in process (local tier or a
+	// concurrent call), with no store call.
+	LocalDuplicates uint64
+	// StoreDuplicates counts duplicates answered by the store.
+	StoreDuplicates uint64
+	// Unguarded counts fn runs without dedup (fail-open, or a processed missing key).
+	Unguarded uint64
+	// HeartbeatLeaseLost counts heartbeats that found the lease gone.
+	HeartbeatLeaseLost uint64
+}
+
+// Count returns how many calls ended with outcome o.
+func (s Stats) Count(o Outcome) uint64 {
+	if int(o) >= len(s.outcomes) {
+		return 0
+	}
+	return s.outcomes[o]
+}
+
+// Stats returns the handler's counters.
+func (h *Handler) Stats() Stats {
+	var s Stats
+	for i := range s.outcomes {
+		s.outcomes[i] = h.stats.outcomes[i].Load()
+	}
+	s.LocalDuplicates = h.stats.local.Load()
+	s.StoreDuplicates = h.stats.store.Load()
+	s.Unguarded = h.stats.unguarded.Load()
+	s.HeartbeatLeaseLost = h.stats.leaseLost.Load()
+	return s
+}

@@ -1,0 +1,79 @@
+package dedup
+
+import (
+	"context"
+	"time"
+)
+
+// Status is a store's answer to a Claim or a Mark.
+type Status uint8
+
+const (
+	// StatusAcquired: for Claim, the caller now holds the IN PROGRESS record (or it
+	// already did: a retried claim finds its own token). For Mark, the caller is the
+	// first to see the key and the record is now DONE.
+	StatusAcquired Status = iota + 1
+	// StatusInProgress: another owner holds a live lease; Answer.TTL is what is left of it.
+	StatusInProgress
+	// StatusDuplicate: the key is DONE (or, for Mark, held by another owner).
+	StatusDuplicate
+	// StatusConflict: the key is DONE with a different payload fingerprint (key reuse).
+	StatusConflict
+)
+
+var statusNames = [...]string{"invalid", "acquired", "in-progress", "duplicate", "conflict"}
+
+// String returns the status in lower case, e.g. "in-progress".
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return statusNames[0]
+}
+
+// Answer is a store's reply for one key.
+type Answer struct {
+	Status Status
+	// TTL is the remaining lease of the other owner when Status is StatusInProgress.
+	TTL time.Duration
+	// Err is set on a batch item that failed on its own (ClaimMany, MarkMany); single
+	// calls return their error instead.
+	Err error
+}
+
+// Entry is one key of a batch call.
+type Entry struct {
+	Key         string        // the record key, as built by keys.RecordKey
+	Token       string        // the caller's owner token
+	Fingerprint string        // payload fingerprint, "" for none
+	TTL         time.Duration // lease for ClaimMany, retention for MarkMany and CompleteMany
+}
+
+// Store holds dedup records. Every method is atomic on the server and follows the
+// table in DESIGN §3:
+//
+//	op        | absent            | IN PROGRESS, mine | IN PROGRESS, other | DONE
+//	Claim     | IN PROGRESS, Acq. | Acquired          | InProgress(PTTL)   | Duplicate (Conflict if fingerprints differ)
+//	Complete  | ErrLeaseLost      | DONE, PX retention| ErrLeaseLost       | nil if mine (retried), else ErrLeaseLost
+//	Release   | no-op             | delete            | no-op              | no-op
+//	Extend    | ErrLeaseLost      | PEXPIRE lease     | ErrLeaseLost       | ErrLeaseLost
+//	Mark      | DONE, Acquired    | -                 | Duplicate          | Duplicate (Conflict if fingerprints differ), Acquired if mine
+//
+// Tokens are 1 to 64 bytes without ':'. Fingerprints may be empty, meaning "not
+// compared". Every record expires on the server; no client clock is written. Errors
+// other than ErrLeaseLost and ErrInvalidOption wrap ErrStoreUnavailable.
+type Store interface {
+	Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (Answer, error)
+	Complete(ctx context.Context, key, token string, retention time.Duration) error
+	Release(ctx context.Context, key, token string) error
+	Extend(ctx context.Context, key, token string, lease time.Duration) error
+	Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error)
+
+	// ClaimMany claims every entry in one round trip; answers are in entry order.
+	ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error)
+	// MarkMany marks every entry in one round trip; answers are in entry order.
+	MarkMany(ctx context.Context, entries []Entry) ([]Answer, error)
+	// CompleteMany completes every entry in one round trip; the result holds one error
+	// (nil, ErrLeaseLost or a store error) per entry.
+	CompleteMany(ctx context.Context, entries []Entry) ([]error, error)
+}
