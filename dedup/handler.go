@@ -38,6 +38,12 @@ func (h *Handler) Lease() time.Duration { return h.cfg.lease }
 // Mode returns how Handle guards fn.
 func (h *Handler) Mode() Mode { return h.cfg.mode }
 
+// KeyStrategy returns the handler's key strategy, and whether it was set with
+// WithKeyStrategy (adapters put their own default in place of DefaultKeyStrategy).
+func (h *Handler) KeyStrategy() (s keys.Strategy, explicit bool) {
+	return h.cfg.strategy, h.cfg.strategySet
+}
+
 // RecordKey returns the store key that holds key's record for this handler.
 func (h *Handler) RecordKey(key string) string {
 	return keys.RecordKey(h.d.cfg.prefix, h.name, key)
@@ -78,14 +84,16 @@ func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 // handler's mode: ModeDo as Do, ModeFilter as Mark then fn on First. With
 // fingerprinting on, the payload's fingerprint is stored and compared (KeyReuse).
 func (h *Handler) Handle(ctx context.Context, msg keys.Message, fn func(context.Context) error) (Result, error) {
-	key := h.cfg.strategy.Key(msg)
+	return h.HandleKey(ctx, h.cfg.strategy.Key(msg), msg.Data(), fn)
+}
+
+// HandleKey is Handle for a key the caller has already read from the message (an
+// adapter with its own key strategy); payload is fingerprinted when fingerprinting is on.
+func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn func(context.Context) error) (Result, error) {
 	if key == "" {
 		return h.noKey(ctx, fn)
 	}
-	var fp string
-	if h.cfg.fingerprint {
-		fp = Fingerprint(msg.Data())
-	}
+	fp := h.fingerprint(payload)
 	if h.cfg.mode == ModeDo {
 		return h.do(ctx, key, fp, fn)
 	}
@@ -101,6 +109,13 @@ func (h *Handler) Handle(ctx context.Context, msg keys.Message, fn func(context.
 func Fingerprint(payload []byte) string {
 	sum := sha256.Sum256(payload)
 	return hex.EncodeToString(sum[:16])
+}
+
+func (h *Handler) fingerprint(payload []byte) string {
+	if !h.cfg.fingerprint {
+		return ""
+	}
+	return Fingerprint(payload)
 }
 
 // localKey is what the local tier holds: the key, and the fingerprint when there is
@@ -239,18 +254,29 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, k, lk, rk, token str
 	defer done()
 	if err != nil {
 		h.release(bg, k, rk, token)
-		switch {
-		case panicked:
-			h.log.Error("dedup: handler panicked; claim released", "key_hash", keyHash(k))
-			return h.count(Result{Outcome: Panicked}), err
-		case errors.Is(cause, ErrLeaseLost):
-			return h.count(Result{Outcome: LeaseLost}), errors.Join(ErrLeaseLost, err)
-		case cause != nil:
-			return h.count(Result{Outcome: Cancelled}), errors.Join(err, cause)
-		}
-		return h.count(Result{Outcome: Failed}), err
+		return h.failed(k, panicked, err, cause)
 	}
-	switch cerr := h.d.store.Complete(bg, rk, token, h.cfg.retention); {
+	return h.completed(k, lk, h.d.store.Complete(bg, rk, token, h.cfg.retention))
+}
+
+// failed classifies fn's error once its claim is released: a panic, a lost lease,
+// cancellation (cause is fn's context's cause), or a plain failure.
+func (h *Handler) failed(k string, panicked bool, err, cause error) (Result, error) {
+	switch {
+	case panicked:
+		h.log.Error("dedup: handler panicked; claim released", "key_hash", keyHash(k))
+		return h.count(Result{Outcome: Panicked}), err
+	case errors.Is(cause, ErrLeaseLost):
+		return h.count(Result{Outcome: LeaseLost}), errors.Join(ErrLeaseLost, err)
+	case cause != nil:
+		return h.count(Result{Outcome: Cancelled}), errors.Join(err, cause)
+	}
+	return h.count(Result{Outcome: Failed}), err
+}
+
+// completed turns the answer to Complete into the result of a successful fn.
+func (h *Handler) completed(k, lk string, cerr error) (Result, error) {
+	switch {
 	case cerr == nil:
 		h.remember(lk)
 		return h.count(Result{Outcome: Processed}), nil

@@ -59,3 +59,24 @@ func (s *hookStore) Mark(ctx context.Context, key, token, fp string, retention t
 	}
 	return s.Store.Mark(ctx, key, token, fp, retention)
 }
+
+func (s *hookStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+	if err := s.hook("claim-many", &s.batches); err != nil {
+		return nil, err
+	}
+	return s.Store.ClaimMany(ctx, entries)
+}
+
+func (s *hookStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+	if err := s.hook("mark-many", &s.batches); err != nil {
+		return nil, err
+	}
+	return s.Store.MarkMany(ctx, entries)
+}
+
+func (s *hookStore) CompleteMany(ctx context.Context, entries []Entry) ([]error, error) {
+	if err := s.hook("complete-many", &s.batches); err != nil {
+		return nil, err
+	}
+	return s.Store.CompleteMany(ctx, entries)
+}

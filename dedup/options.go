@@ -101,6 +101,7 @@ type handlerConfig struct {
 	localSize    int
 	localTTL     time.Duration // 0: the retention
 	strategy     keys.Strategy
+	strategySet  bool // WithKeyStrategy was given: adapters keep it instead of their default
 	missingKey   MissingKeyPolicy
 	storeFailure StoreFailurePolicy
 	fingerprint  bool
@@ -169,7 +170,7 @@ func WithKeyStrategy(s keys.Strategy) HandlerOption {
 				return fmt.Errorf("%w: key strategy: %w", ErrInvalidOption, err)
 			}
 		}
-		c.strategy = s
+		c.strategy, c.strategySet = s, true
 		return nil
 	}
 }

@@ -1,0 +1,350 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dedupkit/dedupkit/keys"
+)
+
+// Item is one message of a batch.
+type Item struct {
+	Key     string // "" when the message has no key: the missing-key policy applies
+	Payload []byte // fingerprinted when fingerprinting is on
+}
+
+// ItemResult is the outcome of one item of a batch; Err is what Do would return.
+type ItemResult struct {
+	Result
+	Err error
+}
+
+// HandleBatch guards fn for every item by the handler's mode with one store round trip
+// for the checks (ClaimMany or MarkMany) and, in ModeDo, one for the completions
+// (CompleteMany), instead of one or two per item. fn(ctx, i) runs for item i, one item
+// at a time in order; while they run, one heartbeat extends every claim the batch still
+// holds. Items answered by the local tier make no store call. An item whose key appears
+// earlier in the same batch follows that item: Duplicate if it succeeded, InProgress
+// (to be retried) if not. The results are in item order.
+func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error) []ItemResult {
+	out := make([]ItemResult, len(items))
+	var leads []*batchItem
+	first := make(map[string]*batchItem)
+	follows := make(map[int]*batchItem)
+	defer func() {
+		for _, b := range leads {
+			b.settleFlight(Result{Outcome: Cancelled}, ErrClosed) // no-op unless a path forgot
+			h.flights.leave(b.k, b.f)
+		}
+	}()
+	for i, it := range items {
+		if it.Key == "" {
+			res, err := h.noKey(ctx, func(c context.Context) error { return fn(c, i) })
+			out[i] = ItemResult{res, err}
+			continue
+		}
+		k := keys.Normalize(it.Key)
+		fp := h.fingerprint(it.Payload)
+		lk := localKey(k, fp)
+		if h.local != nil && h.local.Contains(lk) {
+			out[i] = ItemResult{Result: h.count(Result{Outcome: Duplicate, Tier: TierLocal})}
+			continue
+		}
+		if b, ok := first[k]; ok {
+			follows[i] = b
+			continue
+		}
+		f, lead := h.flights.join(k)
+		if !lead { // another call in this process has the key: do not wait for it
+			out[i] = ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)})}
+			continue
+		}
+		f.fp = fp
+		b := &batchItem{i: i, k: k, lk: lk, fp: fp, rk: h.keyHead + k, token: newToken(), f: f}
+		first[k] = b
+		leads = append(leads, b)
+	}
+	if len(leads) > 0 {
+		if !h.d.enter() {
+			for _, b := range leads {
+				h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
+			}
+		} else {
+			if h.cfg.mode == ModeFilter {
+				h.markBatch(ctx, leads, fn, out)
+			} else {
+				h.claimBatch(ctx, leads, fn, out)
+			}
+			h.d.running.Done()
+		}
+	}
+	for i, b := range follows {
+		res := Result{Outcome: InProgress, RetryAfter: min(h.cfg.lease, time.Second)}
+		switch out[b.i].Outcome {
+		case Processed, Duplicate, NotRecorded:
+			res = Result{Outcome: Duplicate, Tier: TierLocal}
+			if fingerprintsDiffer(b.fp, h.fingerprint(items[i].Payload)) {
+				res = Result{Outcome: KeyReuse}
+			}
+		case KeyReuse:
+			res = Result{Outcome: KeyReuse}
+		}
+		out[i] = ItemResult{Result: h.count(res)}
+	}
+	return out
+}
+
+// batchItem is an item the batch leads: it holds the flight for its key.
+type batchItem struct {
+	i                    int
+	k, lk, fp, rk, token string
+	f                    *flight
+	answered             bool        // f has been answered
+	lost                 atomic.Bool // the heartbeat found the lease gone
+	confirmed            time.Time   // last extension, heartbeat goroutine only
+}
+
+func (b *batchItem) settleFlight(res Result, err error) {
+	if !b.answered {
+		b.answered = true
+		b.f.answer(res, err, false)
+	}
+}
+
+// settle answers b's flight and records (and counts) its final result.
+func (h *Handler) settle(out []ItemResult, b *batchItem, res Result, err error) {
+	b.settleFlight(res, err)
+	if res.Outcome != First {
+		h.count(res)
+	}
+	out[b.i] = ItemResult{res, err}
+}
+
+// storeItemFailed is storeFailed for one item of a batch.
+func (h *Handler) storeItemFailed(ctx context.Context, out []ItemResult, b *batchItem, err error, fn func(context.Context, int) error) {
+	switch {
+	case ctx.Err() != nil:
+		h.settle(out, b, Result{Outcome: Cancelled}, errors.Join(err, context.Cause(ctx)))
+		return
+	case !errors.Is(err, ErrStoreUnavailable):
+		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	if h.cfg.storeFailure == FailOpen {
+		h.log.Warn("dedup: store unavailable, running without dedup", "key_hash", keyHash(b.k), "err", err)
+		b.answered = true
+		b.f.answer(Result{}, nil, true)
+		res, ferr := h.runPlain(ctx, func(c context.Context) error { return fn(c, b.i) }, true)
+		out[b.i] = ItemResult{res, ferr}
+		return
+	}
+	h.log.Warn("dedup: store unavailable, failing closed", "key_hash", keyHash(b.k), "err", err)
+	h.settle(out, b, Result{Outcome: StoreUnavailable}, err)
+}
+
+func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, fn func(context.Context, int) error, out []ItemResult) {
+	entries := make([]Entry, len(leads))
+	for j, b := range leads {
+		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.retention}
+	}
+	answers, err := h.d.store.MarkMany(ctx, entries)
+	for j, b := range leads {
+		var a Answer
+		if err == nil {
+			a = answers[j]
+		}
+		if aerr := errors.Join(err, a.Err); aerr != nil {
+			h.storeItemFailed(ctx, out, b, aerr, fn)
+			continue
+		}
+		switch a.Status {
+		case StatusAcquired:
+			h.remember(b.lk)
+			b.settleFlight(Result{Outcome: First}, nil)
+			res, ferr := h.runPlain(ctx, func(c context.Context) error { return fn(c, b.i) }, false)
+			out[b.i] = ItemResult{res, ferr}
+		case StatusConflict:
+			h.settle(out, b, Result{Outcome: KeyReuse}, nil)
+		default:
+			h.remember(b.lk)
+			h.settle(out, b, Result{Outcome: Duplicate, Tier: TierStore}, nil)
+		}
+	}
+}
+
+func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(context.Context, int) error, out []ItemResult) {
+	entries := make([]Entry, len(leads))
+	for j, b := range leads {
+		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
+	}
+	answers, err := h.d.store.ClaimMany(ctx, entries)
+	var claimed []*batchItem
+	for j, b := range leads {
+		var a Answer
+		if err == nil {
+			a = answers[j]
+		}
+		if aerr := errors.Join(err, a.Err); aerr != nil {
+			h.storeItemFailed(ctx, out, b, aerr, fn)
+			continue
+		}
+		switch a.Status {
+		case StatusAcquired:
+			b.f.leaseEnd.Store(time.Now().Add(h.cfg.lease).UnixNano())
+			b.answered = true
+			b.f.answer(Result{}, nil, true)
+			claimed = append(claimed, b)
+		case StatusDuplicate:
+			h.remember(b.lk)
+			h.settle(out, b, Result{Outcome: Duplicate, Tier: TierStore}, nil)
+		case StatusConflict:
+			h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(b.k))
+			h.settle(out, b, Result{Outcome: KeyReuse}, nil)
+		default:
+			h.settle(out, b, Result{Outcome: InProgress, RetryAfter: a.TTL}, nil)
+		}
+	}
+	if len(claimed) == 0 {
+		return
+	}
+	hb := h.startBatchBeat(claimed)
+	var done []*batchItem
+	for _, b := range claimed {
+		if b.lost.Load() {
+			h.settle(out, b, Result{Outcome: LeaseLost}, ErrLeaseLost)
+			continue
+		}
+		fctx, cancel := context.WithCancelCause(ctx)
+		if h.d.ctx.Err() != nil {
+			cancel(ErrClosed)
+		}
+		stopOnClose := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
+		hb.setRunning(b, cancel)
+		var panicked bool
+		var ferr error
+		if fctx.Err() == nil { // a cancelled batch leaves the remaining items unrun
+			panicked, ferr = invoke(fctx, func(c context.Context) error { return fn(c, b.i) })
+		} else {
+			ferr = fctx.Err()
+		}
+		hb.setRunning(nil, nil)
+		stopOnClose()
+		cause := context.Cause(fctx)
+		cancel(nil)
+		if ferr != nil {
+			hb.forget(b)
+			bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+			h.release(bg, b.k, b.rk, b.token)
+			bgDone()
+			res, err := h.failed(b.k, panicked, ferr, cause)
+			out[b.i] = ItemResult{res, err}
+			continue
+		}
+		done = append(done, b)
+	}
+	hb.stop()
+	if len(done) == 0 {
+		return
+	}
+	entries = entries[:0]
+	for _, b := range done {
+		entries = append(entries, Entry{Key: b.rk, Token: b.token, TTL: h.cfg.retention})
+	}
+	bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	defer bgDone()
+	errs, err := h.d.store.CompleteMany(bg, entries)
+	for j, b := range done {
+		cerr := err
+		if err == nil {
+			cerr = errs[j]
+		}
+		res, rerr := h.completed(b.k, b.lk, cerr)
+		out[b.i] = ItemResult{res, rerr}
+	}
+}
+
+// batchBeat extends every claim a batch still holds, every lease/3.
+type batchBeat struct {
+	h        *Handler
+	mu       sync.Mutex
+	live     map[*batchItem]struct{}
+	cur      *batchItem
+	cancel   context.CancelCauseFunc
+	quit     chan struct{}
+	finished chan struct{}
+}
+
+func (h *Handler) startBatchBeat(items []*batchItem) *batchBeat {
+	hb := &batchBeat{h: h, live: make(map[*batchItem]struct{}, len(items)), quit: make(chan struct{}), finished: make(chan struct{})}
+	now := time.Now()
+	for _, b := range items {
+		b.confirmed = now
+		hb.live[b] = struct{}{}
+	}
+	go hb.run()
+	return hb
+}
+
+func (hb *batchBeat) setRunning(b *batchItem, cancel context.CancelCauseFunc) {
+	hb.mu.Lock()
+	hb.cur, hb.cancel = b, cancel
+	hb.mu.Unlock()
+}
+
+func (hb *batchBeat) forget(b *batchItem) {
+	hb.mu.Lock()
+	delete(hb.live, b)
+	hb.mu.Unlock()
+}
+
+func (hb *batchBeat) stop() {
+	close(hb.quit)
+	<-hb.finished
+}
+
+func (hb *batchBeat) run() {
+	defer close(hb.finished)
+	h := hb.h
+	every := h.cfg.lease / 3
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-hb.quit:
+			return
+		case <-t.C:
+		}
+		hb.mu.Lock()
+		items := make([]*batchItem, 0, len(hb.live))
+		for b := range hb.live {
+			items = append(items, b)
+		}
+		hb.mu.Unlock()
+		for _, b := range items {
+			ctx, done := context.WithTimeout(context.Background(), every)
+			err := h.d.store.Extend(ctx, b.rk, b.token, h.cfg.lease)
+			done()
+			now := time.Now()
+			switch {
+			case err == nil:
+				b.confirmed = now
+				b.f.leaseEnd.Store(now.Add(h.cfg.lease).UnixNano())
+				continue
+			case errors.Is(err, ErrLeaseLost):
+			case now.Sub(b.confirmed) < h.cfg.lease:
+				continue
+			}
+			h.stats.leaseLost.Add(1)
+			b.lost.Store(true)
+			hb.mu.Lock()
+			delete(hb.live, b)
+			if hb.cur == b {
+				hb.cancel(ErrLeaseLost)
+			}
+			hb.mu.Unlock()
+		}
+	}
+}

@@ -1,0 +1,158 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestHandleBatchOutcomes(t *testing.T) {
+	f := newFixture(t, false)
+	h := f.handler("orders")
+	ctx := context.Background()
+	if res, _ := h.Do(ctx, "done-before", ok); res.Outcome != Processed {
+		t.Fatal(res)
+	}
+	other := newDeduperOver(t, f.store).mustRegister(t, "orders")
+	if res, _ := other.Do(ctx, "done-elsewhere", ok); res.Outcome != Processed {
+		t.Fatal(res)
+	}
+	if _, err := f.mem.Claim(ctx, h.RecordKey("busy"), "someone", "", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	items := []Item{{Key: "a"}, {Key: "b"}, {Key: "a"}, {Key: "done-before"}, {Key: "done-elsewhere"}, {Key: ""}, {Key: "fails"}, {Key: "busy"}, {Key: "panics"}}
+	var ran []int
+	f.store.claims.Store(0)
+	f.store.completes.Store(0)
+	f.store.batches.Store(0)
+	got := h.HandleBatch(ctx, items, func(_ context.Context, i int) error {
+		ran = append(ran, i)
+		switch items[i].Key {
+		case "fails":
+			return errors.New("boom")
+		case "panics":
+			panic("kaboom")
+		}
+		return nil
+	})
+	want := []Outcome{Processed, Processed, Duplicate, Duplicate, Duplicate, NoKey, Failed, InProgress, Panicked}
+	for i, r := range got {
+		if r.Outcome != want[i] {
+			t.Errorf("item %d (%q): %v (%v), want %v", i, items[i].Key, r.Outcome, r.Err, want[i])
+		}
+	}
+	if got[3].Tier != TierLocal || got[4].Tier != TierStore || got[7].RetryAfter <= 0 {
+		t.Errorf("tiers %v %v, retry after %v", got[3].Tier, got[4].Tier, got[7].RetryAfter)
+	}
+	if fmt.Sprint(ran) != "[0 1 6 8]" {
+		t.Errorf("fn ran for items %v, want [0 1 6 8]", ran)
+	}
+	// one ClaimMany and one CompleteMany; no per-item claims or completions
+	if f.store.batches.Load() != 2 || f.store.claims.Load() != 0 || f.store.completes.Load() != 0 {
+		t.Errorf("batches %d claims %d completes %d", f.store.batches.Load(), f.store.claims.Load(), f.store.completes.Load())
+	}
+	// the failures were released: a retry runs them
+	for _, k := range []string{"fails", "panics"} {
+		if res, err := h.Do(ctx, k, ok); res.Outcome != Processed {
+			t.Errorf("retry of %s: %v %v", k, res.Outcome, err)
+		}
+	}
+	if res, _ := other.Do(ctx, "a", ok); res.Outcome != Duplicate {
+		t.Errorf("a not recorded DONE: %v", res.Outcome)
+	}
+}
+
+func TestHandleBatchFilterMode(t *testing.T) {
+	f := newFixture(t, false)
+	h := f.handler("views", WithMode(ModeFilter))
+	ctx := context.Background()
+	items := []Item{{Key: "x"}, {Key: "y"}, {Key: "x"}}
+	runs := 0
+	got := h.HandleBatch(ctx, items, func(context.Context, int) error { runs++; return nil })
+	if got[0].Outcome != Processed || got[1].Outcome != Processed || got[2].Outcome != Duplicate || runs != 2 {
+		t.Fatalf("%v %v %v, runs %d", got[0].Outcome, got[1].Outcome, got[2].Outcome, runs)
+	}
+	if f.store.batches.Load() != 1 || f.store.marks.Load() != 0 {
+		t.Fatalf("batches %d marks %d, want one MarkMany", f.store.batches.Load(), f.store.marks.Load())
+	}
+	got = h.HandleBatch(ctx, items, func(context.Context, int) error { runs++; return nil })
+	for _, r := range got {
+		if r.Outcome != Duplicate || r.Tier != TierLocal {
+			t.Fatalf("second batch: %v %v", r.Outcome, r.Tier)
+		}
+	}
+}
+
+func TestHandleBatchStoreDown(t *testing.T) {
+	down := fmt.Errorf("%w: connection refused", ErrStoreUnavailable)
+	for _, policy := range []StoreFailurePolicy{FailClosed, FailOpen} {
+		f := newFixture(t, false)
+		f.store.onFail(func(string) error { return down })
+		h := f.handler("orders", WithStoreFailure(policy))
+		runs := 0
+		got := h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(context.Context, int) error { runs++; return nil })
+		for _, r := range got {
+			wantO, wantRuns := StoreUnavailable, 0
+			if policy == FailOpen {
+				wantO, wantRuns = Processed, 2
+			}
+			if r.Outcome != wantO || runs != wantRuns || (policy == FailOpen) != r.Unguarded {
+				t.Fatalf("policy %d: %v unguarded=%v runs %d", policy, r.Outcome, r.Unguarded, runs)
+			}
+		}
+	}
+}
+
+// Items waiting their turn keep their claims: the batch heartbeat extends them all.
+func TestHandleBatchHeartbeat(t *testing.T) {
+	f := newFixture(t, true)
+	lease := 90 * time.Millisecond
+	h := f.handler("slow", WithLease(lease))
+	rival := newDeduperOver(t, f.store).mustRegister(t, "slow", WithLease(lease))
+	var rivalRuns atomic.Int64
+	items := []Item{{Key: "1"}, {Key: "2"}, {Key: "3"}}
+	got := h.HandleBatch(context.Background(), items, func(ctx context.Context, i int) error {
+		time.Sleep(2 * lease)
+		// the last item has waited 4 leases for its turn; nobody may take it
+		rival.Do(ctx, items[len(items)-1].Key, func(context.Context) error { rivalRuns.Add(1); return nil })
+		return nil
+	})
+	for i, r := range got {
+		if r.Outcome != Processed {
+			t.Fatalf("item %d: %v %v", i, r.Outcome, r.Err)
+		}
+	}
+	if rivalRuns.Load() != 0 {
+		t.Fatalf("a rival ran a claimed item %d times", rivalRuns.Load())
+	}
+}
+
+func TestHandleBatchRedisRoundTrips(t *testing.T) {
+	for name, mk := range countedRedis(t) {
+		t.Run(name, func(t *testing.T) {
+			s, tc, prefix := mk(t)
+			d, err := New(s, WithPrefix(prefix), WithLogger(quiet))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			h, _ := d.Register("orders")
+			ctx := context.Background()
+			h.Do(ctx, "warm", ok) // load the scripts
+			items := make([]Item, 64)
+			for i := range items {
+				items[i] = Item{Key: fmt.Sprint("order-", i)}
+			}
+			tc.reset()
+			for i, r := range h.HandleBatch(ctx, items, func(context.Context, int) error { return nil }) {
+				if r.Outcome != Processed {
+					t.Fatalf("item %d: %v %v", i, r.Outcome, r.Err)
+				}
+			}
+			expectTrips(t, "HandleBatch of 64", tc, 2, 128)
+		})
+	}
+}
