@@ -164,3 +164,17 @@ func FuzzStrategies(f *testing.F) {
 		}
 	})
 }
+
+// FuzzTenants checks that two (prefix, handler) namespaces never share a record key:
+// with valid prefixes and handler names, the keys differ whenever the namespaces do.
+func FuzzTenants(f *testing.F) {
+	f.Add("acme", "eu", "orders:123", "acme:eu", "orders", "123")
+	f.Fuzz(func(t *testing.T, p1, h1, raw1, p2, h2, raw2 string) {
+		if ValidatePrefix(p1) != nil || ValidatePrefix(p2) != nil || ValidateName(h1) != nil || ValidateName(h2) != nil {
+			return
+		}
+		if (p1 != p2 || h1 != h2) && RecordKey(p1, h1, raw1) == RecordKey(p2, h2, raw2) {
+			t.Fatalf("(%q, %q, %q) and (%q, %q, %q) share %q", p1, h1, raw1, p2, h2, raw2, RecordKey(p1, h1, raw1))
+		}
+	})
+}

@@ -126,10 +126,12 @@ func ValidateName(name string) error {
 }
 
 // ValidatePrefix checks a record key prefix: 1..[MaxNameLen] bytes of
-// printable ASCII other than space (0x21..0x7e). ':', '{' and '}' are allowed,
-// so a prefix may carry a Redis Cluster hash tag such as "{dedup}". The error
-// wraps [ErrInvalid], says what is wrong and quotes (at most the first 32
-// bytes of) the prefix.
+// printable ASCII other than space (0x21..0x7e) and ':'. ':' separates the
+// prefix from the handler name, so a prefix holding one could reproduce another
+// tenant's keys ("acme" + "eu" + "orders:1" against "acme:eu" + "orders" + "1").
+// '{' and '}' are allowed, so a prefix may carry a Redis Cluster hash tag such
+// as "{dedup}". The error wraps [ErrInvalid], says what is wrong and quotes (at
+// most the first 32 bytes of) the prefix.
 func ValidatePrefix(prefix string) error {
 	switch {
 	case prefix == "":
@@ -141,6 +143,10 @@ func ValidatePrefix(prefix string) error {
 		if c := prefix[i]; c < 0x21 || c > 0x7e {
 			return invalidf("key prefix %s: byte %s at offset %d is not printable ASCII (0x21..0x7e)",
 				quote(prefix), quote(prefix[i:i+1]), i)
+		}
+		if prefix[i] == ':' {
+			return invalidf("key prefix %s: ':' at offset %d separates prefix and handler; it may not appear in a prefix",
+				quote(prefix), i)
 		}
 	}
 	return nil

@@ -103,7 +103,8 @@ func TestValidatePrefix(t *testing.T) {
 		prefix, wantErr string
 	}{
 		{"dedup", ""},
-		{"{dedup}:app", ""},
+		{"{dedup}app", ""},
+		{"acme:eu", `keys: invalid: key prefix "acme:eu": ':' at offset 4 separates prefix and handler; it may not appear in a prefix`},
 		{"!~", ""},
 		{strings.Repeat("p", MaxNameLen), ""},
 		{"", "keys: invalid: key prefix is empty"},
