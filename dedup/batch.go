@@ -105,7 +105,7 @@ type batchItem struct {
 	f                    *flight
 	answered             bool        // f has been answered
 	lost                 atomic.Bool // the heartbeat found the lease gone
-	confirmed            time.Time   // last extension, heartbeat goroutine only
+	validUntil           time.Time   // see Handler.extend; the heartbeat goroutine owns it once started
 }
 
 func (b *batchItem) settleFlight(res Result, err error) {
@@ -137,7 +137,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out []ItemResult, b *batc
 		h.log.Warn("dedup: store unavailable, running without dedup", "key_hash", keyHash(b.k), "err", err)
 		b.answered = true
 		b.f.answer(Result{}, nil, true)
-		res, ferr := h.runPlain(ctx, func(c context.Context) error { return fn(c, b.i) }, true)
+		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, b.i) }, true, false)
 		out[b.i] = ItemResult{res, ferr}
 		return
 	}
@@ -160,18 +160,14 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, fn func(con
 			h.storeItemFailed(ctx, out, b, aerr, fn)
 			continue
 		}
-		switch a.Status {
-		case StatusAcquired:
-			h.remember(b.lk)
-			b.settleFlight(Result{Outcome: First}, nil)
-			res, ferr := h.runPlain(ctx, func(c context.Context) error { return fn(c, b.i) }, false)
-			out[b.i] = ItemResult{res, ferr}
-		case StatusConflict:
-			h.settle(out, b, Result{Outcome: KeyReuse}, nil)
-		default:
-			h.remember(b.lk)
-			h.settle(out, b, Result{Outcome: Duplicate, Tier: TierStore}, nil)
+		res := h.marked(b.k, b.lk, a)
+		if res.Outcome != First {
+			h.settle(out, b, res, nil)
+			continue
 		}
+		b.settleFlight(res, nil)
+		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, b.i) }, false, true)
+		out[b.i] = ItemResult{res, ferr}
 	}
 }
 
@@ -180,6 +176,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 	for j, b := range leads {
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
 	}
+	sent := time.Now()
 	answers, err := h.d.store.ClaimMany(ctx, entries)
 	var claimed []*batchItem
 	for j, b := range leads {
@@ -188,17 +185,19 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 			a = answers[j]
 		}
 		if aerr := errors.Join(err, a.Err); aerr != nil {
+			h.releaseUnanswered(ctx, b.k, b.rk, b.token)
 			h.storeItemFailed(ctx, out, b, aerr, fn)
 			continue
 		}
 		switch a.Status {
 		case StatusAcquired:
-			b.f.leaseEnd.Store(time.Now().Add(h.cfg.lease).UnixNano())
+			b.validUntil = sent.Add(h.cfg.lease)
+			b.f.leaseEnd.Store(b.validUntil.UnixNano())
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
 			claimed = append(claimed, b)
 		case StatusDuplicate:
-			h.remember(b.lk)
+			h.rememberFor(b.lk, a.TTL)
 			h.settle(out, b, Result{Outcome: Duplicate, Tier: TierStore}, nil)
 		case StatusConflict:
 			h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(b.k))
@@ -211,6 +210,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 		return
 	}
 	hb := h.startBatchBeat(claimed)
+	defer hb.stop() // also when fn calls runtime.Goexit
 	var done []*batchItem
 	for _, b := range claimed {
 		if b.lost.Load() {
@@ -275,13 +275,12 @@ type batchBeat struct {
 	cancel   context.CancelCauseFunc
 	quit     chan struct{}
 	finished chan struct{}
+	once     sync.Once
 }
 
 func (h *Handler) startBatchBeat(items []*batchItem) *batchBeat {
 	hb := &batchBeat{h: h, live: make(map[*batchItem]struct{}, len(items)), quit: make(chan struct{}), finished: make(chan struct{})}
-	now := time.Now()
 	for _, b := range items {
-		b.confirmed = now
 		hb.live[b] = struct{}{}
 	}
 	go hb.run()
@@ -301,15 +300,16 @@ func (hb *batchBeat) forget(b *batchItem) {
 }
 
 func (hb *batchBeat) stop() {
-	close(hb.quit)
-	<-hb.finished
+	hb.once.Do(func() {
+		close(hb.quit)
+		<-hb.finished
+	})
 }
 
 func (hb *batchBeat) run() {
 	defer close(hb.finished)
 	h := hb.h
-	every := h.cfg.lease / 3
-	t := time.NewTicker(every)
+	t := time.NewTicker(h.cfg.lease / 3)
 	defer t.Stop()
 	for {
 		select {
@@ -324,17 +324,9 @@ func (hb *batchBeat) run() {
 		}
 		hb.mu.Unlock()
 		for _, b := range items {
-			ctx, done := context.WithTimeout(context.Background(), every)
-			err := h.d.store.Extend(ctx, b.rk, b.token, h.cfg.lease)
-			done()
-			now := time.Now()
-			switch {
-			case err == nil:
-				b.confirmed = now
-				b.f.leaseEnd.Store(now.Add(h.cfg.lease).UnixNano())
-				continue
-			case errors.Is(err, ErrLeaseLost):
-			case now.Sub(b.confirmed) < h.cfg.lease:
+			var lost bool
+			if b.validUntil, lost = h.extend(b.rk, b.token, b.validUntil); !lost {
+				b.f.leaseEnd.Store(b.validUntil.UnixNano())
 				continue
 			}
 			h.stats.leaseLost.Add(1)

@@ -24,6 +24,7 @@ type flightShard struct {
 
 type flight struct {
 	ready chan struct{} // closed once the leader has the store's answer
+	left  chan struct{} // closed once the leader is done with the key
 	// set by the leader before ready is closed
 	res Result
 	err error
@@ -54,7 +55,7 @@ func (fs *flights) join(key string) (*flight, bool) {
 	if f, ok := s.m[key]; ok {
 		return f, false
 	}
-	f := &flight{ready: make(chan struct{})}
+	f := &flight{ready: make(chan struct{}), left: make(chan struct{})}
 	s.m[key] = f
 	return f, true
 }
@@ -73,6 +74,7 @@ func (fs *flights) leave(key string, f *flight) {
 		delete(s.m, key)
 	}
 	s.mu.Unlock()
+	close(f.left)
 }
 
 func (f *flight) retryAfter(lease time.Duration) time.Duration {

@@ -73,6 +73,10 @@ func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 	if key == "" {
 		return h.noKey(ctx, nil)
 	}
+	if !h.d.enter() {
+		return h.count(Result{Outcome: Cancelled}), ErrClosed
+	}
+	defer h.d.running.Done()
 	res, err := h.mark(ctx, key, "")
 	if res.Outcome == First {
 		h.count(res)
@@ -97,11 +101,17 @@ func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn 
 	if h.cfg.mode == ModeDo {
 		return h.do(ctx, key, fp, fn)
 	}
+	// One enter for the mark and the run: once DONE is written, Close must not stop
+	// fn from running, or the message would be lost.
+	if !h.d.enter() {
+		return h.count(Result{Outcome: Cancelled}), ErrClosed
+	}
+	defer h.d.running.Done()
 	res, err := h.mark(ctx, key, fp)
 	if res.Outcome != First {
 		return res, err
 	}
-	return h.runPlain(ctx, fn, res.Unguarded)
+	return h.run(ctx, fn, res.Unguarded, true)
 }
 
 // Fingerprint returns the payload fingerprint stored with records when fingerprinting
@@ -134,6 +144,13 @@ func (h *Handler) remember(lk string) {
 	}
 }
 
+// rememberFor caches a DONE key for no longer than its record has left in the store.
+func (h *Handler) rememberFor(lk string, left time.Duration) {
+	if h.local != nil {
+		h.local.AddFor(lk, left)
+	}
+}
+
 func (h *Handler) closeLocal() {
 	if h.local != nil {
 		h.local.Close()
@@ -141,37 +158,54 @@ func (h *Handler) closeLocal() {
 }
 
 // check answers from the local tier or from a concurrent call for the same key. It
-// returns the flight the caller leads when neither could answer.
+// returns the flight the caller leads when neither could answer. A waiter takes the
+// leader's answer only where it is its own too; otherwise (another payload, or a
+// leader cancelled by its own context) it waits for the leader to leave and asks again.
 func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result, error) {
-	if h.local != nil && h.local.Contains(lk) {
-		return nil, h.count(Result{Outcome: Duplicate, Tier: TierLocal}), nil
-	}
-	f, lead := h.flights.join(k)
-	if lead {
-		f.fp = fp
-		return f, Result{}, nil
-	}
-	select {
-	case <-f.ready:
-	case <-ctx.Done():
-		return nil, h.count(Result{Outcome: Cancelled}), context.Cause(ctx)
-	}
-	if f.running {
-		return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
-	}
-	res := f.res
-	switch res.Outcome {
-	case First, Duplicate:
-		if fingerprintsDiffer(f.fp, fp) {
-			res = Result{Outcome: KeyReuse}
-		} else {
-			res = Result{Outcome: Duplicate, Tier: TierLocal}
+	for {
+		if h.local != nil && h.local.Contains(lk) {
+			return nil, h.count(Result{Outcome: Duplicate, Tier: TierLocal}), nil
 		}
-	case Processed, NotRecorded:
-		// the leader ran and left; its record is DONE (or as good as: a rerun repeats it)
-		res = Result{Outcome: Duplicate, Tier: TierLocal}
+		f, lead := h.flights.join(k)
+		if lead {
+			f.fp = fp
+			return f, Result{}, nil
+		}
+		if err := wait(ctx, f.ready); err != nil {
+			return nil, h.count(Result{Outcome: Cancelled}), err
+		}
+		if f.running {
+			return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
+		}
+		switch f.res.Outcome {
+		case First, Duplicate:
+			if f.fp == fp {
+				return nil, h.count(Result{Outcome: Duplicate, Tier: TierLocal}), nil
+			}
+		case KeyReuse:
+			if f.fp == fp {
+				return nil, h.count(f.res), nil
+			}
+		case Cancelled:
+			if errors.Is(f.err, ErrClosed) {
+				return nil, h.count(f.res), f.err
+			}
+		default: // InProgress elsewhere, StoreUnavailable: the same for every caller
+			return nil, h.count(f.res), f.err
+		}
+		if err := wait(ctx, f.left); err != nil {
+			return nil, h.count(Result{Outcome: Cancelled}), err
+		}
 	}
-	return nil, h.count(res), f.err
+}
+
+func wait(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Context) error) (Result, error) {
@@ -189,13 +223,15 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 
 	rk := h.keyHead + k
 	token := newToken()
+	sent := time.Now()
 	ans, err := h.d.store.Claim(ctx, rk, token, fp, h.cfg.lease)
 	if err != nil {
+		h.releaseUnanswered(ctx, k, rk, token)
 		return h.storeFailed(ctx, f, k, err, fn)
 	}
 	switch ans.Status {
 	case StatusDuplicate:
-		h.remember(lk)
+		h.rememberFor(lk, ans.TTL)
 		return h.lead(f, Result{Outcome: Duplicate, Tier: TierStore}, nil)
 	case StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
@@ -203,9 +239,10 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	case StatusInProgress:
 		return h.lead(f, Result{Outcome: InProgress, RetryAfter: ans.TTL}, nil)
 	}
-	f.leaseEnd.Store(time.Now().Add(h.cfg.lease).UnixNano())
+	validUntil := sent.Add(h.cfg.lease)
+	f.leaseEnd.Store(validUntil.UnixNano())
 	f.answer(Result{}, nil, true)
-	return h.runLeased(ctx, f, k, lk, rk, token, fn)
+	return h.runLeased(ctx, f, k, lk, rk, token, validUntil, fn)
 }
 
 // lead publishes the leader's result to those waiting on f and returns it. First is
@@ -217,6 +254,23 @@ func (h *Handler) lead(f *flight, res Result, err error) (Result, error) {
 	}
 	return res, err
 }
+
+// releaseUnanswered gives back a claim whose reply never came: it may have landed.
+// Release deletes only an IN PROGRESS record under this token, so it is always safe.
+// It runs in the background (a down store would delay the answer); the caller has
+// entered, so Close waits for it.
+func (h *Handler) releaseUnanswered(ctx context.Context, k, rk, token string) {
+	h.d.running.Add(1)
+	go func() {
+		defer h.d.running.Done()
+		bg, done := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+		defer done()
+		h.release(bg, k, rk, token)
+	}()
+}
+
+// releaseTimeout bounds a best-effort release.
+const releaseTimeout = 2 * time.Second
 
 func (h *Handler) storeFailed(ctx context.Context, f *flight, k string, err error, fn func(context.Context) error) (Result, error) {
 	if ctx.Err() != nil {
@@ -231,19 +285,35 @@ func (h *Handler) storeFailed(ctx context.Context, f *flight, k string, err erro
 			return h.lead(f, Result{Outcome: First, Unguarded: true}, nil)
 		}
 		f.answer(Result{}, nil, true) // concurrent calls for this key wait on this run
-		return h.runPlain(ctx, fn, true)
+		return h.run(ctx, fn, true, false)
 	}
 	h.log.Warn("dedup: store unavailable, failing closed", "key_hash", keyHash(k), "err", err)
 	return h.lead(f, Result{Outcome: StoreUnavailable}, err)
 }
 
-// runLeased runs fn under the claim (token on rk), then completes or releases it.
-func (h *Handler) runLeased(ctx context.Context, f *flight, k, lk, rk, token string, fn func(context.Context) error) (Result, error) {
+// runLeased runs fn under the claim (token on rk, valid until validUntil as far as
+// this process knows), then completes or releases it.
+func (h *Handler) runLeased(ctx context.Context, f *flight, k, lk, rk, token string, validUntil time.Time, fn func(context.Context) error) (Result, error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stopOnClose := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
 	stop, stopped := make(chan struct{}), make(chan struct{})
-	go h.heartbeat(rk, token, f, cancel, stop, stopped)
+	go h.heartbeat(rk, token, validUntil, f, cancel, stop, stopped)
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		// fn called runtime.Goexit: stop the heartbeat and give the key back
+		close(stop)
+		<-stopped
+		stopOnClose()
+		cancel(nil)
+		bg, done := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+		defer done()
+		h.release(bg, k, rk, token)
+	}()
 	panicked, err := invoke(fctx, fn)
+	returned = true
 	close(stop)
 	<-stopped
 	stopOnClose()
@@ -289,37 +359,51 @@ func (h *Handler) completed(k, lk string, cerr error) (Result, error) {
 	}
 }
 
-// heartbeat extends the lease every lease/3 until stop is closed. It cancels fn with
-// ErrLeaseLost when the store says the lease is gone, or when the store has not
-// confirmed it for a whole lease.
-func (h *Handler) heartbeat(rk, token string, f *flight, cancel context.CancelCauseFunc, stop <-chan struct{}, stopped chan<- struct{}) {
+// heartbeat extends the lease every lease/3 until stop is closed, and cancels fn with
+// ErrLeaseLost once the lease is gone or may be gone (see extend).
+func (h *Handler) heartbeat(rk, token string, validUntil time.Time, f *flight, cancel context.CancelCauseFunc, stop <-chan struct{}, stopped chan<- struct{}) {
 	defer close(stopped)
-	every := h.cfg.lease / 3
-	t := time.NewTicker(every)
+	t := time.NewTicker(h.cfg.lease / 3)
 	defer t.Stop()
-	confirmed := time.Now()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
 		}
-		ctx, done := context.WithTimeout(context.Background(), every)
-		err := h.d.store.Extend(ctx, rk, token, h.cfg.lease)
-		done()
-		now := time.Now()
-		switch {
-		case err == nil:
-			confirmed = now
-			f.leaseEnd.Store(now.Add(h.cfg.lease).UnixNano())
-			continue
-		case errors.Is(err, ErrLeaseLost):
-		case now.Sub(confirmed) < h.cfg.lease:
-			continue // a store hiccup; the lease still runs
+		var lost bool
+		if validUntil, lost = h.extend(rk, token, validUntil); lost {
+			h.stats.leaseLost.Add(1)
+			cancel(ErrLeaseLost)
+			return
 		}
-		h.stats.leaseLost.Add(1)
-		cancel(ErrLeaseLost)
-		return
+		f.leaseEnd.Store(validUntil.UnixNano())
+	}
+}
+
+// extend renews one claim. validUntil is when the lease ends as far as this process
+// knows: the time the last successful claim or extension was sent, plus the lease.
+// It reports the lease lost when the store says so, or when a failed extension leaves
+// the lease to end before the next attempt: fn must stop before another owner can
+// take the key, not after.
+func (h *Handler) extend(rk, token string, validUntil time.Time) (time.Time, bool) {
+	every := h.cfg.lease / 3
+	sent := time.Now()
+	left := validUntil.Sub(sent)
+	if left <= 0 {
+		return validUntil, true
+	}
+	ctx, done := context.WithTimeout(context.Background(), min(every, left))
+	err := h.d.store.Extend(ctx, rk, token, h.cfg.lease)
+	done()
+	switch {
+	case err == nil:
+		return sent.Add(h.cfg.lease), false
+	case errors.Is(err, ErrLeaseLost):
+		return validUntil, true
+	default:
+		h.log.Debug("dedup: lease extension failed", "err", err)
+		return validUntil, !time.Now().Add(every).Before(validUntil)
 	}
 }
 
@@ -329,6 +413,7 @@ func (h *Handler) release(ctx context.Context, k, rk, token string) {
 	}
 }
 
+// mark is Mark after the caller has entered.
 func (h *Handler) mark(ctx context.Context, key, fp string) (Result, error) {
 	k := keys.Normalize(key)
 	lk := localKey(k, fp)
@@ -337,24 +422,29 @@ func (h *Handler) mark(ctx context.Context, key, fp string) (Result, error) {
 		return res, err
 	}
 	defer h.flights.leave(k, f)
-	if !h.d.enter() {
-		return h.lead(f, Result{Outcome: Cancelled}, ErrClosed)
-	}
-	defer h.d.running.Done()
 	ans, err := h.d.store.Mark(ctx, h.keyHead+k, newToken(), fp, h.cfg.retention)
 	if err != nil {
 		return h.storeFailed(ctx, f, k, err, nil)
 	}
+	return h.lead(f, h.marked(k, lk, ans), nil)
+}
+
+// marked turns a store's answer to Mark into a result, caching only what is DONE.
+func (h *Handler) marked(k, lk string, ans Answer) Result {
 	switch ans.Status {
 	case StatusAcquired:
 		h.remember(lk)
-		return h.lead(f, Result{Outcome: First}, nil)
+		return Result{Outcome: First}
 	case StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
-		return h.lead(f, Result{Outcome: KeyReuse}, nil)
+		return Result{Outcome: KeyReuse}
+	case StatusInProgress:
+		// another owner is running it: a duplicate for a filter, but not DONE, so
+		// not for the local tier (the owner may fail and release it)
+		return Result{Outcome: Duplicate, Tier: TierStore}
 	}
 	h.remember(lk)
-	return h.lead(f, Result{Outcome: Duplicate, Tier: TierStore}, nil)
+	return Result{Outcome: Duplicate, Tier: TierStore}
 }
 
 func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error) (Result, error) {
@@ -364,15 +454,17 @@ func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error) (Re
 	if fn == nil {
 		return h.count(Result{Outcome: First, Unguarded: true}), nil
 	}
-	return h.runPlain(ctx, fn, true)
-}
-
-// runPlain runs fn with no claim to keep: after a Mark, or unguarded.
-func (h *Handler) runPlain(ctx context.Context, fn func(context.Context) error, unguarded bool) (Result, error) {
 	if !h.d.enter() {
 		return h.count(Result{Outcome: Cancelled}), ErrClosed
 	}
 	defer h.d.running.Done()
+	return h.run(ctx, fn, true, false)
+}
+
+// run runs fn with no claim to keep: after a Mark, or unguarded. The caller has
+// entered. After a Mark (marked) the record is DONE already, so a cancelled fn is a
+// failure, not a message to leave for redelivery: a redelivery would be a duplicate.
+func (h *Handler) run(ctx context.Context, fn func(context.Context) error, unguarded, marked bool) (Result, error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })()
@@ -381,7 +473,7 @@ func (h *Handler) runPlain(ctx context.Context, fn func(context.Context) error, 
 	switch {
 	case panicked:
 		res.Outcome = Panicked
-	case err != nil && context.Cause(fctx) != nil:
+	case err != nil && context.Cause(fctx) != nil && !marked:
 		res.Outcome, err = Cancelled, errors.Join(err, context.Cause(fctx))
 	case err != nil:
 		res.Outcome = Failed

@@ -96,8 +96,16 @@ func (s *MemoryStore) put(key string, r memRecord, now time.Time) error {
 			return fmt.Errorf("%w: memory store holds its limit of %d live records", ErrStoreUnavailable, s.limit)
 		}
 	}
-	s.recs[key] = r
+	s.set(key, r)
 	return nil
+}
+
+// set stores r under key and keeps nextExp a lower bound of every expiry.
+func (s *MemoryStore) set(key string, r memRecord) {
+	s.recs[key] = r
+	if r.expires.Before(s.nextExp) {
+		s.nextExp = r.expires
+	}
 }
 
 func (s *MemoryStore) sweep(now time.Time) {
@@ -133,7 +141,7 @@ func (s *MemoryStore) claim(key, token, fp string, lease time.Duration) (Answer,
 	case fingerprintsDiffer(r.fp, fp):
 		return Answer{Status: StatusConflict}, nil
 	default:
-		return Answer{Status: StatusDuplicate}, nil
+		return Answer{Status: StatusDuplicate, TTL: r.expires.Sub(now)}, nil
 	}
 }
 
@@ -148,7 +156,7 @@ func (s *MemoryStore) complete(key, token string, retention time.Duration) error
 	}
 	if r.state == stateInProgress {
 		r.state, r.expires = stateDone, now.Add(retention)
-		s.recs[key] = r
+		s.set(key, r)
 	}
 	return nil
 }
@@ -170,6 +178,8 @@ func (s *MemoryStore) mark(key, token, fp string, retention time.Duration) (Answ
 		return Answer{Status: StatusAcquired}, nil
 	case r.state == stateDone && fingerprintsDiffer(r.fp, fp):
 		return Answer{Status: StatusConflict}, nil
+	case r.state == stateInProgress:
+		return Answer{Status: StatusInProgress}, nil
 	default:
 		return Answer{Status: StatusDuplicate}, nil
 	}
@@ -215,7 +225,7 @@ func (s *MemoryStore) Extend(ctx context.Context, key, token string, lease time.
 		return ErrLeaseLost
 	}
 	r.expires = now.Add(lease)
-	s.recs[key] = r
+	s.set(key, r)
 	return nil
 }
 

@@ -82,7 +82,7 @@ func claimAnswer(v any) (Answer, error) {
 		return Answer{}, storeErr("claim", fmt.Errorf("unexpected reply %v", a))
 	}
 	ans := Answer{Status: Status(st)}
-	if ans.Status == StatusInProgress {
+	if ans.Status == StatusInProgress || ans.Status == StatusDuplicate {
 		ans.TTL = time.Duration(max(ttl, 0)) * time.Millisecond
 	}
 	return ans, nil
@@ -157,6 +157,8 @@ func markAnswer(cmd *redis.StatusCmd, token, fingerprint string) (Answer, error)
 		return Answer{Status: StatusAcquired}, nil // our own mark, retried
 	case state == stateDone && fingerprintsDiffer(fp, fingerprint):
 		return Answer{Status: StatusConflict}, nil
+	case state == stateInProgress:
+		return Answer{Status: StatusInProgress}, nil // TTL unknown: SET ... GET does not say
 	default:
 		return Answer{Status: StatusDuplicate}, nil
 	}
@@ -262,9 +264,9 @@ func (s *RedisStore) runScripts(ctx context.Context, sc *redis.Script, entries [
 		}
 	}
 	if again != nil {
-		if _, err := again.Exec(ctx); failedRoundTrip(err) {
-			return nil, storeErr("pipeline", err)
-		}
+		// A failure here is already on each re-sent command; the others have their
+		// answers and keep them (a claim that was acquired is reported as acquired).
+		_, _ = again.Exec(ctx)
 	}
 	return cmds, nil
 }

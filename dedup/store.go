@@ -13,9 +13,11 @@ const (
 	// already did: a retried claim finds its own token). For Mark, the caller is the
 	// first to see the key and the record is now DONE.
 	StatusAcquired Status = iota + 1
-	// StatusInProgress: another owner holds a live lease; Answer.TTL is what is left of it.
+	// StatusInProgress: another owner holds a live lease. For Claim, Answer.TTL is what
+	// is left of it; Mark does not say (TTL 0), and a filter treats it as a duplicate.
 	StatusInProgress
-	// StatusDuplicate: the key is DONE (or, for Mark, held by another owner).
+	// StatusDuplicate: the key is DONE. For Claim, Answer.TTL is what is left of the
+	// record (so a local cache never outlives it).
 	StatusDuplicate
 	// StatusConflict: the key is DONE with a different payload fingerprint (key reuse).
 	StatusConflict
@@ -34,7 +36,8 @@ func (s Status) String() string {
 // Answer is a store's reply for one key.
 type Answer struct {
 	Status Status
-	// TTL is the remaining lease of the other owner when Status is StatusInProgress.
+	// TTL is, for Claim, the remaining life of the record found: the other owner's
+	// lease (StatusInProgress) or the DONE record (StatusDuplicate). Zero otherwise.
 	TTL time.Duration
 	// Err is set on a batch item that failed on its own (ClaimMany, MarkMany); single
 	// calls return their error instead.
@@ -57,7 +60,11 @@ type Entry struct {
 //	Complete  | ErrLeaseLost      | DONE, PX retention| ErrLeaseLost       | nil if mine (retried), else ErrLeaseLost
 //	Release   | no-op             | delete            | no-op              | no-op
 //	Extend    | ErrLeaseLost      | PEXPIRE lease     | ErrLeaseLost       | ErrLeaseLost
-//	Mark      | DONE, Acquired    | -                 | Duplicate          | Duplicate (Conflict if fingerprints differ), Acquired if mine
+//	Mark      | DONE, Acquired    | -                 | InProgress         | Duplicate (Conflict if fingerprints differ), Acquired if mine
+//
+// Mark answers InProgress, not Duplicate, for a record IN PROGRESS: a filter drops
+// the message either way, but only a DONE key may enter a local cache, since the owner
+// may yet fail and release it.
 //
 // Tokens are 1 to 64 bytes without ':'. Fingerprints may be empty, meaning "not
 // compared". Every record expires on the server; no client clock is written. Errors

@@ -90,13 +90,24 @@ func (c *Cache) Contains(key string) bool {
 // since the hand last passed it. The cache keeps its own copy of key, so a
 // key sliced from a large buffer does not pin that buffer. After [Cache.Close]
 // Add does nothing.
-func (c *Cache) Add(key string) {
+func (c *Cache) Add(key string) { c.add(key, c.ttl) }
+
+// AddFor is Add with a shorter life: key is kept for min(ttl, the cache's TTL). It is
+// for keys whose truth expires sooner elsewhere (a store record with little time
+// left). ttl <= 0 adds nothing.
+func (c *Cache) AddFor(key string, ttl time.Duration) {
+	if ttl > 0 {
+		c.add(key, min(int64(ttl), c.ttl))
+	}
+}
+
+func (c *Cache) add(key string, ttl int64) {
 	h := maphash.String(c.seed, key)
 	s := c.shard(h)
 	now := c.clock()
 	exp := int64(math.MaxInt64)
-	if now < math.MaxInt64-c.ttl {
-		exp = now + c.ttl
+	if now < math.MaxInt64-ttl {
+		exp = now + ttl
 	}
 	s.mu.Lock()
 	s.add(h, key, now, exp, c.perCap)

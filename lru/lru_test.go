@@ -477,3 +477,25 @@ func TestConcurrentClose(t *testing.T) {
 		t.Error("cache not empty after Close")
 	}
 }
+
+func TestAddFor(t *testing.T) {
+	clk := &fakeClock{}
+	c := newCache(t, 8, 10*time.Second, lru.WithClock(clk.Now), lru.WithShards(1))
+	c.AddFor("short", 2*time.Second)
+	c.AddFor("capped", time.Hour) // never beyond the cache's TTL
+	c.AddFor("none", 0)
+	if c.Contains("none") {
+		t.Fatal("AddFor with ttl 0 added the key")
+	}
+	clk.Advance(2 * time.Second)
+	if c.Contains("short") {
+		t.Fatal("short outlived its own ttl")
+	}
+	if !c.Contains("capped") {
+		t.Fatal("capped expired early")
+	}
+	clk.Advance(8 * time.Second)
+	if c.Contains("capped") {
+		t.Fatal("capped outlived the cache TTL")
+	}
+}

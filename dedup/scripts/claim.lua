@@ -1,4 +1,4 @@
--- KEYS[1] record key; ARGV[1] owner token, ARGV[2] fingerprint ('' = none), ARGV[3] lease ms. Returns {status, pttl}: 1 acquired, 2 in progress, 3 duplicate, 4 conflict.
+-- KEYS[1] record key; ARGV[1] owner token, ARGV[2] fingerprint ('' = none), ARGV[3] lease ms. Returns {status, pttl}: 1 acquired, 2 in progress, 3 duplicate, 4 conflict; pttl is the record's remaining life.
 local v = redis.call('GET', KEYS[1])
 if not v then
   redis.call('SET', KEYS[1], 'p:' .. ARGV[1] .. ':' .. ARGV[2], 'PX', ARGV[3])
@@ -17,6 +17,6 @@ if state == 'd' then
   if fp ~= '' and ARGV[2] ~= '' and fp ~= ARGV[2] then
     return {4, 0}
   end
-  return {3, 0}
+  return {3, redis.call('PTTL', KEYS[1])}
 end
 return redis.error_reply('dedup: unrecognised record')
