@@ -1,0 +1,237 @@
+package nats
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dedupkit/dedupkit/dedup"
+)
+
+// acker is what the adapter does to a delivery: jetstream.Msg has all of it; a legacy
+// push message is adapted; a core message has no acks at all.
+type acker interface {
+	Ack() error
+	DoubleAck(context.Context) error
+	Nak() error
+	NakWithDelay(time.Duration) error
+	InProgress() error
+	Term() error
+}
+
+// Action is what the adapter did with a delivery.
+type Action uint8
+
+const (
+	// ActNone: no acknowledgement (LeaseLost, Cancelled, or a core NATS message).
+	ActNone Action = iota
+	ActAck
+	ActDoubleAck
+	ActNak
+	ActNakWithDelay
+	ActTerm
+	numActions
+)
+
+var actionNames = [numActions]string{"none", "ack", "double-ack", "nak", "nak-with-delay", "term"}
+
+// String returns the action in lower case, e.g. "nak-with-delay".
+func (a Action) String() string {
+	if a < numActions {
+		return actionNames[a]
+	}
+	return "invalid"
+}
+
+// doubleAckTimeout bounds the wait for the server's confirmation of an ack.
+const doubleAckTimeout = 5 * time.Second
+
+// Reasons logged when a message is terminated. They are not sent with the Term:
+// servers before 2.10.4 ignore a "+TERM <reason>" and redeliver the message.
+const (
+	ReasonNoKey     = "dedup: message has no key"
+	ReasonKeyReuse  = "dedup: key reused with a different payload"
+	ReasonExhausted = "dedup: handler failed on the last delivery"
+)
+
+// Stats counts what an adapter did.
+type Stats struct {
+	actions [numActions]uint64
+	// InProgress counts in-progress signals sent while handlers ran.
+	InProgress uint64
+	// AckErrors counts acknowledgements the server did not take.
+	AckErrors uint64
+	// Exhausted counts messages that failed on their last delivery.
+	Exhausted uint64
+}
+
+// Count returns how many deliveries ended with action a.
+func (s Stats) Count(a Action) uint64 {
+	if a >= numActions {
+		return 0
+	}
+	return s.actions[a]
+}
+
+type counters struct {
+	actions    [numActions]atomic.Uint64
+	inProgress atomic.Uint64
+	ackErrors  atomic.Uint64
+	exhausted  atomic.Uint64
+}
+
+func (c *counters) snapshot() Stats {
+	var s Stats
+	for i := range s.actions {
+		s.actions[i] = c.actions[i].Load()
+	}
+	s.InProgress = c.inProgress.Load()
+	s.AckErrors = c.ackErrors.Load()
+	s.Exhausted = c.exhausted.Load()
+	return s
+}
+
+// adapter is what the JetStream and core adapters share.
+type adapter struct {
+	h     *dedup.Handler
+	cfg   config
+	stats counters
+}
+
+// Stats returns what the adapter has done so far.
+func (a *adapter) Stats() Stats { return a.stats.snapshot() }
+
+// action decides what to do with a delivery after its result.
+func (a *adapter) action(m *Msg, res dedup.Result) (Action, time.Duration, string) {
+	delay := func(d time.Duration) time.Duration { return max(d, DefaultMinDelay) }
+	switch res.Outcome {
+	case dedup.Processed, dedup.Duplicate, dedup.NotRecorded, dedup.First:
+		if a.cfg.doubleAck {
+			return ActDoubleAck, 0, ""
+		}
+		return ActAck, 0, ""
+	case dedup.InProgress:
+		return ActNakWithDelay, delay(res.RetryAfter), ""
+	case dedup.Failed, dedup.Panicked:
+		if a.lastDelivery(m) {
+			return ActTerm, 0, ReasonExhausted
+		}
+		if res.Outcome == dedup.Panicked {
+			return ActNak, 0, ""
+		}
+		return ActNakWithDelay, delay(a.cfg.backoff(m.NumDelivered())), ""
+	case dedup.NoKey:
+		return ActTerm, 0, ReasonNoKey
+	case dedup.KeyReuse:
+		return ActTerm, 0, ReasonKeyReuse
+	case dedup.StoreUnavailable:
+		return ActNakWithDelay, delay(a.cfg.storeRetry), ""
+	}
+	return ActNone, 0, "" // LeaseLost, Cancelled
+}
+
+func (a *adapter) lastDelivery(m *Msg) bool {
+	return a.cfg.maxDeliver > 0 && m.NumDelivered() >= uint64(a.cfg.maxDeliver)
+}
+
+// settle acknowledges one delivery according to its result.
+func (a *adapter) settle(ctx context.Context, ack acker, m *Msg, res dedup.Result, herr error) Action {
+	act, d, reason := a.action(m, res)
+	if ack == nil { // core NATS: nothing to acknowledge
+		act = ActNone
+	}
+	if reason == ReasonExhausted {
+		a.stats.exhausted.Add(1)
+		if a.cfg.exhausted != nil {
+			a.cfg.exhausted(ctx, m, herr)
+		} else {
+			a.cfg.logger.Warn("dedup: handler failed on the last delivery; terminating", a.where(m)...)
+		}
+	}
+	var err error
+	switch act {
+	case ActAck:
+		err = ack.Ack()
+	case ActDoubleAck:
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), doubleAckTimeout)
+		err = ack.DoubleAck(actx)
+		cancel()
+	case ActNak:
+		err = ack.Nak()
+	case ActNakWithDelay:
+		err = ack.NakWithDelay(d)
+	case ActTerm:
+		if reason != ReasonExhausted { // exhausted: logged or handed to the hook above
+			a.cfg.logger.Warn("dedup: terminating message", append(a.where(m), "reason", reason)...)
+		}
+		err = ack.Term()
+	}
+	a.stats.actions[act].Add(1)
+	if err != nil {
+		a.stats.ackErrors.Add(1)
+		a.cfg.logger.Warn("dedup: acknowledgement failed", append(a.where(m), "action", act.String(), "err", err)...)
+	}
+	return act
+}
+
+// where names a delivery in a log line without its key or payload.
+func (a *adapter) where(m *Msg) []any {
+	attrs := []any{"handler", a.h.Name()}
+	if m.meta != nil {
+		attrs = append(attrs, "stream", m.meta.Stream, "stream_seq", strconv.FormatUint(m.meta.Sequence.Stream, 10), "delivered", m.meta.NumDelivered)
+	}
+	return attrs
+}
+
+// progress sends InProgress for a set of deliveries every interval until stopped, so
+// that handlers (and batch items waiting their turn) outlive AckWait.
+type progress struct {
+	a     *adapter
+	every time.Duration
+	mu    sync.Mutex
+	acks  map[int]acker
+	timer *time.Timer
+	done  bool
+}
+
+func (a *adapter) startProgress(every time.Duration, acks map[int]acker) *progress {
+	p := &progress{a: a, every: every, acks: acks}
+	if every > 0 && len(acks) > 0 {
+		p.mu.Lock() // tick reads p.timer, and may run before AfterFunc returns
+		p.timer = time.AfterFunc(every, p.tick)
+		p.mu.Unlock()
+	}
+	return p
+}
+
+func (p *progress) tick() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return
+	}
+	for _, ack := range p.acks {
+		if ack.InProgress() == nil {
+			p.a.stats.inProgress.Add(1)
+		}
+	}
+	p.timer.Reset(p.every)
+}
+
+// finish stops signalling for delivery i (it is about to be acknowledged).
+func (p *progress) finish(i int) {
+	p.mu.Lock()
+	delete(p.acks, i)
+	p.mu.Unlock()
+}
+
+func (p *progress) stop() {
+	p.mu.Lock()
+	p.done = true
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	p.mu.Unlock()
+}

@@ -1,0 +1,63 @@
+package nats
+
+import (
+	"context"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/dedupkit/dedupkit/dedup"
+)
+
+// Core runs one dedup handler on a core NATS subscription, or on a push subscription
+// of the older JetStreamContext. Core messages have no acknowledgements: a duplicate
+// is dropped and a failure is only counted, so filter mode (dedup.ModeFilter) is the
+// usual choice. JetStream push deliveries (they carry a $JS.ACK reply) are
+// acknowledged as JetStream does; give WithMaxDeliver so that the last delivery is
+// recognised.
+type Core struct {
+	adapter
+}
+
+// NewCore wraps h for core NATS messages. Errors wrap dedup.ErrInvalidOption.
+func NewCore(h *dedup.Handler, opts ...Option) (*Core, error) {
+	cfg, err := newConfig(h, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Core{adapter{h: h, cfg: cfg}}, nil
+}
+
+// Handler returns a nats.MsgHandler for Conn.Subscribe, QueueSubscribe, or a
+// JetStreamContext push Subscribe (with ManualAck). ctx is the handlers' parent.
+func (c *Core) Handler(ctx context.Context, fn Func) natsgo.MsgHandler {
+	return func(msg *natsgo.Msg) { c.Handle(ctx, msg, fn) }
+}
+
+// Handle runs fn for one message and, for a JetStream push delivery, acknowledges it.
+func (c *Core) Handle(ctx context.Context, msg *natsgo.Msg, fn Func) (dedup.Result, Action) {
+	m := viewCore(msg)
+	var ack acker
+	if m.meta != nil {
+		ack = pushAcker{msg}
+	}
+	var p *progress
+	if ack != nil {
+		p = c.startProgress(c.cfg.progressEvery, map[int]acker{0: ack})
+	}
+	res, err := c.h.HandleKey(ctx, c.cfg.strategy.Key(m), m.data, func(ctx context.Context) error { return fn(ctx, m) })
+	if p != nil {
+		p.stop()
+	}
+	return res, c.settle(ctx, ack, m, res, err)
+}
+
+// pushAcker acknowledges a JetStream push delivery of the older API.
+type pushAcker struct{ m *natsgo.Msg }
+
+func (p pushAcker) Ack() error                         { return p.m.Ack() }
+func (p pushAcker) DoubleAck(context.Context) error    { return p.m.AckSync() }
+func (p pushAcker) Nak() error                         { return p.m.Nak() }
+func (p pushAcker) NakWithDelay(d time.Duration) error { return p.m.NakWithDelay(d) }
+func (p pushAcker) InProgress() error                  { return p.m.InProgress() }
+func (p pushAcker) Term() error                        { return p.m.Term() }

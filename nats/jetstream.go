@@ -1,0 +1,99 @@
+package nats
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupkit/dedupkit/dedup"
+)
+
+// Func is a handler: it gets a context (cancelled on shutdown or a lost lease) and a
+// read-only view of the message, and returns an error to have it retried.
+type Func func(ctx context.Context, m *Msg) error
+
+// JetStream runs one dedup handler on the messages of one JetStream consumer.
+type JetStream struct {
+	adapter
+}
+
+// NewJetStream wraps h for the messages of consumer c. It reads the consumer's config
+// (AckWait, MaxDeliver, BackOff) and refuses a handler whose retention is shorter than
+// the consumer's redelivery horizon (see CheckRetention), or a consumer with
+// unlimited redelivery unless WithUnlimitedRedelivery is given. Errors wrap
+// dedup.ErrInvalidOption.
+func NewJetStream(h *dedup.Handler, c jetstream.Consumer, opts ...Option) (*JetStream, error) {
+	cfg, err := newConfig(h, opts)
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return nil, invalid("consumer is nil")
+	}
+	info := c.CachedInfo()
+	if info == nil {
+		return nil, invalid("consumer has no cached info")
+	}
+	cc := info.Config
+	if err := CheckRetention(h.Retention(), cc, cfg.unlimited); err != nil {
+		return nil, fmt.Errorf("handler %q on consumer %q: %w", h.Name(), info.Name, err)
+	}
+	cfg.maxDeliver = cc.MaxDeliver
+	if cfg.progressEvery == 0 {
+		ackWait := cc.AckWait
+		if ackWait <= 0 {
+			ackWait = defaultAckWait
+		}
+		cfg.progressEvery = ackWait / 3
+	}
+	return &JetStream{adapter{h: h, cfg: cfg}}, nil
+}
+
+const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
+
+// Handler returns a jetstream.MessageHandler for Consumer.Consume. ctx is the
+// handlers' parent: cancel it to shut down, and a running handler's message is left
+// for redelivery.
+func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
+	return func(msg jetstream.Msg) { j.Handle(ctx, msg, fn) }
+}
+
+// Handle runs fn for one message (from Consumer.Messages, Next or a Fetch batch read
+// one by one) and acknowledges it. It returns the dedup result and the action taken.
+func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (dedup.Result, Action) {
+	m := viewJS(msg)
+	p := j.startProgress(j.cfg.progressEvery, map[int]acker{0: msg})
+	res, err := j.h.HandleKey(ctx, j.cfg.strategy.Key(m), m.data, func(ctx context.Context) error { return fn(ctx, m) })
+	p.stop()
+	return res, j.settle(ctx, msg, m, res, err)
+}
+
+// HandleBatch drains a Fetch batch and runs fn for each message with one store round
+// trip for the checks and one for the completions (dedup.Handler.HandleBatch), then
+// acknowledges each message. Messages waiting their turn are kept in progress. It
+// returns the batch's own error (batch.Error()).
+func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatch, fn Func) ([]dedup.ItemResult, error) {
+	var msgs []jetstream.Msg
+	for msg := range batch.Messages() {
+		msgs = append(msgs, msg)
+	}
+	if len(msgs) == 0 {
+		return nil, batch.Error()
+	}
+	views := make([]*Msg, len(msgs))
+	items := make([]dedup.Item, len(msgs))
+	acks := make(map[int]acker, len(msgs))
+	for i, msg := range msgs {
+		views[i] = viewJS(msg)
+		items[i] = dedup.Item{Key: j.cfg.strategy.Key(views[i]), Payload: views[i].data}
+		acks[i] = msg
+	}
+	p := j.startProgress(j.cfg.progressEvery, acks)
+	results := j.h.HandleBatch(ctx, items, func(ctx context.Context, i int) error { return fn(ctx, views[i]) })
+	p.stop()
+	for i, r := range results {
+		j.settle(ctx, msgs[i], views[i], r.Result, r.Err)
+	}
+	return results, batch.Error()
+}

@@ -1,0 +1,104 @@
+package nats
+
+import (
+	"net/textproto"
+	"strconv"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupkit/dedupkit/keys"
+)
+
+// Msg is the read-only view of a delivery that a handler sees. The adapter owns the
+// acknowledgement, so Msg has no Ack methods.
+type Msg struct {
+	subject string
+	header  natsgo.Header
+	data    []byte
+	meta    *jetstream.MsgMetadata
+}
+
+var _ keys.Message = (*Msg)(nil)
+
+// Subject returns the subject the message was published to.
+func (m *Msg) Subject() string { return m.subject }
+
+// Headers returns the message headers (nil when there are none). Do not modify them.
+func (m *Msg) Headers() natsgo.Header { return m.header }
+
+// Header returns the first value of the named header, "" when absent. The name is
+// matched as given, then in canonical MIME form (Nats-Msg-Id).
+func (m *Msg) Header(name string) string {
+	if m.header == nil {
+		return ""
+	}
+	if v := m.header[name]; len(v) > 0 {
+		return v[0]
+	}
+	// nats.Header.Get is case-sensitive: look the canonical form up ourselves
+	if v := m.header[textproto.CanonicalMIMEHeaderKey(name)]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// Data returns the payload. Do not modify it.
+func (m *Msg) Data() []byte { return m.data }
+
+// Metadata returns the JetStream delivery metadata: stream, sequences, NumDelivered.
+// It is nil for a core NATS message.
+func (m *Msg) Metadata() *jetstream.MsgMetadata { return m.meta }
+
+// NumDelivered returns how many times JetStream has delivered the message (1 the first
+// time); 0 for a core NATS message.
+func (m *Msg) NumDelivered() uint64 {
+	if m.meta == nil {
+		return 0
+	}
+	return m.meta.NumDelivered
+}
+
+func viewJS(msg jetstream.Msg) *Msg {
+	m := &Msg{subject: msg.Subject(), header: msg.Headers(), data: msg.Data()}
+	if md, err := msg.Metadata(); err == nil {
+		m.meta = md
+	}
+	return m
+}
+
+func viewCore(msg *natsgo.Msg) *Msg {
+	m := &Msg{subject: msg.Subject, header: msg.Header, data: msg.Data}
+	if msg.Reply != "" {
+		if md, err := msg.Metadata(); err == nil { // a JetStream push delivery
+			m.meta = &jetstream.MsgMetadata{
+				Sequence:     jetstream.SequencePair{Consumer: md.Sequence.Consumer, Stream: md.Sequence.Stream},
+				NumDelivered: md.NumDelivered,
+				NumPending:   md.NumPending,
+				Timestamp:    md.Timestamp,
+				Stream:       md.Stream,
+				Consumer:     md.Consumer,
+				Domain:       md.Domain,
+			}
+		}
+	}
+	return m
+}
+
+// StreamSequence is the key strategy "js:<stream>:<stream sequence>". It is stable
+// across redeliveries of one stored message and different for a republished one.
+// Messages without JetStream metadata have no such key.
+func StreamSequence() keys.Strategy { return streamSeq{} }
+
+type streamSeq struct{}
+
+func (streamSeq) Key(msg keys.Message) string {
+	m, ok := msg.(*Msg)
+	if !ok || m == nil || m.meta == nil || m.meta.Stream == "" {
+		return ""
+	}
+	return "js:" + m.meta.Stream + ":" + strconv.FormatUint(m.meta.Sequence.Stream, 10)
+}
+
+// DefaultKeyStrategy is the Nats-Msg-Id header, else StreamSequence.
+var DefaultKeyStrategy = keys.FirstOf(keys.Header("Nats-Msg-Id"), StreamSequence())

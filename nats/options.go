@@ -1,0 +1,207 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/keys"
+)
+
+// ErrRetentionTooShort reports a handler whose DONE records would expire while the
+// consumer can still redeliver the message; it wraps dedup.ErrInvalidOption too.
+var ErrRetentionTooShort = errors.New("nats: retention shorter than the redelivery horizon")
+
+// Defaults for the adapter's options.
+const (
+	// DefaultStoreRetryDelay is the NakWithDelay after StoreUnavailable.
+	DefaultStoreRetryDelay = time.Second
+	// DefaultMinDelay is the shortest NakWithDelay the adapter sends.
+	DefaultMinDelay = 50 * time.Millisecond
+)
+
+// DefaultBackoff is the NakWithDelay after a handler error: 1s after the first
+// delivery, doubling with each delivery, at most one minute.
+func DefaultBackoff(numDelivered uint64) time.Duration {
+	if numDelivered < 1 {
+		numDelivered = 1
+	}
+	if numDelivered > 7 {
+		return time.Minute
+	}
+	return min(time.Second<<(numDelivered-1), time.Minute)
+}
+
+// Option configures an adapter.
+type Option func(*config) error
+
+type config struct {
+	strategy      keys.Strategy
+	backoff       func(numDelivered uint64) time.Duration
+	exhausted     func(ctx context.Context, m *Msg, err error)
+	doubleAck     bool
+	storeRetry    time.Duration
+	progressEvery time.Duration // 0: AckWait/3, or never when AckWait is unknown
+	maxDeliver    int           // 0 or -1: unknown/unlimited
+	unlimited     bool
+	logger        *slog.Logger
+}
+
+func newConfig(h *dedup.Handler, opts []Option) (config, error) {
+	if h == nil {
+		return config{}, fmt.Errorf("%w: nats: dedup handler is nil", dedup.ErrInvalidOption)
+	}
+	c := config{strategy: DefaultKeyStrategy, backoff: DefaultBackoff, storeRetry: DefaultStoreRetryDelay, logger: slog.Default()}
+	if s, explicit := h.KeyStrategy(); explicit {
+		c.strategy = s
+	}
+	for _, o := range opts {
+		if o == nil {
+			return config{}, fmt.Errorf("%w: nats: nil option", dedup.ErrInvalidOption)
+		}
+		if err := o(&c); err != nil {
+			return config{}, err
+		}
+	}
+	return c, nil
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: nats: "+format, append([]any{dedup.ErrInvalidOption}, args...)...)
+}
+
+// WithBackoff sets the NakWithDelay after a handler error, by NumDelivered (default
+// DefaultBackoff). A consumer's own BackOff list applies only to messages that are not
+// acknowledged at all; a Nak's delay comes from here.
+func WithBackoff(f func(numDelivered uint64) time.Duration) Option {
+	return func(c *config) error {
+		if f == nil {
+			return invalid("backoff is nil")
+		}
+		c.backoff = f
+		return nil
+	}
+}
+
+// WithExhausted sets a hook called when a handler fails on the message's last
+// delivery (NumDelivered ≥ MaxDeliver), before the message is terminated: the place
+// to dead-letter it. Default: log it.
+func WithExhausted(f func(ctx context.Context, m *Msg, err error)) Option {
+	return func(c *config) error {
+		if f == nil {
+			return invalid("exhausted hook is nil")
+		}
+		c.exhausted = f
+		return nil
+	}
+}
+
+// WithDoubleAck makes Processed and Duplicate wait for the server to confirm the ack
+// (default off).
+func WithDoubleAck(on bool) Option {
+	return func(c *config) error { c.doubleAck = on; return nil }
+}
+
+// WithStoreRetryDelay sets the NakWithDelay after StoreUnavailable (default
+// DefaultStoreRetryDelay).
+func WithStoreRetryDelay(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return invalid("store retry delay %v is not positive", d)
+		}
+		c.storeRetry = d
+		return nil
+	}
+}
+
+// WithProgressEvery sets how often a running handler's message is marked in progress
+// (default AckWait/3 from the consumer's config).
+func WithProgressEvery(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return invalid("progress interval %v is not positive", d)
+		}
+		c.progressEvery = d
+		return nil
+	}
+}
+
+// WithMaxDeliver sets the consumer's MaxDeliver for adapters that cannot read it (core
+// and push subscriptions); JetStream consumers read it from their config.
+func WithMaxDeliver(n int) Option {
+	return func(c *config) error {
+		if n == 0 || n < -1 {
+			return invalid("max deliver %d is not positive or -1", n)
+		}
+		c.maxDeliver = n
+		return nil
+	}
+}
+
+// WithUnlimitedRedelivery accepts a consumer with MaxDeliver -1, whose redeliveries
+// never end: no retention covers them, so a message redelivered after its record has
+// expired runs again.
+func WithUnlimitedRedelivery() Option {
+	return func(c *config) error { c.unlimited = true; return nil }
+}
+
+// WithKeyStrategy sets how a message's key is read (default: the dedup handler's, if
+// it was set with dedup.WithKeyStrategy, else DefaultKeyStrategy).
+func WithKeyStrategy(s keys.Strategy) Option {
+	return func(c *config) error {
+		if s == nil {
+			return invalid("key strategy is nil")
+		}
+		if v, ok := s.(keys.Validator); ok {
+			if err := v.Validate(); err != nil {
+				return invalid("key strategy: %w", err)
+			}
+		}
+		c.strategy = s
+		return nil
+	}
+}
+
+// WithLogger sets the logger for failed acks, terminated and exhausted messages (default
+// slog.Default()). Lines name the stream and sequence, never the key or payload.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return invalid("logger is nil")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// CheckRetention reports whether retention outlives every redelivery cfg allows:
+// AckWait × MaxDeliver plus the sum of BackOff. MaxDeliver -1 (unlimited) is an error
+// unless unlimited is true. Errors wrap ErrRetentionTooShort (or, for unlimited,
+// dedup.ErrInvalidOption) and name the numbers.
+func CheckRetention(retention time.Duration, cfg jetstream.ConsumerConfig, unlimited bool) error {
+	ackWait := cfg.AckWait
+	if ackWait <= 0 {
+		ackWait = 30 * time.Second // the server's default
+	}
+	if cfg.MaxDeliver <= 0 {
+		if unlimited {
+			return nil
+		}
+		return invalid("consumer %q has MaxDeliver %d (unlimited): no retention covers its redeliveries; pass WithUnlimitedRedelivery to accept that", cfg.Durable, cfg.MaxDeliver)
+	}
+	var backoff time.Duration
+	for _, b := range cfg.BackOff {
+		backoff += b
+	}
+	horizon := ackWait*time.Duration(cfg.MaxDeliver) + backoff
+	if retention < horizon {
+		return fmt.Errorf("%w: %w: retention %v < AckWait %v × MaxDeliver %d + BackOff total %v = %v",
+			ErrRetentionTooShort, dedup.ErrInvalidOption, retention, ackWait, cfg.MaxDeliver, backoff, horizon)
+	}
+	return nil
+}
