@@ -26,7 +26,7 @@ type ItemResult struct {
 // HandleBatch guards fn for every item by the handler's mode with one store round trip
 // for the checks (ClaimMany or MarkMany) and, in ModeDo, one for the completions
 // (CompleteMany), instead of one or two per item. fn(ctx, i) runs for item i, one item
-// at a time in order; while they run, one heartbeat extends every claim the batch still
+// at a time in order (keyless items, under ProcessMissingKey, last); while they run, one heartbeat extends every claim the batch still
 // holds. Items answered by the local tier make no store call. An item whose key appears
 // earlier in the same batch follows that item: Duplicate if it succeeded, InProgress
 // (to be retried) if not. The results are in item order.
@@ -41,10 +41,10 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 			h.flights.leave(b.k, b.f)
 		}
 	}()
+	var keyless []int
 	for i, it := range items {
 		if it.Key == "" {
-			res, err := h.noKey(ctx, func(c context.Context) error { return fn(c, i) })
-			out[i] = ItemResult{res, err}
+			keyless = append(keyless, i)
 			continue
 		}
 		k := keys.Normalize(it.Key)
@@ -69,18 +69,11 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 		leads = append(leads, b)
 	}
 	if len(leads) > 0 {
-		if !h.d.enter() {
-			for _, b := range leads {
-				h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
-			}
-		} else {
-			if h.cfg.mode == ModeFilter {
-				h.markBatch(ctx, leads, fn, out)
-			} else {
-				h.claimBatch(ctx, leads, fn, out)
-			}
-			h.d.running.Done()
-		}
+		h.runLeads(ctx, leads, fn, out)
+	}
+	for _, i := range keyless {
+		res, err := h.noKey(ctx, func(c context.Context) error { return fn(c, i) })
+		out[i] = ItemResult{res, err}
 	}
 	for i, b := range follows {
 		res := Result{Outcome: InProgress, RetryAfter: min(h.cfg.lease, time.Second)}
@@ -96,6 +89,21 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 		out[i] = ItemResult{Result: h.count(res)}
 	}
 	return out
+}
+
+func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, fn func(context.Context, int) error, out []ItemResult) {
+	if !h.d.enter() {
+		for _, b := range leads {
+			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
+		}
+		return
+	}
+	defer h.d.running.Done() // deferred: fn may end its goroutine (runtime.Goexit)
+	if h.cfg.mode == ModeFilter {
+		h.markBatch(ctx, leads, fn, out)
+	} else {
+		h.claimBatch(ctx, leads, fn, out)
+	}
 }
 
 // batchItem is an item the batch leads: it holds the flight for its key.
@@ -210,19 +218,32 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 		return
 	}
 	hb := h.startBatchBeat(claimed)
-	defer hb.stop() // also when fn calls runtime.Goexit
+	finished := 0 // claimed[:finished] are released, lost or in done
+	defer func() {
+		hb.stop()
+		if finished == len(claimed) {
+			return
+		}
+		// fn called runtime.Goexit: give back every claim not yet settled
+		bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+		defer bgDone()
+		for _, b := range claimed[finished:] {
+			h.release(bg, b.k, b.rk, b.token)
+		}
+	}()
 	var done []*batchItem
 	for _, b := range claimed {
-		if b.lost.Load() {
+		fctx, cancel := context.WithCancelCause(ctx)
+		if !hb.setRunning(b, cancel) { // the heartbeat found its lease gone
+			cancel(nil)
+			finished++
 			h.settle(out, b, Result{Outcome: LeaseLost}, ErrLeaseLost)
 			continue
 		}
-		fctx, cancel := context.WithCancelCause(ctx)
 		if h.d.ctx.Err() != nil {
 			cancel(ErrClosed)
 		}
 		stopOnClose := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
-		hb.setRunning(b, cancel)
 		var panicked bool
 		var ferr error
 		if fctx.Err() == nil { // a cancelled batch leaves the remaining items unrun
@@ -239,13 +260,15 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 			bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
 			h.release(bg, b.k, b.rk, b.token)
 			bgDone()
+			finished++
 			res, err := h.failed(b.k, panicked, ferr, cause)
 			out[b.i] = ItemResult{res, err}
 			continue
 		}
+		finished++
 		done = append(done, b)
 	}
-	hb.stop()
+	hb.stop() // the claims in done stay ours for a lease: long enough to complete
 	if len(done) == 0 {
 		return
 	}
@@ -287,10 +310,16 @@ func (h *Handler) startBatchBeat(items []*batchItem) *batchBeat {
 	return hb
 }
 
-func (hb *batchBeat) setRunning(b *batchItem, cancel context.CancelCauseFunc) {
+// setRunning names the item whose fn runs now (nil when none), so that losing its
+// lease cancels it. It reports false, and sets nothing, if b's lease is already lost.
+func (hb *batchBeat) setRunning(b *batchItem, cancel context.CancelCauseFunc) bool {
 	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if b != nil && b.lost.Load() {
+		return false
+	}
 	hb.cur, hb.cancel = b, cancel
-	hb.mu.Unlock()
+	return true
 }
 
 func (hb *batchBeat) forget(b *batchItem) {
@@ -323,20 +352,27 @@ func (hb *batchBeat) run() {
 			items = append(items, b)
 		}
 		hb.mu.Unlock()
+		// All at once: one slow extension must not hold back the running item's.
+		var wg sync.WaitGroup
 		for _, b := range items {
-			var lost bool
-			if b.validUntil, lost = h.extend(b.rk, b.token, b.validUntil); !lost {
-				b.f.leaseEnd.Store(b.validUntil.UnixNano())
-				continue
-			}
-			h.stats.leaseLost.Add(1)
-			b.lost.Store(true)
-			hb.mu.Lock()
-			delete(hb.live, b)
-			if hb.cur == b {
-				hb.cancel(ErrLeaseLost)
-			}
-			hb.mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var lost bool
+				if b.validUntil, lost = h.extend(b.rk, b.token, b.validUntil); !lost {
+					b.f.leaseEnd.Store(b.validUntil.UnixNano())
+					return
+				}
+				h.stats.leaseLost.Add(1)
+				hb.mu.Lock()
+				b.lost.Store(true)
+				delete(hb.live, b)
+				if hb.cur == b {
+					hb.cancel(ErrLeaseLost)
+				}
+				hb.mu.Unlock()
+			}()
 		}
+		wg.Wait()
 	}
 }

@@ -394,8 +394,22 @@ func (h *Handler) extend(rk, token string, validUntil time.Time) (time.Time, boo
 		return validUntil, true
 	}
 	ctx, done := context.WithTimeout(context.Background(), min(every, left))
-	err := h.d.store.Extend(ctx, rk, token, h.cfg.lease)
-	done()
+	defer done()
+	// Wait no longer than the deadline even if the store does not honour it (go-redis
+	// applies context deadlines to the socket only with ContextTimeoutEnabled). The
+	// call runs inside an entered Do or batch, so Close waits for it.
+	errc := make(chan error, 1)
+	h.d.running.Add(1)
+	go func() {
+		defer h.d.running.Done()
+		errc <- h.d.store.Extend(ctx, rk, token, h.cfg.lease)
+	}()
+	var err error
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
 	switch {
 	case err == nil:
 		return sent.Add(h.cfg.lease), false

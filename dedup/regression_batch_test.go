@@ -1,0 +1,155 @@
+package dedup
+
+// Regression tests for the batch path, from the second review: each failed before its fix.
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// R1: runtime.Goexit in a batch fn: running.Done never called -> Close hangs; claims not released.
+func TestBatchGoexitReleasesAndCloses(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(mem, WithLogger(quiet))
+	h, _ := d.Register("b1", WithLease(time.Minute))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+			runtime.Goexit()
+			return nil
+		})
+	}()
+	<-done
+	// are the claims still held?
+	a, _ := mem.Claim(context.Background(), h.RecordKey("b"), "other", "", time.Minute)
+	if a.Status != StatusAcquired {
+		t.Errorf("claim of b by another owner after the Goexit: %v (ttl %v), want it released", a.Status, a.TTL)
+	}
+	closed := make(chan struct{})
+	go func() { d.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Log("Close returned")
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close still blocked 2s after the batch goroutine exited")
+	}
+}
+
+// R1b: the single-item path handles Goexit (control).
+func TestBatchRunsItemsInOrder(t *testing.T) {
+	f := newFixture(t, true)
+	h := f.handler("ord", WithMissingKey(ProcessMissingKey))
+	var order []int
+	h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: ""}}, func(ctx context.Context, i int) error {
+		order = append(order, i)
+		return nil
+	})
+	if order[0] != 0 {
+		t.Fatalf("run order %v, doc says items run in order", order)
+	}
+}
+
+// blackholed Extend: waits for its context (a partitioned Redis).
+type blackholeExtend struct{ Store }
+
+func (s blackholeExtend) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// R3: batch heartbeat extends claims one after another; with a store that times out,
+// the running item is cancelled only at or after its lease end -> another owner runs it
+// while fn still runs with a live context. Single Do cancels at lease - lease/3.
+func TestBatchHeartbeatCancelsRunningItemInTime(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(blackholeExtend{mem}, WithLogger(quiet))
+	defer d.Close()
+	lease := 300 * time.Millisecond
+	h, _ := d.Register("hb", WithLease(lease))
+	d2, _ := New(mem, WithLogger(quiet))
+	defer d2.Close()
+	h2, _ := d2.Register("hb", WithLease(lease))
+
+	items := make([]Item, 10)
+	for i := range items {
+		items[i] = Item{Key: "k" + string(rune('a'+i))}
+	}
+	var overlap atomic.Int32
+	var cancelAt time.Duration
+	start := time.Now()
+	var wg sync.WaitGroup
+	h.HandleBatch(context.Background(), items, func(ctx context.Context, i int) error {
+		if i != 0 {
+			return nil
+		}
+		// while item 0 runs, another instance tries the same key every 10ms
+		stop := make(chan struct{})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				res, _ := h2.Do(context.Background(), "ka", func(context.Context) error {
+					if ctx.Err() == nil {
+						overlap.Add(1)
+					}
+					return nil
+				})
+				if res.Outcome == Processed {
+					return
+				}
+			}
+		}()
+		<-ctx.Done()
+		cancelAt = time.Since(start)
+		close(stop)
+		return ctx.Err()
+	})
+	wg.Wait()
+	t.Logf("item 0 cancelled after %v (lease %v); other owner ran it while item 0's ctx was live: %d", cancelAt, lease, overlap.Load())
+	if overlap.Load() > 0 || cancelAt >= lease {
+		t.Fatal("batch heartbeat let the lease run out before cancelling fn")
+	}
+}
+
+// deafExtend ignores its context, as go-redis does without ContextTimeoutEnabled: a
+// stalled connection holds the call for its own ReadTimeout and retries.
+type deafExtend struct {
+	Store
+	stall time.Duration
+}
+
+func (s deafExtend) Extend(context.Context, string, string, time.Duration) error {
+	time.Sleep(s.stall)
+	return fmt.Errorf("%w: i/o timeout", ErrStoreUnavailable)
+}
+
+// The heartbeat stops waiting at its own deadline, so fn is cancelled while the lease
+// is still ours even when the store ignores deadlines.
+func TestHeartbeatDoesNotWaitForADeafStore(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(deafExtend{mem, 2 * time.Second}, WithLogger(quiet))
+	lease := 300 * time.Millisecond
+	h, _ := d.Register("deaf", WithLease(lease))
+	start := time.Now()
+	var cancelledAt time.Duration
+	h.Do(context.Background(), "k", func(ctx context.Context) error {
+		<-ctx.Done()
+		cancelledAt = time.Since(start)
+		return ctx.Err()
+	})
+	d.Close() // waits for the stalled extension goroutines
+	if cancelledAt >= lease {
+		t.Fatalf("fn cancelled %v after the claim, past its %v lease", cancelledAt, lease)
+	}
+}
