@@ -2,6 +2,8 @@ package nats
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -45,6 +47,10 @@ func (a Action) String() string {
 	return "invalid"
 }
 
+// ErrNoDeliveryLeft is what the exhausted hook receives for an outcome without an
+// error of its own (InProgress on the last delivery, say).
+var ErrNoDeliveryLeft = errors.New("nats: no delivery left")
+
 // doubleAckTimeout bounds the wait for the server's confirmation of an ack.
 const doubleAckTimeout = 5 * time.Second
 
@@ -53,7 +59,7 @@ const doubleAckTimeout = 5 * time.Second
 const (
 	ReasonNoKey     = "dedup: message has no key"
 	ReasonKeyReuse  = "dedup: key reused with a different payload"
-	ReasonExhausted = "dedup: handler failed on the last delivery"
+	ReasonExhausted = "dedup: no delivery left (handler failed, or could not run, on the last one)"
 )
 
 // Stats counts what an adapter did.
@@ -103,7 +109,10 @@ type adapter struct {
 // Stats returns what the adapter has done so far.
 func (a *adapter) Stats() Stats { return a.stats.snapshot() }
 
-// action decides what to do with a delivery after its result.
+// action decides what to do with a delivery after its result. An outcome that needs
+// another delivery (InProgress, Failed, Panicked, StoreUnavailable, LeaseLost,
+// Cancelled) gets none after the last one (NumDelivered ≥ MaxDeliver): the server
+// would drop the message silently, so it goes to the exhausted hook and is terminated.
 func (a *adapter) action(m *Msg, res dedup.Result) (Action, time.Duration, string) {
 	delay := func(d time.Duration) time.Duration { return max(d, DefaultMinDelay) }
 	switch res.Outcome {
@@ -112,24 +121,25 @@ func (a *adapter) action(m *Msg, res dedup.Result) (Action, time.Duration, strin
 			return ActDoubleAck, 0, ""
 		}
 		return ActAck, 0, ""
-	case dedup.InProgress:
-		return ActNakWithDelay, delay(res.RetryAfter), ""
-	case dedup.Failed, dedup.Panicked:
-		if a.lastDelivery(m) {
-			return ActTerm, 0, ReasonExhausted
-		}
-		if res.Outcome == dedup.Panicked {
-			return ActNak, 0, ""
-		}
-		return ActNakWithDelay, delay(a.cfg.backoff(m.NumDelivered())), ""
 	case dedup.NoKey:
 		return ActTerm, 0, ReasonNoKey
 	case dedup.KeyReuse:
 		return ActTerm, 0, ReasonKeyReuse
+	}
+	if a.lastDelivery(m) {
+		return ActTerm, 0, ReasonExhausted
+	}
+	switch res.Outcome {
+	case dedup.InProgress:
+		return ActNakWithDelay, delay(res.RetryAfter), ""
+	case dedup.Failed:
+		return ActNakWithDelay, delay(a.cfg.backoff(m.NumDelivered())), ""
+	case dedup.Panicked:
+		return ActNak, 0, ""
 	case dedup.StoreUnavailable:
 		return ActNakWithDelay, delay(a.cfg.storeRetry), ""
 	}
-	return ActNone, 0, "" // LeaseLost, Cancelled
+	return ActNone, 0, "" // LeaseLost, Cancelled: redelivered after AckWait
 }
 
 func (a *adapter) lastDelivery(m *Msg) bool {
@@ -143,6 +153,9 @@ func (a *adapter) settle(ctx context.Context, ack acker, m *Msg, res dedup.Resul
 		act = ActNone
 	}
 	if reason == ReasonExhausted {
+		if herr == nil {
+			herr = fmt.Errorf("%w: %s on the last delivery", ErrNoDeliveryLeft, res.Outcome)
+		}
 		a.stats.exhausted.Add(1)
 		if a.cfg.exhausted != nil {
 			a.cfg.exhausted(ctx, m, herr)

@@ -14,7 +14,9 @@ import (
 // is dropped and a failure is only counted, so filter mode (dedup.ModeFilter) is the
 // usual choice. JetStream push deliveries (they carry a $JS.ACK reply) are
 // acknowledged as JetStream does; give WithMaxDeliver so that the last delivery is
-// recognised.
+// recognised, and WithProgressEvery (below the consumer's AckWait) to keep a running
+// handler's message in progress. The consumer's retention horizon is not checked here:
+// see CheckRetention.
 type Core struct {
 	adapter
 }
@@ -41,14 +43,15 @@ func (c *Core) Handle(ctx context.Context, msg *natsgo.Msg, fn Func) (dedup.Resu
 	if m.meta != nil {
 		ack = pushAcker{msg}
 	}
-	var p *progress
+	key := c.cfg.strategy.Key(m)
+	acks := map[int]acker{}
 	if ack != nil {
-		p = c.startProgress(c.cfg.progressEvery, map[int]acker{0: ack})
+		acks[0] = ack
 	}
-	res, err := c.h.HandleKey(ctx, c.cfg.strategy.Key(m), m.data, func(ctx context.Context) error { return fn(ctx, m) })
-	if p != nil {
-		p.stop()
-	}
+	p := c.startProgress(c.cfg.progressEvery, acks)
+	defer p.stop() // also when fn ends its goroutine
+	res, err := c.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
+	p.stop()
 	return res, c.settle(ctx, ack, m, res, err)
 }
 

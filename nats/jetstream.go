@@ -36,6 +36,11 @@ func NewJetStream(h *dedup.Handler, c jetstream.Consumer, opts ...Option) (*JetS
 		return nil, invalid("consumer has no cached info")
 	}
 	cc := info.Config
+	if cc.AckPolicy != jetstream.AckExplicitPolicy {
+		// AckAll would let a later Ack confirm an earlier Nak'ed message; AckNone
+		// cannot redeliver at all.
+		return nil, invalid("consumer %q has ack policy %v; dedup needs AckExplicitPolicy", info.Name, cc.AckPolicy)
+	}
 	if err := CheckRetention(h.Retention(), cc, cfg.unlimited); err != nil {
 		return nil, fmt.Errorf("handler %q on consumer %q: %w", h.Name(), info.Name, err)
 	}
@@ -63,8 +68,10 @@ func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandl
 // one by one) and acknowledges it. It returns the dedup result and the action taken.
 func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (dedup.Result, Action) {
 	m := viewJS(msg)
+	key := j.cfg.strategy.Key(m)
 	p := j.startProgress(j.cfg.progressEvery, map[int]acker{0: msg})
-	res, err := j.h.HandleKey(ctx, j.cfg.strategy.Key(m), m.data, func(ctx context.Context) error { return fn(ctx, m) })
+	defer p.stop() // also when fn ends its goroutine
+	res, err := j.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
 	p.stop()
 	return res, j.settle(ctx, msg, m, res, err)
 }
@@ -90,6 +97,7 @@ func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatc
 		acks[i] = msg
 	}
 	p := j.startProgress(j.cfg.progressEvery, acks)
+	defer p.stop() // also when fn ends its goroutine
 	results := j.h.HandleBatch(ctx, items, func(ctx context.Context, i int) error { return fn(ctx, views[i]) })
 	p.stop()
 	for i, r := range results {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -179,8 +180,10 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// CheckRetention reports whether retention outlives every redelivery cfg allows:
-// AckWait × MaxDeliver plus the sum of BackOff. MaxDeliver -1 (unlimited) is an error
+// CheckRetention reports whether retention outlives every redelivery cfg allows. The
+// horizon is AckWait × MaxDeliver plus the BackOff total, where the server repeats the
+// last BackOff value for every delivery past the list (so the total has MaxDeliver−1
+// terms); it saturates instead of overflowing. MaxDeliver -1 (unlimited) is an error
 // unless unlimited is true. Errors wrap ErrRetentionTooShort (or, for unlimited,
 // dedup.ErrInvalidOption) and name the numbers.
 func CheckRetention(retention time.Duration, cfg jetstream.ConsumerConfig, unlimited bool) error {
@@ -194,14 +197,32 @@ func CheckRetention(retention time.Duration, cfg jetstream.ConsumerConfig, unlim
 		}
 		return invalid("consumer %q has MaxDeliver %d (unlimited): no retention covers its redeliveries; pass WithUnlimitedRedelivery to accept that", cfg.Durable, cfg.MaxDeliver)
 	}
+	horizon := mulSat(ackWait, cfg.MaxDeliver)
 	var backoff time.Duration
-	for _, b := range cfg.BackOff {
-		backoff += b
+	for i := 0; i < cfg.MaxDeliver-1 && len(cfg.BackOff) > 0; i++ {
+		backoff = addSat(backoff, cfg.BackOff[min(i, len(cfg.BackOff)-1)])
+		if backoff == math.MaxInt64 {
+			break
+		}
 	}
-	horizon := ackWait*time.Duration(cfg.MaxDeliver) + backoff
+	horizon = addSat(horizon, backoff)
 	if retention < horizon {
 		return fmt.Errorf("%w: %w: retention %v < AckWait %v × MaxDeliver %d + BackOff total %v = %v",
 			ErrRetentionTooShort, dedup.ErrInvalidOption, retention, ackWait, cfg.MaxDeliver, backoff, horizon)
 	}
 	return nil
+}
+
+func mulSat(d time.Duration, n int) time.Duration {
+	if d > 0 && int64(n) > math.MaxInt64/int64(d) {
+		return math.MaxInt64
+	}
+	return d * time.Duration(n)
+}
+
+func addSat(a, b time.Duration) time.Duration {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }

@@ -1,0 +1,133 @@
+package nats
+
+import (
+	"context"
+	"testing"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/keys"
+)
+
+// The default key is Nats-Msg-Id, else the stream name and stream sequence: a message
+// republished without an id is a new message. dedup's own default (Idempotency-Key
+// first) is not the adapter's.
+func TestDefaultKey(t *testing.T) {
+	eachServer(t, func(t *testing.T, e *env) {
+		s := e.newStream()
+		c := e.consumer("orders")
+		store := memStore(t)
+		h := register(t, newDeduper(t, store), "orders")
+		j := newJS(t, h, c)
+		var r runs
+		consume(t, c, j.Handler(context.Background(), func(_ context.Context, m *Msg) error { r.add(m); return nil }))
+
+		e.publish("new", "order-1", "with id")
+		e.publish("new", "", "no id")
+		e.publish("new", "", "no id") // the same payload again: another message
+		last := e.publish("new", "", "idempotency key only", "Idempotency-Key", "idem-1")
+		e.settled(c, last.Sequence)
+
+		name := s.CachedInfo().Config.Name
+		for _, k := range []string{"order-1", "js:" + name + ":2", "js:" + name + ":3", "js:" + name + ":4"} {
+			if !isDone(t, store, h, k) {
+				t.Errorf("no DONE record under key %q", k)
+			}
+		}
+		for _, k := range []string{"js:" + name + ":1", "idem-1"} {
+			if isDone(t, store, h, k) {
+				t.Errorf("a DONE record under key %q", k)
+			}
+		}
+		if r.n.Load() != 4 || r.of("no id") != 2 {
+			t.Fatalf("%d runs (%d of the id-less payload); want 4 (2)", r.n.Load(), r.of("no id"))
+		}
+	})
+}
+
+// A strategy given to the dedup handler is used; one given to the adapter wins over it.
+func TestKeyStrategies(t *testing.T) {
+	eachServer(t, func(t *testing.T, e *env) {
+		e.newStream()
+		byHandler := e.consumer("by-handler")
+		byOption := e.consumer("by-option")
+		store := memStore(t)
+		d := newDeduper(t, store)
+		hh := register(t, d, "by-handler", dedup.WithKeyStrategy(keys.Header("Order-Id")))
+		ho := register(t, d, "by-option", dedup.WithKeyStrategy(keys.Header("Order-Id")))
+		jh := newJS(t, hh, byHandler)
+		jo := newJS(t, ho, byOption, WithKeyStrategy(keys.Payload()))
+		var rh, ro runs
+		consume(t, byHandler, jh.Handler(context.Background(), func(_ context.Context, m *Msg) error { rh.add(m); return nil }))
+		consume(t, byOption, jo.Handler(context.Background(), func(_ context.Context, m *Msg) error { ro.add(m); return nil }))
+
+		// ids all differ; Order-Id repeats in 1 and 2; the payload repeats in 2 and 3
+		e.publish("new", "id-1", "apples", "Order-Id", "o-1")
+		e.publish("new", "id-2", "pears", "Order-Id", "o-1")
+		last := e.publish("new", "id-3", "pears", "Order-Id", "o-2")
+		e.settled(byHandler, last.Sequence)
+		e.settled(byOption, last.Sequence)
+
+		if rh.of("id-1") != 1 || rh.of("id-2") != 0 || rh.of("id-3") != 1 {
+			t.Fatalf("handler's strategy (Order-Id): runs %v", rh.all())
+		}
+		if !isDone(t, store, hh, "o-1") || !isDone(t, store, hh, "o-2") || isDone(t, store, hh, "id-1") {
+			t.Fatal("handler's strategy: records not under Order-Id")
+		}
+		if ro.of("id-1") != 1 || ro.of("id-2") != 1 || ro.of("id-3") != 0 {
+			t.Fatalf("adapter's strategy (payload): runs %v", ro.all())
+		}
+		pears := keys.Payload().Key(keys.Raw{Body: []byte("pears")})
+		if pears == "" || !isDone(t, store, ho, pears) || isDone(t, store, ho, "o-1") {
+			t.Fatal("adapter's strategy: records not under the payload key")
+		}
+		if jh.Stats().Count(ActAck) != 3 || jo.Stats().Count(ActAck) != 3 {
+			t.Fatal("not every message acked")
+		}
+	})
+}
+
+func TestStreamSequenceKey(t *testing.T) {
+	js := viewJS(newFake("", "x", 2))
+	if got := StreamSequence().Key(js); got != "js:S:7" {
+		t.Fatalf("jetstream message: %q", got)
+	}
+	if got := DefaultKeyStrategy.Key(js); got != "js:S:7" {
+		t.Fatalf("default, no id: %q", got)
+	}
+	withID := viewJS(newFake("order-1", "x", 2))
+	if got := DefaultKeyStrategy.Key(withID); got != "order-1" {
+		t.Fatalf("default, with id: %q", got)
+	}
+	core := viewCore(&natsgo.Msg{Subject: "s", Data: []byte("x")})
+	for name, m := range map[string]keys.Message{
+		"core":       core,
+		"nil":        (*Msg)(nil),
+		"raw":        keys.Raw{Body: []byte("x")},
+		"no stream":  &Msg{meta: &jetstream.MsgMetadata{}},
+		"core msgid": viewCore(&natsgo.Msg{Subject: "s", Header: natsgo.Header{"Nats-Msg-Id": {"m"}}}),
+	} {
+		if got := StreamSequence().Key(m); got != "" {
+			t.Errorf("%s: %q, want no key", name, got)
+		}
+	}
+	if got := DefaultKeyStrategy.Key(core); got != "" {
+		t.Fatalf("core message without id: %q", got)
+	}
+}
+
+// Msg.Header matches the name as given, then canonically.
+func TestMsgHeader(t *testing.T) {
+	m := &Msg{header: natsgo.Header{"Nats-Msg-Id": {"a"}, "lower-case": {"b"}}}
+	for name, want := range map[string]string{"Nats-Msg-Id": "a", "nats-msg-id": "a", "lower-case": "b", "Lower-Case": "", "absent": ""} {
+		if got := m.Header(name); got != want {
+			t.Errorf("Header(%q) = %q, want %q", name, got, want)
+		}
+	}
+	var none Msg
+	if none.Header("x") != "" || none.NumDelivered() != 0 || none.Metadata() != nil {
+		t.Fatal("empty message")
+	}
+}

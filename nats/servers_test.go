@@ -1,0 +1,574 @@
+package nats
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/embedded"
+)
+
+// serversRequired is set by CI: a test that would skip for want of a server fails.
+var serversRequired = os.Getenv("DEDUP_REQUIRE_SERVERS") == "1"
+
+func skipNoServer(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if serversRequired {
+		t.Fatalf("DEDUP_REQUIRE_SERVERS=1 but %s", msg)
+	}
+	t.Skip(msg)
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// suffix is a random name part no other test (or run) shares on a shared server.
+func suffix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// eachServer runs body once on an in-process NATS server and once on the external
+// server at DEDUP_NATS_URL (skipped, or failed under DEDUP_REQUIRE_SERVERS=1, when unset).
+// The test and both cases run in parallel with other such tests: most of their time is
+// spent waiting for AckWaits to pass, and every test has servers or names of its own.
+func eachServer(t *testing.T, body func(t *testing.T, e *env)) {
+	t.Helper()
+	t.Parallel()
+	t.Run("embedded", func(t *testing.T) {
+		t.Parallel()
+		srv, err := embedded.StartNATS(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		body(t, connect(t, srv.URL()))
+	})
+	t.Run("external", func(t *testing.T) {
+		t.Parallel()
+		url := os.Getenv("DEDUP_NATS_URL")
+		if url == "" {
+			skipNoServer(t, "DEDUP_NATS_URL is not set")
+		}
+		body(t, connect(t, url))
+	})
+}
+
+// env is one test's view of a server: a connection, and names of its own.
+type env struct {
+	t       *testing.T
+	nc      *natsgo.Conn
+	js      jetstream.JetStream
+	id      string // random, in every stream name and subject of this test
+	stream  jetstream.Stream
+	subject string // the stream's subjects are subject.>
+}
+
+func connect(t *testing.T, url string) *env {
+	t.Helper()
+	nc, err := natsgo.Connect(url, natsgo.Name(t.Name()), natsgo.Timeout(2*time.Second))
+	if err != nil {
+		skipNoServer(t, "nats at %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := suffix()
+	return &env{t: t, nc: nc, js: js, id: id, subject: "dkt." + id}
+}
+
+// dupWindow is the stream's duplicate window: short, so that a test can republish a
+// Nats-Msg-Id as a new message soon after.
+const dupWindow = 200 * time.Millisecond
+
+// newStream creates the test's stream (memory storage, subjects subject.>) and deletes
+// it at cleanup.
+func (e *env) newStream(mod ...func(*jetstream.StreamConfig)) jetstream.Stream {
+	e.t.Helper()
+	cfg := jetstream.StreamConfig{
+		Name:       "DKT_" + e.id,
+		Subjects:   []string{e.subject + ".>"},
+		Storage:    jetstream.MemoryStorage,
+		Duplicates: dupWindow,
+	}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := e.js.CreateStream(ctx, cfg)
+	if err != nil {
+		e.t.Fatalf("create stream: %v", err)
+	}
+	e.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := e.js.DeleteStream(ctx, cfg.Name); err != nil {
+			e.t.Logf("delete stream %s: %v", cfg.Name, err)
+		}
+	})
+	e.stream = s
+	return s
+}
+
+// testAckWait is the AckWait of the tests' consumers: short, so redeliveries come soon.
+const testAckWait = 600 * time.Millisecond
+
+// consumer creates a durable pull consumer on the stream: explicit acks, AckWait
+// testAckWait, MaxDeliver 5, unless mod says otherwise.
+func (e *env) consumer(name string, mod ...func(*jetstream.ConsumerConfig)) jetstream.Consumer {
+	e.t.Helper()
+	cfg := jetstream.ConsumerConfig{
+		Durable:    name,
+		AckPolicy:  jetstream.AckExplicitPolicy,
+		AckWait:    testAckWait,
+		MaxDeliver: 5,
+	}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := e.stream.CreateConsumer(ctx, cfg)
+	if err != nil {
+		e.t.Fatalf("create consumer: %v", err)
+	}
+	return c
+}
+
+// publish stores a message on subject.<sub> with a Nats-Msg-Id (none when id is "")
+// and extra headers given as name, value pairs.
+func (e *env) publish(sub, id, data string, hdr ...string) *jetstream.PubAck {
+	e.t.Helper()
+	m := natsgo.NewMsg(e.subject + "." + sub)
+	m.Data = []byte(data)
+	if id != "" {
+		m.Header.Set(jetstream.MsgIDHeader, id)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		m.Header.Set(hdr[i], hdr[i+1])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ack, err := e.js.PublishMsg(ctx, m)
+	if err != nil {
+		e.t.Fatalf("publish: %v", err)
+	}
+	return ack
+}
+
+// republish publishes a message with a Nats-Msg-Id already used, once the stream's
+// duplicate window has forgotten it, so that the stream stores it as a new message.
+func (e *env) republish(sub, id, data string, hdr ...string) *jetstream.PubAck {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ack := e.publish(sub, id, data, hdr...)
+		if !ack.Duplicate {
+			return ack
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("stream still treats %q as a duplicate after 10s", id)
+		}
+		time.Sleep(dupWindow / 4) // a poll: the server forgets ids on its own timer
+	}
+}
+
+// info reads the consumer's state from the server.
+func (e *env) info(c jetstream.Consumer) *jetstream.ConsumerInfo {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ci, err := c.Info(ctx)
+	if err != nil {
+		e.t.Fatalf("consumer info: %v", err)
+	}
+	return ci
+}
+
+// settled waits until the server has every message of the stream up to seq delivered
+// and acknowledged (or terminated) by c.
+func (e *env) settled(c jetstream.Consumer, seq uint64) *jetstream.ConsumerInfo {
+	e.t.Helper()
+	var ci *jetstream.ConsumerInfo
+	eventually(e.t, 15*time.Second, fmt.Sprintf("consumer acks up to stream seq %d", seq), func() bool {
+		ci = e.info(c)
+		return ci.NumAckPending == 0 && ci.NumPending == 0 && ci.AckFloor.Stream >= seq
+	})
+	return ci
+}
+
+// quietFor checks, for d (a few AckWaits), that the server delivers nothing more to c:
+// its delivery count stays at deliveries and nothing is pending an ack.
+func (e *env) quietFor(c jetstream.Consumer, d time.Duration, deliveries uint64) {
+	e.t.Helper()
+	consistently(e.t, d, func() string {
+		ci := e.info(c)
+		if ci.Delivered.Consumer != deliveries || ci.NumAckPending != 0 || ci.NumRedelivered != 0 {
+			return fmt.Sprintf("server delivered %d times (want %d), %d pending ack, %d redelivered",
+				ci.Delivered.Consumer, deliveries, ci.NumAckPending, ci.NumRedelivered)
+		}
+		return ""
+	})
+}
+
+// consume runs h on c until the test ends, and waits at cleanup until it has stopped.
+func consume(t *testing.T, c jetstream.Consumer, h jetstream.MessageHandler) jetstream.ConsumeContext {
+	t.Helper()
+	cc, err := c.Consume(h, jetstream.PullExpiry(2*time.Second), jetstream.ConsumeErrHandler(func(jetstream.ConsumeContext, error) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopConsume(t, cc) })
+	return cc
+}
+
+func stopConsume(t *testing.T, cc jetstream.ConsumeContext) {
+	cc.Stop()
+	select {
+	case <-cc.Closed():
+	case <-time.After(10 * time.Second):
+		t.Errorf("consume did not stop within 10s")
+	}
+}
+
+// eventually polls cond until it holds, failing the test after timeout.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// consistently polls check for d and fails the test as soon as it reports a problem.
+func consistently(t testing.TB, d time.Duration, check func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		if msg := check(); msg != "" {
+			t.Fatal(msg)
+		}
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// newDeduper returns a Deduper over store, closed at cleanup.
+func newDeduper(t *testing.T, store dedup.Store, opts ...dedup.Option) *dedup.Deduper {
+	t.Helper()
+	d, err := dedup.New(store, append([]dedup.Option{dedup.WithLogger(quiet)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func memStore(t *testing.T) *dedup.MemoryStore {
+	t.Helper()
+	s, err := dedup.NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func register(t *testing.T, d *dedup.Deduper, name string, opts ...dedup.HandlerOption) *dedup.Handler {
+	t.Helper()
+	h, err := d.Register(name, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// newJS wraps h for c, with a quiet logger.
+func newJS(t *testing.T, h *dedup.Handler, c jetstream.Consumer, opts ...Option) *JetStream {
+	t.Helper()
+	j, err := NewJetStream(h, c, append([]Option{WithLogger(quiet)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// isDone reports whether key's record for h is DONE in store (a probe claim answers
+// Duplicate); a probe that acquires the key releases it again.
+func isDone(t *testing.T, store dedup.Store, h *dedup.Handler, key string) bool {
+	t.Helper()
+	ctx := context.Background()
+	rk := h.RecordKey(key)
+	a, err := store.Claim(ctx, rk, "probe", "", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Status == dedup.StatusAcquired {
+		if err := store.Release(ctx, rk, "probe"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a.Status == dedup.StatusDuplicate
+}
+
+// runs counts handler runs by message key (the Nats-Msg-Id, else the payload).
+type runs struct {
+	mu sync.Mutex
+	by map[string]int
+	n  atomic.Int64
+}
+
+func (r *runs) add(m *Msg) {
+	k := m.Header(jetstream.MsgIDHeader)
+	if k == "" {
+		k = string(m.Data())
+	}
+	r.mu.Lock()
+	if r.by == nil {
+		r.by = make(map[string]int)
+	}
+	r.by[k]++
+	r.mu.Unlock()
+	r.n.Add(1)
+}
+
+// all returns a copy of the counts, for messages.
+func (r *runs) all() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := make(map[string]int, len(r.by))
+	for k, v := range r.by {
+		m[k] = v
+	}
+	return m
+}
+
+func (r *runs) of(k string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.by[k]
+}
+
+// --- stores ---------------------------------------------------------------------------
+
+// flakyStore wraps a Store and lets a test fail any operation.
+type flakyStore struct {
+	dedup.Store
+	fail atomic.Pointer[func(op string) error]
+}
+
+// down makes every operation fail with ErrStoreUnavailable (or, with false, heals).
+func (s *flakyStore) down(on bool) {
+	if !on {
+		s.fail.Store(nil)
+		return
+	}
+	s.onFail(func(op string) error { return fmt.Errorf("%w: %s: injected outage", dedup.ErrStoreUnavailable, op) })
+}
+
+func (s *flakyStore) onFail(f func(op string) error) { s.fail.Store(&f) }
+
+func (s *flakyStore) hook(op string) error {
+	if f := s.fail.Load(); f != nil {
+		return (*f)(op)
+	}
+	return nil
+}
+
+func (s *flakyStore) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (dedup.Answer, error) {
+	if err := s.hook("claim"); err != nil {
+		return dedup.Answer{}, err
+	}
+	return s.Store.Claim(ctx, key, token, fp, lease)
+}
+
+func (s *flakyStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
+	if err := s.hook("complete"); err != nil {
+		return err
+	}
+	return s.Store.Complete(ctx, key, token, retention)
+}
+
+func (s *flakyStore) Release(ctx context.Context, key, token string) error {
+	if err := s.hook("release"); err != nil {
+		return err
+	}
+	return s.Store.Release(ctx, key, token)
+}
+
+func (s *flakyStore) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	if err := s.hook("extend"); err != nil {
+		return err
+	}
+	return s.Store.Extend(ctx, key, token, lease)
+}
+
+func (s *flakyStore) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (dedup.Answer, error) {
+	if err := s.hook("mark"); err != nil {
+		return dedup.Answer{}, err
+	}
+	return s.Store.Mark(ctx, key, token, fp, retention)
+}
+
+func (s *flakyStore) ClaimMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+	if err := s.hook("claim-many"); err != nil {
+		return nil, err
+	}
+	return s.Store.ClaimMany(ctx, entries)
+}
+
+func (s *flakyStore) MarkMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+	if err := s.hook("mark-many"); err != nil {
+		return nil, err
+	}
+	return s.Store.MarkMany(ctx, entries)
+}
+
+func (s *flakyStore) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+	if err := s.hook("complete-many"); err != nil {
+		return nil, err
+	}
+	return s.Store.CompleteMany(ctx, entries)
+}
+
+// --- redis ----------------------------------------------------------------------------
+
+// redisClients returns, per case, a Redis client and a key prefix of its own: miniredis,
+// and the real server at DEDUP_REDIS_ADDR (skipped, or failed under
+// DEDUP_REQUIRE_SERVERS=1, when unset). The prefix's keys are deleted at cleanup, by
+// SCAN: the real server is shared, so never FLUSHDB.
+func redisClients() map[string]func(t *testing.T) (*redis.Client, string) {
+	return map[string]func(t *testing.T) (*redis.Client, string){
+		"miniredis": func(t *testing.T) (*redis.Client, string) {
+			m, err := embedded.StartRedis()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(m.Close)
+			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			t.Cleanup(func() { c.Close() })
+			return c, "dkt-" + suffix()
+		},
+		"redis-server": func(t *testing.T) (*redis.Client, string) {
+			addr := os.Getenv("DEDUP_REDIS_ADDR")
+			if addr == "" {
+				skipNoServer(t, "DEDUP_REDIS_ADDR is not set")
+			}
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := c.Ping(ctx).Err(); err != nil {
+				c.Close()
+				skipNoServer(t, "redis at DEDUP_REDIS_ADDR=%s: %v", addr, err)
+			}
+			prefix := "dkt-" + suffix()
+			t.Cleanup(func() {
+				deletePrefix(t, c, prefix)
+				c.Close()
+			})
+			return c, prefix
+		},
+	}
+}
+
+func deletePrefix(t testing.TB, c redis.UniversalClient, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	var ks []string
+	for iter.Next(ctx) {
+		ks = append(ks, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Logf("cleanup scan: %v", err)
+	}
+	if len(ks) > 0 {
+		if err := c.Del(ctx, ks...).Err(); err != nil {
+			t.Logf("cleanup del: %v", err)
+		}
+	}
+}
+
+// tripCounter is a go-redis hook counting round trips (single commands and pipelines)
+// and the commands they carry.
+type tripCounter struct {
+	trips, cmds atomic.Int64
+	mu          sync.Mutex
+	names       []string
+}
+
+func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !isHandshake(cmd) {
+			c.count(cmd)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && !isHandshake(cmds[0]) {
+			c.count(cmds...)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (c *tripCounter) count(cmds ...redis.Cmder) {
+	c.trips.Add(1)
+	c.cmds.Add(int64(len(cmds)))
+	c.mu.Lock()
+	c.names = append(c.names, fmt.Sprintf("%s×%d", cmds[0].Name(), len(cmds)))
+	c.mu.Unlock()
+}
+
+func (c *tripCounter) reset() {
+	c.trips.Store(0)
+	c.cmds.Store(0)
+	c.mu.Lock()
+	c.names = nil
+	c.mu.Unlock()
+}
+
+func (c *tripCounter) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.names, ", ")
+}
+
+// isHandshake tells go-redis's own connection set-up (HELLO, CLIENT SETINFO, AUTH,
+// SELECT on a new connection) from the commands dedup sends.
+func isHandshake(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "hello", "client", "auth", "select":
+		return true
+	}
+	return false
+}
+
+var _ redis.Hook = (*tripCounter)(nil)
