@@ -146,7 +146,7 @@ func TestHandleBatchRedisRoundTrips(t *testing.T) {
 			for i := range items {
 				items[i] = Item{Key: fmt.Sprint("order-", i)}
 			}
-			tc.reset()
+			tc.Reset()
 			for i, r := range h.HandleBatch(ctx, items, func(context.Context, int) error { return nil }) {
 				if r.Outcome != Processed {
 					t.Fatalf("item %d: %v %v", i, r.Outcome, r.Err)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // backend is one Store under test, with a way to move its time forward.
@@ -35,7 +37,7 @@ func storeBackends() []backendFactory {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return backend{store: s, prefix: testPrefix(t), advance: clk.Add}
+			return backend{store: s, prefix: testenv.Prefix(), advance: clk.Add}
 		}},
 		{"miniredis", func(t *testing.T) backend {
 			m, c := newMiniredis(t)
@@ -43,10 +45,10 @@ func storeBackends() []backendFactory {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return backend{store: s, prefix: testPrefix(t), advance: m.FastForward, rdb: c}
+			return backend{store: s, prefix: testenv.Prefix(), advance: m.FastForward, rdb: c}
 		}},
 		{"redis-server", func(t *testing.T) backend {
-			prefix := testPrefix(t)
+			prefix := testenv.Prefix()
 			c := realRedis(t, prefix)
 			s, err := NewRedisStore(c)
 			if err != nil {

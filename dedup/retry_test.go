@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // These tests prove DESIGN §3 "Why tokens": a Claim or Mark whose first attempt landed
@@ -160,7 +162,7 @@ func testLostReply(t *testing.T, addr string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prefix := testPrefix(t)
+	prefix := testenv.Prefix()
 	// Load both scripts paths (EVALSHA's NOSCRIPT, then EVAL) outside the trials.
 	if _, err := s.Claim(ctx, prefix+":warm:claim", "warm", "", time.Minute); err != nil {
 		t.Fatal(err)
@@ -247,7 +249,7 @@ func TestRetriedClaimIsOwn_DebugSleep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prefix := testPrefix(t)
+	prefix := testenv.Prefix()
 	if _, err := s.Claim(ctx, prefix+":warm:claim", "warm", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -5,60 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
-
-// tripCounter is a go-redis hook counting round trips (single commands and pipelines)
-// and the commands they carry.
-type tripCounter struct {
-	trips, cmds atomic.Int64
-}
-
-func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !isHandshake(cmd) {
-			c.trips.Add(1)
-			c.cmds.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if !isHandshake(cmds[0]) {
-			c.trips.Add(1)
-			c.cmds.Add(int64(len(cmds)))
-		}
-		return next(ctx, cmds)
-	}
-}
-
-// isHandshake tells go-redis's own connection set-up (HELLO, CLIENT SETINFO, AUTH,
-// SELECT on a new connection) from the commands dedup sends.
-func isHandshake(cmd redis.Cmder) bool {
-	switch cmd.Name() {
-	case "hello", "client", "auth", "select":
-		return true
-	}
-	return false
-}
-
-func (c *tripCounter) reset() { c.trips.Store(0); c.cmds.Store(0) }
-
-var _ redis.Hook = (*tripCounter)(nil)
 
 // countedRedis returns a Redis store whose client counts what it sends: miniredis, and
 // the real server as a second case.
-func countedRedis(t *testing.T) map[string]func(t *testing.T) (*RedisStore, *tripCounter, string) {
-	mk := func(c *redis.Client, prefix string) (*RedisStore, *tripCounter, string) {
-		tc := &tripCounter{}
+func countedRedis(t *testing.T) map[string]func(t *testing.T) (*RedisStore, *testenv.TripCounter, string) {
+	mk := func(c *redis.Client, prefix string) (*RedisStore, *testenv.TripCounter, string) {
+		tc := &testenv.TripCounter{}
 		c.AddHook(tc)
 		s, err := NewRedisStore(c)
 		if err != nil {
@@ -66,13 +25,13 @@ func countedRedis(t *testing.T) map[string]func(t *testing.T) (*RedisStore, *tri
 		}
 		return s, tc, prefix
 	}
-	return map[string]func(t *testing.T) (*RedisStore, *tripCounter, string){
-		"miniredis": func(t *testing.T) (*RedisStore, *tripCounter, string) {
+	return map[string]func(t *testing.T) (*RedisStore, *testenv.TripCounter, string){
+		"miniredis": func(t *testing.T) (*RedisStore, *testenv.TripCounter, string) {
 			_, c := newMiniredis(t)
-			return mk(c, testPrefix(t))
+			return mk(c, testenv.Prefix())
 		},
-		"redis-server": func(t *testing.T) (*RedisStore, *tripCounter, string) {
-			p := testPrefix(t)
+		"redis-server": func(t *testing.T) (*RedisStore, *testenv.TripCounter, string) {
+			p := testenv.Prefix()
 			return mk(realRedis(t, p), p)
 		},
 	}
@@ -101,7 +60,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			tc.reset()
+			tc.Reset()
 			claims, err := s.ClaimMany(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
@@ -116,7 +75,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 					t.Fatalf("claim %d: %v %v, want %v", i, a.Status, a.Err, wantSt)
 				}
 			}
-			tc.reset()
+			tc.Reset()
 			errs, err := s.CompleteMany(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
@@ -130,7 +89,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 			for i := range entries {
 				entries[i].Key += ":m"
 			}
-			tc.reset()
+			tc.Reset()
 			marks, err := s.MarkMany(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
@@ -151,7 +110,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tc.reset()
+			tc.Reset()
 			if res, err := h.Mark(ctx, "k"); res.Outcome != First {
 				t.Fatal(res, err)
 			}
@@ -163,10 +122,10 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 	}
 }
 
-func expectTrips(t *testing.T, what string, tc *tripCounter, trips, cmds int64) {
+func expectTrips(t *testing.T, what string, tc *testenv.TripCounter, trips, cmds int64) {
 	t.Helper()
-	if tc.trips.Load() != trips || tc.cmds.Load() != cmds {
-		t.Fatalf("%s: %d round trips carrying %d commands, want %d carrying %d", what, tc.trips.Load(), tc.cmds.Load(), trips, cmds)
+	if tc.Trips() != trips || tc.Cmds() != cmds {
+		t.Fatalf("%s: %d round trips carrying %d commands, want %d carrying %d", what, tc.Trips(), tc.Cmds(), trips, cmds)
 	}
 }
 

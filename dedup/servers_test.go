@@ -3,8 +3,6 @@ package dedup
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -17,66 +15,9 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
-
-// serversRequired is set by .ci/run: a test that would skip for want of a server fails.
-var serversRequired = os.Getenv("DEDUP_REQUIRE_SERVERS") == "1"
-
-func skipNoServer(t testing.TB, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if serversRequired {
-		t.Fatalf("DEDUP_REQUIRE_SERVERS=1 but %s", msg)
-	}
-	t.Skip(msg)
-}
-
-// testPrefix is a key prefix no other test (or run) shares.
-func testPrefix(t testing.TB) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "dkt-" + hex.EncodeToString(b[:])
-}
-
-// externalRedis returns a client for DEDUP_REDIS_ADDR, deleting the prefix's keys at
-// cleanup (never FLUSHDB: the server is shared).
-func externalRedis(t testing.TB, prefix string) *redis.Client {
-	t.Helper()
-	addr := os.Getenv("DEDUP_REDIS_ADDR")
-	if addr == "" {
-		skipNoServer(t, "DEDUP_REDIS_ADDR is not set")
-	}
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil {
-		c.Close()
-		skipNoServer(t, "redis at DEDUP_REDIS_ADDR=%s: %v", addr, err)
-	}
-	t.Cleanup(func() {
-		deletePrefix(t, c, prefix)
-		c.Close()
-	})
-	return c
-}
-
-func deletePrefix(t testing.TB, c redis.UniversalClient, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-	var ks []string
-	for iter.Next(ctx) {
-		ks = append(ks, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		t.Logf("cleanup scan: %v", err)
-	}
-	if len(ks) > 0 {
-		if err := c.Del(ctx, ks...).Err(); err != nil {
-			t.Logf("cleanup del: %v", err)
-		}
-	}
-}
 
 func newMiniredis(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
 	t.Helper()
@@ -92,7 +33,7 @@ func spawnRedis(t testing.TB, args ...string) string {
 	t.Helper()
 	addr, stop, err := startRedis(args...)
 	if errors.Is(err, exec.ErrNotFound) {
-		skipNoServer(t, "redis-server is not on PATH")
+		testenv.SkipNoServer(t, "redis-server is not on PATH")
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +112,7 @@ func sharedRedisAddr(t testing.TB) string {
 	t.Helper()
 	shared.once.Do(func() { shared.addr, shared.stop, shared.err = startRedis() })
 	if errors.Is(shared.err, exec.ErrNotFound) {
-		skipNoServer(t, "redis-server is not on PATH and DEDUP_REDIS_ADDR is not set")
+		testenv.SkipNoServer(t, "redis-server is not on PATH and DEDUP_REDIS_ADDR is not set")
 	}
 	if shared.err != nil {
 		t.Fatal(shared.err)
@@ -200,11 +141,11 @@ func freePort(t testing.TB) int {
 func realRedis(t testing.TB, prefix string) *redis.Client {
 	t.Helper()
 	if os.Getenv("DEDUP_REDIS_ADDR") != "" {
-		return externalRedis(t, prefix)
+		return testenv.ExternalRedis(t, prefix)
 	}
 	c := redis.NewClient(&redis.Options{Addr: sharedRedisAddr(t)})
 	t.Cleanup(func() {
-		deletePrefix(t, c, prefix)
+		testenv.DeletePrefix(t, c, prefix)
 		c.Close()
 	})
 	return c

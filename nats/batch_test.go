@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // A Fetch batch costs one store round trip for its claims and one for its completions,
@@ -26,7 +27,7 @@ func TestFetchBatchIsTwoRoundTrips(t *testing.T) {
 				client, prefix := mk(t)
 				// a consumer per case: each fetches every message of the stream
 				c := e.consumer(name, func(cc *jetstream.ConsumerConfig) { cc.AckWait = 5 * time.Second })
-				tc := &tripCounter{}
+				tc := &testenv.TripCounter{}
 				client.AddHook(tc)
 				store, err := dedup.NewRedisStore(client)
 				if err != nil {
@@ -51,7 +52,7 @@ func TestFetchBatchIsTwoRoundTrips(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				tc.reset()
+				tc.Reset()
 				ran := 0
 				results, err := j.HandleBatch(ctx, batch, func(context.Context, *Msg) error { ran++; return nil })
 				if err != nil {
@@ -60,8 +61,8 @@ func TestFetchBatchIsTwoRoundTrips(t *testing.T) {
 				if len(results) != n || ran != n-done {
 					t.Fatalf("%d results, %d runs; want %d and %d", len(results), ran, n, n-done)
 				}
-				if tc.trips.Load() != 2 || tc.cmds.Load() != n+n-done {
-					t.Fatalf("%d round trips carrying %d commands (%s); want 2 carrying %d", tc.trips.Load(), tc.cmds.Load(), tc, n+n-done)
+				if tc.Trips() != 2 || tc.Cmds() != n+n-done {
+					t.Fatalf("%d round trips carrying %d commands (%s); want 2 carrying %d", tc.Trips(), tc.Cmds(), tc, n+n-done)
 				}
 				for i, r := range results {
 					want := dedup.Processed

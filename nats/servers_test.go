@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,19 +19,8 @@ import (
 
 	"github.com/dedupkit/dedupkit/dedup"
 	"github.com/dedupkit/dedupkit/internal/embedded"
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
-
-// serversRequired is set by CI: a test that would skip for want of a server fails.
-var serversRequired = os.Getenv("DEDUP_REQUIRE_SERVERS") == "1"
-
-func skipNoServer(t testing.TB, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if serversRequired {
-		t.Fatalf("DEDUP_REQUIRE_SERVERS=1 but %s", msg)
-	}
-	t.Skip(msg)
-}
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
@@ -63,7 +51,7 @@ func eachServer(t *testing.T, body func(t *testing.T, e *env)) {
 		t.Parallel()
 		url := os.Getenv("DEDUP_NATS_URL")
 		if url == "" {
-			skipNoServer(t, "DEDUP_NATS_URL is not set")
+			testenv.SkipNoServer(t, "DEDUP_NATS_URL is not set")
 		}
 		body(t, connect(t, url))
 	})
@@ -83,7 +71,7 @@ func connect(t *testing.T, url string) *env {
 	t.Helper()
 	nc, err := natsgo.Connect(url, natsgo.Name(t.Name()), natsgo.Timeout(2*time.Second))
 	if err != nil {
-		skipNoServer(t, "nats at %s: %v", url, err)
+		testenv.SkipNoServer(t, "nats at %s: %v", url, err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -469,106 +457,26 @@ func redisClients() map[string]func(t *testing.T) (*redis.Client, string) {
 			t.Cleanup(m.Close)
 			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 			t.Cleanup(func() { c.Close() })
-			return c, "dkt-" + suffix()
+			return c, testenv.Prefix()
 		},
 		"redis-server": func(t *testing.T) (*redis.Client, string) {
 			addr := os.Getenv("DEDUP_REDIS_ADDR")
 			if addr == "" {
-				skipNoServer(t, "DEDUP_REDIS_ADDR is not set")
+				testenv.SkipNoServer(t, "DEDUP_REDIS_ADDR is not set")
 			}
 			c := redis.NewClient(&redis.Options{Addr: addr})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			if err := c.Ping(ctx).Err(); err != nil {
 				c.Close()
-				skipNoServer(t, "redis at DEDUP_REDIS_ADDR=%s: %v", addr, err)
+				testenv.SkipNoServer(t, "redis at DEDUP_REDIS_ADDR=%s: %v", addr, err)
 			}
-			prefix := "dkt-" + suffix()
+			prefix := testenv.Prefix()
 			t.Cleanup(func() {
-				deletePrefix(t, c, prefix)
+				testenv.DeletePrefix(t, c, prefix)
 				c.Close()
 			})
 			return c, prefix
 		},
 	}
 }
-
-func deletePrefix(t testing.TB, c redis.UniversalClient, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-	var ks []string
-	for iter.Next(ctx) {
-		ks = append(ks, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		t.Logf("cleanup scan: %v", err)
-	}
-	if len(ks) > 0 {
-		if err := c.Del(ctx, ks...).Err(); err != nil {
-			t.Logf("cleanup del: %v", err)
-		}
-	}
-}
-
-// tripCounter is a go-redis hook counting round trips (single commands and pipelines)
-// and the commands they carry.
-type tripCounter struct {
-	trips, cmds atomic.Int64
-	mu          sync.Mutex
-	names       []string
-}
-
-func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !isHandshake(cmd) {
-			c.count(cmd)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && !isHandshake(cmds[0]) {
-			c.count(cmds...)
-		}
-		return next(ctx, cmds)
-	}
-}
-
-func (c *tripCounter) count(cmds ...redis.Cmder) {
-	c.trips.Add(1)
-	c.cmds.Add(int64(len(cmds)))
-	c.mu.Lock()
-	c.names = append(c.names, fmt.Sprintf("%s×%d", cmds[0].Name(), len(cmds)))
-	c.mu.Unlock()
-}
-
-func (c *tripCounter) reset() {
-	c.trips.Store(0)
-	c.cmds.Store(0)
-	c.mu.Lock()
-	c.names = nil
-	c.mu.Unlock()
-}
-
-func (c *tripCounter) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return strings.Join(c.names, ", ")
-}
-
-// isHandshake tells go-redis's own connection set-up (HELLO, CLIENT SETINFO, AUTH,
-// SELECT on a new connection) from the commands dedup sends.
-func isHandshake(cmd redis.Cmder) bool {
-	switch cmd.Name() {
-	case "hello", "client", "auth", "select":
-		return true
-	}
-	return false
-}
-
-var _ redis.Hook = (*tripCounter)(nil)

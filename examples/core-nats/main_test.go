@@ -13,6 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // TestMain fails the package if a run leaves a goroutine behind.
@@ -29,11 +31,7 @@ func TestRunEmbedded(t *testing.T) {
 func TestRunServers(t *testing.T) {
 	natsURL, redisAddr := os.Getenv("DEDUP_NATS_URL"), os.Getenv("DEDUP_REDIS_ADDR")
 	if natsURL == "" || redisAddr == "" {
-		msg := "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set"
-		if os.Getenv("DEDUP_REQUIRE_SERVERS") == "1" {
-			t.Fatal("DEDUP_REQUIRE_SERVERS=1 but " + msg)
-		}
-		t.Skip(msg)
+		testenv.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
 	}
 	out := checkRun(t, "-nats", natsURL, "-redis", redisAddr)
 	m := regexp.MustCompile(`(?m)^run ([0-9a-f]+)$`).FindStringSubmatch(out)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"regexp"
 	"strconv"
@@ -16,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // TestMain fails the package if a run leaves a goroutine behind.
@@ -34,11 +35,11 @@ func TestRunEmbedded(t *testing.T) {
 func TestRunServers(t *testing.T) {
 	natsURL, redisAddr := os.Getenv("DEDUP_NATS_URL"), os.Getenv("DEDUP_REDIS_ADDR")
 	if natsURL == "" || redisAddr == "" {
-		skipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
+		testenv.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
 	}
 	nc, err := natsgo.Connect(natsURL)
 	if err != nil {
-		skipNoServer(t, "nats at %s: %v", natsURL, err)
+		testenv.SkipNoServer(t, "nats at %s: %v", natsURL, err)
 	}
 	defer nc.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
@@ -46,7 +47,7 @@ func TestRunServers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
-		skipNoServer(t, "redis at %s: %v", redisAddr, err)
+		testenv.SkipNoServer(t, "redis at %s: %v", redisAddr, err)
 	}
 
 	out := runExample(t, "-nats", natsURL, "-redis", redisAddr)
@@ -79,16 +80,6 @@ func TestFlags(t *testing.T) {
 			t.Errorf("run %q: no error", args)
 		}
 	}
-}
-
-// skipNoServer skips, or fails under DEDUP_REQUIRE_SERVERS=1.
-func skipNoServer(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("DEDUP_REQUIRE_SERVERS") == "1" {
-		t.Fatalf("DEDUP_REQUIRE_SERVERS=1 but %s", msg)
-	}
-	t.Skip(msg)
 }
 
 const testOrders = 400
