@@ -27,12 +27,18 @@ type acker interface {
 type Action uint8
 
 const (
-	// ActNone: no acknowledgement (LeaseLost, Cancelled, or a core NATS message).
+	// ActNone: no acknowledgement (LeaseLost, Cancelled, or a core NATS message); the
+	// server redelivers after AckWait.
 	ActNone Action = iota
+	// ActAck: Ack (Processed, Duplicate, NotRecorded).
 	ActAck
+	// ActDoubleAck: Ack confirmed by the server (WithDoubleAck).
 	ActDoubleAck
+	// ActNak: Nak, redelivered at once (Panicked).
 	ActNak
+	// ActNakWithDelay: NakWithDelay (InProgress, Failed, StoreUnavailable).
 	ActNakWithDelay
+	// ActTerm: Term, never redelivered (NoKey, KeyReuse, the last delivery).
 	ActTerm
 	numActions
 )
