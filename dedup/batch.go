@@ -187,6 +187,15 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 	sent := time.Now()
 	answers, err := h.d.store.ClaimMany(ctx, entries)
 	var claimed []*batchItem
+	// Items whose claim failed and that run anyway (FailOpen) wait until the claimed
+	// ones are done: run now, they would hold up the heartbeat the claims need.
+	var unguarded []*batchItem
+	unguardedErr := make(map[*batchItem]error)
+	defer func() {
+		for _, b := range unguarded {
+			h.storeItemFailed(ctx, out, b, unguardedErr[b], fn)
+		}
+	}()
 	for j, b := range leads {
 		var a Answer
 		if err == nil {
@@ -194,6 +203,11 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 		}
 		if aerr := errors.Join(err, a.Err); aerr != nil {
 			h.releaseUnanswered(ctx, b.k, b.rk, b.token)
+			if h.cfg.storeFailure == FailOpen && ctx.Err() == nil {
+				unguarded = append(unguarded, b)
+				unguardedErr[b] = aerr
+				continue
+			}
 			h.storeItemFailed(ctx, out, b, aerr, fn)
 			continue
 		}
@@ -218,24 +232,39 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 		return
 	}
 	hb := h.startBatchBeat(claimed)
-	finished := 0 // claimed[:finished] are released, lost or in done
+	finished := 0         // claimed[:finished] are released, lost or in done
+	var done []*batchItem // fn succeeded: to complete
 	defer func() {
 		hb.stop()
 		if finished == len(claimed) {
 			return
 		}
-		// fn called runtime.Goexit: give back every claim not yet settled
+		// fn called runtime.Goexit: record what succeeded (its side effects happened)
+		// and give back every claim not yet settled
 		bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
 		defer bgDone()
+		if len(done) > 0 {
+			entries := make([]Entry, len(done))
+			for j, b := range done {
+				entries[j] = Entry{Key: b.rk, Token: b.token, TTL: h.cfg.retention}
+			}
+			if errs, err := h.d.store.CompleteMany(bg, entries); err == nil {
+				for j, b := range done {
+					if errs[j] == nil {
+						h.remember(b.lk)
+					}
+				}
+			}
+		}
 		for _, b := range claimed[finished:] {
 			h.release(bg, b.k, b.rk, b.token)
 		}
 	}()
-	var done []*batchItem
 	for _, b := range claimed {
 		fctx, cancel := context.WithCancelCause(ctx)
-		if !hb.setRunning(b, cancel) { // the heartbeat found its lease gone
+		if !hb.setRunning(b, cancel) { // its lease is gone, or may be
 			cancel(nil)
+			hb.forget(b)
 			finished++
 			h.settle(out, b, Result{Outcome: LeaseLost}, ErrLeaseLost)
 			continue
@@ -311,11 +340,14 @@ func (h *Handler) startBatchBeat(items []*batchItem) *batchBeat {
 }
 
 // setRunning names the item whose fn runs now (nil when none), so that losing its
-// lease cancels it. It reports false, and sets nothing, if b's lease is already lost.
+// lease cancels it. It reports false, and sets nothing, if b's lease is lost or has
+// run out.
 func (hb *batchBeat) setRunning(b *batchItem, cancel context.CancelCauseFunc) bool {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
-	if b != nil && b.lost.Load() {
+	// lost, or past the end of the lease as this process knows it (the heartbeat may
+	// not have had its say yet): another owner may hold the key
+	if b != nil && (b.lost.Load() || time.Now().UnixNano() >= b.f.leaseEnd.Load()) {
 		return false
 	}
 	hb.cur, hb.cancel = b, cancel

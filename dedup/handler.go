@@ -384,12 +384,14 @@ func (h *Handler) heartbeat(rk, token string, validUntil time.Time, f *flight, c
 // extend renews one claim. validUntil is when the lease ends as far as this process
 // knows: the time the last successful claim or extension was sent, plus the lease.
 // It reports the lease lost when the store says so, or when a failed extension leaves
-// the lease to end before the next attempt: fn must stop before another owner can
-// take the key, not after.
+// the lease to end (less a margin of lease/6) before the next attempt; an attempt
+// never runs into that margin. fn must stop before another owner can take the key,
+// not after.
 func (h *Handler) extend(rk, token string, validUntil time.Time) (time.Time, bool) {
 	every := h.cfg.lease / 3
+	margin := h.cfg.lease / 6 // stop fn this long before the lease can end
 	sent := time.Now()
-	left := validUntil.Sub(sent)
+	left := validUntil.Sub(sent) - margin
 	if left <= 0 {
 		return validUntil, true
 	}
@@ -417,7 +419,7 @@ func (h *Handler) extend(rk, token string, validUntil time.Time) (time.Time, boo
 		return validUntil, true
 	default:
 		h.log.Debug("dedup: lease extension failed", "err", err)
-		return validUntil, !time.Now().Add(every).Before(validUntil)
+		return validUntil, !time.Now().Add(every + margin).Before(validUntil)
 	}
 }
 

@@ -15,7 +15,8 @@ import (
 // usual choice. JetStream push deliveries (they carry a $JS.ACK reply) are
 // acknowledged as JetStream does; give WithMaxDeliver so that the last delivery is
 // recognised, and WithProgressEvery (below the consumer's AckWait) to keep a running
-// handler's message in progress. The consumer's retention horizon is not checked here:
+// handler's message in progress. The consumer must use AckExplicitPolicy (NewCore
+// cannot check it): under AckAll, a later Ack confirms an earlier Nak'ed message. The consumer's retention horizon is not checked here:
 // see CheckRetention.
 type Core struct {
 	adapter
