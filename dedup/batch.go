@@ -143,8 +143,10 @@ func (h *Handler) storeItemFailed(ctx context.Context, out []ItemResult, b *batc
 	}
 	if h.cfg.storeFailure == FailOpen {
 		h.log.Warn("dedup: store unavailable, running without dedup", "key_hash", keyHash(b.k), "err", err)
-		b.answered = true
-		b.f.answer(Result{}, nil, true)
+		if !b.answered {
+			b.answered = true
+			b.f.answer(Result{}, nil, true)
+		}
 		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, b.i) }, true, false)
 		out[b.i] = ItemResult{res, ferr}
 		return
@@ -191,11 +193,6 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 	// ones are done: run now, they would hold up the heartbeat the claims need.
 	var unguarded []*batchItem
 	unguardedErr := make(map[*batchItem]error)
-	defer func() {
-		for _, b := range unguarded {
-			h.storeItemFailed(ctx, out, b, unguardedErr[b], fn)
-		}
-	}()
 	for j, b := range leads {
 		var a Answer
 		if err == nil {
@@ -206,6 +203,8 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 			if h.cfg.storeFailure == FailOpen && ctx.Err() == nil {
 				unguarded = append(unguarded, b)
 				unguardedErr[b] = aerr
+				b.answered = true
+				b.f.answer(Result{}, nil, true) // waiters see InProgress, as in Do
 				continue
 			}
 			h.storeItemFailed(ctx, out, b, aerr, fn)
@@ -228,14 +227,30 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 			h.settle(out, b, Result{Outcome: InProgress, RetryAfter: a.TTL}, nil)
 		}
 	}
-	if len(claimed) == 0 {
-		return
+	if len(claimed) > 0 {
+		h.runClaimed(ctx, claimed, entries, fn, out) // does not return if a fn calls Goexit
 	}
+	for _, b := range unguarded {
+		if h.d.ctx.Err() != nil { // Close began while the claimed ones ran: leave it unrun
+			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
+			continue
+		}
+		h.storeItemFailed(ctx, out, b, unguardedErr[b], fn)
+	}
+}
+
+func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries []Entry, fn func(context.Context, int) error, out []ItemResult) {
 	hb := h.startBatchBeat(claimed)
 	finished := 0         // claimed[:finished] are released, lost or in done
 	var done []*batchItem // fn succeeded: to complete
+	var curStop func() bool
+	var curCancel context.CancelCauseFunc
 	defer func() {
 		hb.stop()
+		if curCancel != nil { // fn called Goexit
+			curStop()
+			curCancel(nil)
+		}
 		if finished == len(claimed) {
 			return
 		}
@@ -273,6 +288,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 			cancel(ErrClosed)
 		}
 		stopOnClose := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
+		curStop, curCancel = stopOnClose, cancel
 		var panicked bool
 		var ferr error
 		if fctx.Err() == nil { // a cancelled batch leaves the remaining items unrun
@@ -280,6 +296,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 		} else {
 			ferr = fctx.Err()
 		}
+		curStop, curCancel = nil, nil
 		hb.setRunning(nil, nil)
 		stopOnClose()
 		cause := context.Cause(fctx)

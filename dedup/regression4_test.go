@@ -1,0 +1,150 @@
+package dedup
+
+// Regression tests from the fourth review: each failed before its fix (the nested
+// Goexit one passed before too and guards the new order).
+
+import (
+	"context"
+	"reflect"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func failOpenPair(t *testing.T, lease time.Duration) (*Deduper, *Handler, *MemoryStore) {
+	mem, _ := NewMemoryStore()
+	d0, _ := New(mem, WithLogger(quiet))
+	h0, _ := d0.Register("rv")
+	bad := h0.RecordKey("a")
+	d0.Close()
+	d, _ := New(itemErrStore{mem, bad}, WithLogger(quiet))
+	h, _ := d.Register("rv", WithLease(lease), WithStoreFailure(FailOpen), WithLocalCache(0, 0))
+	return d, h, mem
+}
+
+// a claimed item's fn calls Goexit; the deferred fail-open item still runs fn,
+// inside the exiting goroutine, after the claims were given back.
+func TestBatchGoexitLeavesFailOpenItemsUnrun(t *testing.T) {
+	d, h, _ := failOpenPair(t, time.Second)
+	defer d.Close()
+	var ranA atomic.Int32
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+			if i == 1 {
+				runtime.Goexit()
+			}
+			ranA.Add(1)
+			return nil
+		})
+	}()
+	<-ch
+	if ranA.Load() != 0 {
+		t.Errorf("fn for the fail-open item ran %d time(s) after another item's fn called Goexit (claimed items were released unrun; no result reaches the caller)", ranA.Load())
+	}
+}
+
+// the fail-open item's flight is left unanswered while the claimed items run:
+// a concurrent Do for its key blocks instead of answering InProgress.
+func TestBatchFailOpenFlightAnswersWaiters(t *testing.T) {
+	d, h, _ := failOpenPair(t, time.Second)
+	defer d.Close()
+	var got Result
+	var took time.Duration
+	h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+		if i == 1 {
+			c, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			s := time.Now()
+			got, _ = h.Do(c, "a", func(context.Context) error { return nil })
+			took = time.Since(s)
+		}
+		return nil
+	})
+	if got.Outcome != InProgress {
+		t.Errorf("Do(a) from inside the batch: %v after %v, want InProgress at once (without a deadline: deadlock)", got.Outcome, took)
+	}
+}
+
+// Close while a claimed item runs: remaining claimed items are left unrun, but
+// the deferred fail-open item's fn is still invoked after Close.
+func TestBatchFailOpenItemNotRunAfterClose(t *testing.T) {
+	d, h, _ := failOpenPair(t, time.Second)
+	var aAfterClose atomic.Bool
+	closed := make(chan struct{})
+	h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, func(ctx context.Context, i int) error {
+		switch i {
+		case 1:
+			go func() { d.Close(); close(closed) }()
+			<-ctx.Done()
+			return ctx.Err()
+		case 0:
+			select {
+			case <-h.d.ctx.Done():
+				aAfterClose.Store(true)
+			default:
+			}
+		}
+		return nil
+	})
+	<-closed
+	if aAfterClose.Load() {
+		t.Errorf("fn for the fail-open item was invoked after Close began (claimed item c was not)")
+	}
+}
+
+func children(ctx context.Context) int {
+	v := reflect.ValueOf(ctx).Elem().FieldByName("children")
+	return v.Len()
+}
+
+// Goexit in a batch fn leaks fn's context (never cancelled) and its AfterFunc on d.ctx.
+func TestBatchGoexitReleasesContexts(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(mem, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("lk", WithLocalCache(0, 0))
+	parent, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for n := 0; n < 50; n++ {
+		ch := make(chan struct{})
+		go func() {
+			defer close(ch)
+			h.HandleBatch(parent, []Item{{Key: "k" + string(rune('A'+n))}}, func(ctx context.Context, i int) error { runtime.Goexit(); return nil })
+		}()
+		<-ch
+	}
+	if c := children(parent); c != 0 {
+		t.Errorf("parent ctx holds %d live children after 50 Goexit batches; d.ctx holds %d", c, children(d.ctx))
+	}
+}
+
+// nested Goexit in the deferred fail-open run: goroutine ends, Close returns.
+func TestBatchNestedGoexitInFailOpenRun(t *testing.T) {
+	d, h, _ := failOpenPair(t, time.Second)
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+			runtime.Goexit()
+			return nil
+		})
+	}()
+	select {
+	case <-ch:
+	case <-time.After(2 * time.Second):
+		t.Fatal("batch goroutine did not end")
+	}
+	c := make(chan struct{})
+	go func() { d.Close(); close(c) }()
+	select {
+	case <-c:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Close hangs")
+	}
+	// is a's flight gone?
+	r, _ := h.Do(context.Background(), "b", func(context.Context) error { return nil })
+	t.Logf("after: %v", r.Outcome)
+}
