@@ -161,12 +161,25 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, fn func(con
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.retention}
 	}
 	answers, err := h.d.store.MarkMany(ctx, entries)
+	// First answer every flight, then run: an fn that checks a later key of the batch
+	// must not wait for that key's turn.
+	type pending struct {
+		b   *batchItem
+		err error // non-nil: the mark failed and the item runs unguarded (FailOpen)
+	}
+	var runs []pending
 	for j, b := range leads {
 		var a Answer
 		if err == nil {
 			a = answers[j]
 		}
 		if aerr := errors.Join(err, a.Err); aerr != nil {
+			if h.cfg.storeFailure == FailOpen && ctx.Err() == nil {
+				b.answered = true
+				b.f.answer(Result{}, nil, true) // waiters see InProgress, as in Do
+				runs = append(runs, pending{b, aerr})
+				continue
+			}
 			h.storeItemFailed(ctx, out, b, aerr, fn)
 			continue
 		}
@@ -176,8 +189,15 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, fn func(con
 			continue
 		}
 		b.settleFlight(res, nil)
-		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, b.i) }, false, true)
-		out[b.i] = ItemResult{res, ferr}
+		runs = append(runs, pending{b: b})
+	}
+	for _, p := range runs {
+		if p.err != nil {
+			h.storeItemFailed(ctx, out, p.b, p.err, fn)
+			continue
+		}
+		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, p.b.i) }, false, true)
+		out[p.b.i] = ItemResult{res, ferr}
 	}
 }
 

@@ -148,3 +148,26 @@ func TestBatchNestedGoexitInFailOpenRun(t *testing.T) {
 	r, _ := h.Do(context.Background(), "b", func(context.Context) error { return nil })
 	t.Logf("after: %v", r.Outcome)
 }
+
+// In filter mode, every item's flight is answered before any fn runs: an fn that
+// marks a later key of its own batch gets its answer at once instead of waiting for
+// that key's turn (or forever).
+func TestBatchFilterAnswersEveryFlightFirst(t *testing.T) {
+	f := newFixture(t, false)
+	h := f.handler("views", WithMode(ModeFilter))
+	var inner Result
+	got := h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+		if i == 0 {
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			inner, _ = h.Mark(ctx, "b")
+		}
+		return nil
+	})
+	if inner.Outcome != Duplicate {
+		t.Fatalf("Mark of a key the batch had marked: %v, want duplicate", inner.Outcome)
+	}
+	if got[0].Outcome != Processed || got[1].Outcome != Processed {
+		t.Fatalf("batch: %v %v", got[0].Outcome, got[1].Outcome)
+	}
+}
