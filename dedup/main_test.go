@@ -1,29 +1,9 @@
 package dedup
 
 import (
-	"context"
-	"fmt"
-	"os"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-// quietRedis drops go-redis's own log lines (dial retries in the outage tests).
-type quietRedis struct{}
-
-func (quietRedis) Printf(context.Context, string, ...any) {}
-
-func TestMain(m *testing.M) {
-	redis.SetLogger(quietRedis{})
-	code := m.Run()
-	stopSharedRedis()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m, stopSharedRedis) }

@@ -1,7 +1,8 @@
 // Package testenv holds what the tests of every package need from real servers: the
 // rule for a missing server (skip, or fail under DEDUP_REQUIRE_SERVERS=1), a Redis at
 // DEDUP_REDIS_ADDR with keys of the test's own that are deleted afterwards, and a
-// go-redis hook that counts round trips. It must not import dedup (dedup's own tests
+// go-redis hook that counts round trips, and a TestMain (Main) with the goroutine
+// leak check. It must not import dedup (dedup's own tests
 // use it).
 package testenv
 
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
 // Required reports whether a test that would skip for want of a server must fail
@@ -155,4 +157,27 @@ func IsHandshake(cmd redis.Cmder) bool {
 		return true
 	}
 	return false
+}
+
+// quietRedis drops go-redis's own log lines (dial retries in the outage tests).
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// Main is a TestMain for packages whose tests talk to Redis: go-redis's own log
+// lines are dropped, the tests run, after (if not nil) cleans up what the package
+// started, and a passing run fails if goroutines are left behind (goleak).
+func Main(m *testing.M, after func()) {
+	redis.SetLogger(quietRedis{})
+	code := m.Run()
+	if after != nil {
+		after()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
