@@ -35,14 +35,23 @@ type RedisStore struct {
 
 var _ Store = (*RedisStore)(nil)
 
+// RedisOption configures a RedisStore.
+type RedisOption func(*RedisStore) error
+
 // NewRedisStore returns a store over c: a *redis.Client, *redis.ClusterClient,
-// *redis.Ring or failover client. The caller owns c and closes it. A nil client is an
-// error wrapping ErrInvalidOption.
-func NewRedisStore(c redis.UniversalClient) (*RedisStore, error) {
+// *redis.Ring or failover client. The caller owns c and closes it. A nil client or a
+// bad option is an error wrapping ErrInvalidOption.
+func NewRedisStore(c redis.UniversalClient, opts ...RedisOption) (*RedisStore, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidOption)
 	}
-	return &RedisStore{c: c}, nil
+	s := &RedisStore{c: c}
+	for _, o := range opts {
+		if err := o(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 func ms(d time.Duration) int64 {
