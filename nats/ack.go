@@ -107,10 +107,42 @@ func (c *counters) snapshot() Stats {
 
 // adapter is what the JetStream and core adapters share.
 type adapter struct {
-	h     *dedup.Handler
-	cfg   config
-	stats counters
+	h       *dedup.Handler
+	cfg     config
+	stats   counters
+	running sync.WaitGroup // messages a Handler has taken and not yet settled
 }
+
+// dispatcher returns what runs handle for each message handed to a Handler: inline when the adapter
+// runs one message at a time, else on its own goroutine once one of the
+// WithConcurrency slots is free. Blocking here, when all are busy, holds the client
+// library's delivery back: its buffer, not ours, absorbs the flow.
+func (a *adapter) dispatcher() func(handle func()) {
+	if a.cfg.concurrency <= 1 {
+		return func(handle func()) {
+			a.running.Add(1)
+			defer a.running.Done()
+			handle()
+		}
+	}
+	slots := make(chan struct{}, a.cfg.concurrency)
+	return func(handle func()) {
+		slots <- struct{}{}
+		a.running.Add(1)
+		go func() {
+			defer func() {
+				a.running.Done()
+				<-slots
+			}()
+			handle()
+		}()
+	}
+}
+
+// Wait blocks until every message already handed to a Handler has been handled and
+// acknowledged. Stop (or drain) the subscription first, then call Wait before closing
+// the Deduper or the connection.
+func (a *adapter) Wait() { a.running.Wait() }
 
 // Stats returns what the adapter has done so far.
 func (a *adapter) Stats() Stats { return a.stats.snapshot() }

@@ -32,9 +32,12 @@ func NewCore(h *dedup.Handler, opts ...Option) (*Core, error) {
 }
 
 // Handler returns a nats.MsgHandler for Conn.Subscribe, QueueSubscribe, or a
-// JetStreamContext push Subscribe (with ManualAck). ctx is the handlers' parent.
+// JetStreamContext push Subscribe (with ManualAck). It runs up to WithConcurrency
+// messages at once (default DefaultConcurrency; 1 keeps delivery order). ctx is the
+// handlers' parent. After unsubscribing, Wait for the messages in hand.
 func (c *Core) Handler(ctx context.Context, fn Func) natsgo.MsgHandler {
-	return func(msg *natsgo.Msg) { c.Handle(ctx, msg, fn) }
+	dispatch := c.dispatcher()
+	return func(msg *natsgo.Msg) { dispatch(func() { c.Handle(ctx, msg, fn) }) }
 }
 
 // Handle runs fn for one message and, for a JetStream push delivery, acknowledges it.

@@ -57,11 +57,15 @@ func NewJetStream(h *dedup.Handler, c jetstream.Consumer, opts ...Option) (*JetS
 
 const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 
-// Handler returns a jetstream.MessageHandler for Consumer.Consume. ctx is the
-// handlers' parent: cancel it to shut down, and a running handler's message is left
-// for redelivery.
+// Handler returns a jetstream.MessageHandler for Consumer.Consume. It runs up to
+// WithConcurrency messages at once (default DefaultConcurrency), so that the store
+// round trips of several messages overlap (and share pipelines) instead of queueing
+// behind each other; WithConcurrency(1) runs them one by one, in delivery order. ctx
+// is the handlers' parent: cancel it to shut down, and a running handler's message is
+// left for redelivery. After stopping the consumer, Wait for the messages in hand.
 func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
-	return func(msg jetstream.Msg) { j.Handle(ctx, msg, fn) }
+	dispatch := j.dispatcher()
+	return func(msg jetstream.Msg) { dispatch(func() { j.Handle(ctx, msg, fn) }) }
 }
 
 // Handle runs fn for one message (from Consumer.Messages, Next or a Fetch batch read

@@ -24,6 +24,10 @@ const (
 	DefaultStoreRetryDelay = time.Second
 	// DefaultMinDelay is the shortest NakWithDelay the adapter sends.
 	DefaultMinDelay = 50 * time.Millisecond
+	// DefaultConcurrency is how many messages a Handler runs at once.
+	DefaultConcurrency = 32
+	// MaxConcurrency bounds WithConcurrency.
+	MaxConcurrency = 4096
 )
 
 // DefaultBackoff is the NakWithDelay after a handler error: 1s after the first
@@ -50,6 +54,7 @@ type config struct {
 	progressEvery time.Duration // 0: AckWait/3, or never when AckWait is unknown
 	maxDeliver    int           // 0 or -1: unknown/unlimited
 	unlimited     bool
+	concurrency   int
 	logger        *slog.Logger
 }
 
@@ -57,7 +62,10 @@ func newConfig(h *dedup.Handler, opts []Option) (config, error) {
 	if h == nil {
 		return config{}, fmt.Errorf("%w: nats: dedup handler is nil", dedup.ErrInvalidOption)
 	}
-	c := config{strategy: DefaultKeyStrategy, backoff: DefaultBackoff, storeRetry: DefaultStoreRetryDelay, logger: slog.Default()}
+	c := config{
+		strategy: DefaultKeyStrategy, backoff: DefaultBackoff, storeRetry: DefaultStoreRetryDelay,
+		concurrency: DefaultConcurrency, logger: slog.Default(),
+	}
 	if s, explicit := h.KeyStrategy(); explicit {
 		c.strategy = s
 	}
@@ -164,6 +172,22 @@ func WithKeyStrategy(s keys.Strategy) Option {
 			}
 		}
 		c.strategy = s
+		return nil
+	}
+}
+
+// WithConcurrency sets how many messages a Handler (JetStream Consume, or a core
+// subscription) runs at once, 1 to MaxConcurrency (default DefaultConcurrency). Above
+// 1, messages run on their own goroutines and may finish out of order; messages with
+// the same key never run at the same time in one process (the second answers
+// InProgress). 1 runs them one at a time in delivery order. Handle and HandleBatch
+// run on the caller's goroutine whatever this says.
+func WithConcurrency(n int) Option {
+	return func(c *config) error {
+		if n < 1 || n > MaxConcurrency {
+			return invalid("concurrency %d is outside 1..%d", n, MaxConcurrency)
+		}
+		c.concurrency = n
 		return nil
 	}
 }

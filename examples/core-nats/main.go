@@ -249,6 +249,7 @@ type subscriber struct {
 	rdb    *redis.Client
 	d      *dedup.Deduper
 	h      *dedup.Handler
+	core   *dnats.Core
 	done   bool
 }
 
@@ -270,6 +271,7 @@ func subscribe(ctx context.Context, n int, natsURL, redisAddr, subject, queue, p
 		return nil, err
 	}
 	core, err := dnats.NewCore(s.h, dnats.WithLogger(logger))
+	s.core = core
 	if err != nil {
 		s.d.Close()
 		s.rdb.Close()
@@ -319,8 +321,8 @@ func (s *subscriber) other() uint64 {
 	return s.handled() - st.Count(dedup.Processed) - st.Count(dedup.Duplicate)
 }
 
-// close drains the subscription (handlers in flight finish), then closes the Deduper
-// and the Redis client. Idempotent; not safe for concurrent use.
+// close drains the subscription and waits for the handlers in flight, then closes the
+// Deduper and the Redis client. Idempotent; not safe for concurrent use.
 func (s *subscriber) close() {
 	if s.done {
 		return
@@ -330,6 +332,9 @@ func (s *subscriber) close() {
 		<-s.closed
 	} else {
 		s.nc.Close()
+	}
+	if s.core != nil {
+		s.core.Wait() // the Handler runs messages on goroutines of its own
 	}
 	s.d.Close()
 	s.rdb.Close()

@@ -582,6 +582,7 @@ type fleet struct {
 	stop     context.CancelFunc // cancels the consumers' context
 	mu       sync.Mutex
 	consumes []jetstream.ConsumeContext
+	handlers []*dnats.JetStream // adapters whose Handler feeds a Consume
 	fetchers sync.WaitGroup
 	closers  []func() // in reverse order: Dedupers, then connections
 	modes    []string
@@ -653,6 +654,7 @@ func (f *fleet) start(ctx context.Context, i, instances int, natsURL, redisAddr 
 		}
 		f.mu.Lock()
 		f.consumes = append(f.consumes, cc)
+		f.handlers = append(f.handlers, a)
 		f.mu.Unlock()
 	}
 	return nil
@@ -685,8 +687,8 @@ func (f *fleet) describe() string {
 	return s
 }
 
-// close stops consuming, waits for the fetch loops, then closes the Dedupers and
-// connections. Idempotent.
+// close stops consuming, waits for the messages in hand and the fetch loops, then
+// closes the Dedupers and connections. Idempotent.
 func (f *fleet) close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -700,6 +702,9 @@ func (f *fleet) close() {
 	}
 	for _, cc := range f.consumes {
 		<-cc.Closed()
+	}
+	for _, a := range f.handlers {
+		a.Wait() // Handler runs messages on goroutines of its own
 	}
 	f.fetchers.Wait()
 	for i := len(f.closers) - 1; i >= 0; i-- {

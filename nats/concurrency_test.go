@@ -1,0 +1,148 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupkit/dedupkit/dedup"
+)
+
+// Consume's handler runs up to WithConcurrency messages at once: n handlers meet at a
+// barrier that a one-at-a-time handler could never pass, and every message is then
+// acknowledged once.
+func TestHandlerRunsMessagesConcurrently(t *testing.T) {
+	const n = 8
+	eachServer(t, func(t *testing.T, e *env) {
+		e.newStream()
+		c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+		h := register(t, newDeduper(t, memStore(t)), "orders")
+		j := newJS(t, h, c, WithConcurrency(n))
+		var inside, most atomic.Int32
+		barrier := make(chan struct{})
+		var once sync.Once
+		consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
+			now := inside.Add(1)
+			defer inside.Add(-1)
+			for {
+				if old := most.Load(); now <= old || most.CompareAndSwap(old, now) {
+					break
+				}
+			}
+			if now == n {
+				once.Do(func() { close(barrier) })
+			}
+			select {
+			case <-barrier:
+				return nil
+			case <-time.After(5 * time.Second):
+				return errors.New("the other handlers never arrived")
+			}
+		}))
+		var last *jetstream.PubAck
+		for i := range n {
+			last = e.publish("new", fmt.Sprint("order-", i), "x")
+		}
+		e.settled(c, last.Sequence)
+		j.Wait()
+		if got := most.Load(); got != n {
+			t.Fatalf("at most %d handlers ran at once, want %d", got, n)
+		}
+		if s := j.Stats(); s.Count(ActAck) != n {
+			t.Fatalf("actions %+v, want %d acks", s, n)
+		}
+	})
+}
+
+// WithConcurrency(1) runs messages one at a time, in delivery order.
+func TestHandlerConcurrencyOneKeepsOrder(t *testing.T) {
+	const n = 30
+	eachServer(t, func(t *testing.T, e *env) {
+		e.newStream()
+		c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+		h := register(t, newDeduper(t, memStore(t)), "orders")
+		j := newJS(t, h, c, WithConcurrency(1))
+		var mu sync.Mutex
+		var seen []uint64
+		var inside atomic.Int32
+		consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
+			if inside.Add(1) != 1 {
+				t.Error("two handlers ran at once")
+			}
+			defer inside.Add(-1)
+			time.Sleep(time.Millisecond) // give a second message the chance to overlap
+			mu.Lock()
+			seen = append(seen, m.Metadata().Sequence.Stream)
+			mu.Unlock()
+			return nil
+		}))
+		var last *jetstream.PubAck
+		for i := range n {
+			last = e.publish("new", fmt.Sprint("order-", i), "x")
+		}
+		e.settled(c, last.Sequence)
+		j.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) != n {
+			t.Fatalf("%d messages handled, want %d", len(seen), n)
+		}
+		for i := 1; i < n; i++ {
+			if seen[i] <= seen[i-1] {
+				t.Fatalf("handled out of order: %v", seen)
+			}
+		}
+	})
+}
+
+// Wait returns only once every message handed to the Handler has been acknowledged.
+func TestWaitCoversMessagesInHand(t *testing.T) {
+	eachServer(t, func(t *testing.T, e *env) {
+		e.newStream()
+		c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+		h := register(t, newDeduper(t, memStore(t)), "orders")
+		j := newJS(t, h, c)
+		started := make(chan struct{})
+		release := make(chan struct{})
+		cc := consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
+			close(started)
+			<-release
+			return nil
+		}))
+		free := sync.OnceFunc(func() { close(release) })
+		t.Cleanup(free) // runs first: a failing test must not leave the handler blocked
+		e.publish("new", "order-1", "x")
+		<-started
+		stopConsume(t, cc)
+		waited := make(chan struct{})
+		go func() { j.Wait(); close(waited) }()
+		select {
+		case <-waited:
+			t.Fatal("Wait returned while a handler was running")
+		case <-time.After(50 * time.Millisecond):
+		}
+		free()
+		<-waited
+		if s := j.Stats(); s.Count(ActAck) != 1 {
+			t.Fatalf("actions %+v after Wait, want the ack", s)
+		}
+	})
+}
+
+func TestWithConcurrencyBounds(t *testing.T) {
+	h := register(t, newDeduper(t, memStore(t)), "orders")
+	for _, n := range []int{0, -1, MaxConcurrency + 1} {
+		if _, err := NewCore(h, WithConcurrency(n)); !errors.Is(err, dedup.ErrInvalidOption) {
+			t.Fatalf("WithConcurrency(%d): %v, want ErrInvalidOption", n, err)
+		}
+	}
+	if _, err := NewCore(h, WithConcurrency(1)); err != nil {
+		t.Fatal(err)
+	}
+}
