@@ -94,6 +94,14 @@ func fmtNs(v float64) string {
 	return time.Duration(math.Round(v)).Round(100 * time.Nanosecond).String()
 }
 
+// plural writes "1 round", "3 rounds".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 func fmtShare(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
 
 // scenarioTitles say what each table measures.
@@ -128,7 +136,7 @@ func (b *bench) printTables() {
 				}
 			}
 		}
-		fmt.Fprintf(b.out, "%s, median of %d rounds\n", scenarioTitles[sc], b.cfg.rounds)
+		fmt.Fprintf(b.out, "%s, median of %s\n", scenarioTitles[sc], plural(b.cfg.rounds, "round"))
 		tw := tabwriter.NewWriter(b.out, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprint(tw, "variant\tconc\t")
 		for _, c := range cols {

@@ -39,7 +39,7 @@ type refLine struct {
 // chart builds the throughput chart from the medians: scenario b's variants per
 // concurrency with the ceilings as lines, and scenario d's variants.
 func (b *bench) chart() chart {
-	c := chart{title: fmt.Sprintf("dedupkit bench %s: median throughput of %d rounds", b.id, b.cfg.rounds)}
+	c := chart{title: fmt.Sprintf("dedupkit bench %s: median throughput of %s", b.id, plural(b.cfg.rounds, "round"))}
 	if b.srv.redisEmbedded || b.srv.natsEmbedded {
 		c.title += " (EMBEDDED SERVERS: MEANINGLESS FOR THROUGHPUT)"
 	}
@@ -92,6 +92,18 @@ const (
 )
 
 var palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"}
+
+// variantColours keep a variant's colour the same in every panel.
+var variantColours = map[string]string{
+	varFilter: "#1f77b4", varDo: "#ff7f0e", varNaive: "#2ca02c", jsVariants[0]: "#7f7f7f",
+}
+
+func colour(name string, i int) string {
+	if c, ok := variantColours[name]; ok {
+		return c
+	}
+	return palette[i%len(palette)]
+}
 
 // writeSVG draws c as a standalone SVG document.
 func writeSVG(w io.Writer, c chart) error {
@@ -153,7 +165,7 @@ func drawPanel(w io.Writer, p panel) {
 				continue
 			}
 			fmt.Fprintf(w, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s %s: %s %s</title></rect>`+"\n",
-				x, y(v), barW, plotT+plotH-y(v), palette[bi%len(palette)], esc(g.label), esc(p.legend[bi]), esc(compact(v)), esc(p.unit))
+				x, y(v), barW, plotT+plotH-y(v), colour(p.legend[bi], bi), esc(g.label), esc(p.legend[bi]), esc(compact(v)), esc(p.unit))
 			fmt.Fprintf(w, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10">%s</text>`+"\n", x+barW/2, y(v)-3, esc(compact(v)))
 		}
 		fmt.Fprintf(w, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", x0+(clusterW-clusterGap)/2, plotT+plotH+16, esc(g.label))
@@ -166,7 +178,7 @@ func drawPanel(w io.Writer, p panel) {
 	for i, name := range p.legend {
 		x := plotL + (i%3)*160
 		yy := int(ly) + (i/3)*legendRow
-		fmt.Fprintf(w, `<rect x="%d" y="%d" width="10" height="10" fill="%s"/>`+"\n", x, yy-9, palette[i%len(palette)])
+		fmt.Fprintf(w, `<rect x="%d" y="%d" width="10" height="10" fill="%s"/>`+"\n", x, yy-9, colour(name, i))
 		fmt.Fprintf(w, `<text x="%d" y="%d">%s</text>`+"\n", x+14, yy, esc(name))
 	}
 }
