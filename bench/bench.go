@@ -41,7 +41,7 @@ type bench struct {
 	js    jsState    // scenario d
 
 	res     *results
-	notes   []string // what was skipped or chosen, and why
+	notes   []string // what was skipped or noticed, and why
 	closers []func() error
 }
 
@@ -75,9 +75,6 @@ func runBench(ctx context.Context, cfg config, srv servers, out io.Writer) (err 
 		}
 	}
 	for _, sc := range scs {
-		if sc.setup == nil {
-			continue
-		}
 		if err := sc.setup(ctx); err != nil {
 			return fmt.Errorf("scenario %s setup: %w", sc.letter, err)
 		}
@@ -121,6 +118,14 @@ func setBenchtime(d time.Duration) {
 func (b *bench) printHeader() {
 	fmt.Fprintf(b.out, "dedupkit bench, run %s: %s, GOMAXPROCS %d, %d rounds, %v per measurement\n",
 		b.id, runtime.Version(), runtime.GOMAXPROCS(0), b.cfg.rounds, b.cfg.duration)
+	if w := b.embeddedWarning(); w != "" {
+		fmt.Fprintln(b.out, w)
+	}
+}
+
+// embeddedWarning is the line that says the figures are not throughput figures, or
+// "" when every server is a real one.
+func (b *bench) embeddedWarning() string {
 	var emb []string
 	if b.srv.redisEmbedded {
 		emb = append(emb, "miniredis")
@@ -128,13 +133,9 @@ func (b *bench) printHeader() {
 	if b.srv.natsEmbedded {
 		emb = append(emb, "an in-process NATS server")
 	}
-	if len(emb) > 0 {
-		fmt.Fprintln(b.out, embeddedWarning(emb))
+	if len(emb) == 0 {
+		return ""
 	}
-}
-
-// embeddedWarning is the line that says the figures are not throughput figures.
-func embeddedWarning(emb []string) string {
 	return fmt.Sprintf("!!! EMBEDDED SERVERS (%s): THESE FIGURES MEAN NOTHING FOR THROUGHPUT. Use -redis ADDR and -nats URL for real servers. !!!",
 		strings.Join(emb, ", "))
 }

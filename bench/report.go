@@ -38,17 +38,10 @@ func (b *bench) report() error {
 	b.printTables()
 	b.printRatios(details)
 	if len(missing) > 0 {
-		fmt.Fprintf(b.out, "not computed (scenario not run): %s\n", strings.Join(missing, ", "))
+		fmt.Fprintf(b.out, "not computed (a scenario or concurrency they need did not run): %s\n", strings.Join(missing, ", "))
 	}
-	if b.srv.redisEmbedded || b.srv.natsEmbedded {
-		var emb []string
-		if b.srv.redisEmbedded {
-			emb = append(emb, "miniredis")
-		}
-		if b.srv.natsEmbedded {
-			emb = append(emb, "an in-process NATS server")
-		}
-		fmt.Fprintln(b.out, embeddedWarning(emb))
+	if w := b.embeddedWarning(); w != "" {
+		fmt.Fprintln(b.out, w)
 	}
 
 	if b.cfg.jsonPath != "" {
@@ -202,8 +195,8 @@ func (b *bench) printRatios(details map[string]ratioResult) {
 	tw.Flush()
 }
 
-// report is the JSON document of -json.
-type report struct {
+// jsonReport is the document -json writes.
+type jsonReport struct {
 	Run      string                 `json:"run"`
 	Started  time.Time              `json:"started"`
 	Machine  machine                `json:"machine"`
@@ -247,7 +240,7 @@ func (b *bench) writeJSON(ratios map[string]float64, details map[string]ratioRes
 			scs = append(scs, l)
 		}
 	}
-	doc := report{
+	doc := jsonReport{
 		Run:     b.id,
 		Started: b.started,
 		Machine: machine{
