@@ -85,7 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&conc, "concurrency", "1,16,64,256", "concurrencies of scenario b")
 	fs.StringVar(&only, "only", "a,b,c,d", "scenarios to run: a local tier, b unique keys, c Zipf mix, d JetStream")
 	fs.IntVar(&c.ceilingRequests, "ceiling-requests", 500_000, "requests of each redis-benchmark run")
-	fs.IntVar(&c.jsMessages, "js-messages", 30_000, "messages in the JetStream stream; each variant reads them all")
+	fs.IntVar(&c.jsMessages, "js-messages", 20_000, "messages in the JetStream stream; each variant reads them all")
 	fs.DurationVar(&c.jsTimeout, "js-timeout", 2*time.Minute, "give up on a JetStream variant that has not acked every message by then")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results to this file as JSON")
 	fs.StringVar(&c.svgPath, "svg", "", "draw the throughput chart to this file")
