@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup"
+)
+
+// retention is the TTL of every record and naive key the run writes: long enough for
+// the run, short enough that a run killed before its clean-up leaves nothing for long.
+const retention = 10 * time.Minute
+
+// bench is one run: its servers, clients, names and results.
+type bench struct {
+	cfg     config
+	srv     servers
+	out     io.Writer
+	id      string // random; names the run's key prefix and stream
+	prefix  string // every Redis key the run writes starts with prefix + ":"
+	started time.Time
+
+	// storeRDB carries the library's commands; plainRDB the naive, direct and ceiling
+	// ones, and the clean-up. Both have go-redis's default options.
+	storeRDB, plainRDB *redis.Client
+	dd                 *dedup.Deduper // the Redis-backed Deduper of scenarios b, c, d
+
+	local localState // scenario a
+	store storeState // scenario b
+	zipf  zipfState  // scenario c
+	js    jsState    // scenario d
+
+	res     *results
+	notes   []string // what was skipped or noticed, and why
+	closers []func() error
+}
+
+// scenario is one of a, b, c, d: setup runs once before the first round, round once
+// per round.
+type scenario struct {
+	letter, title string
+	setup         func(ctx context.Context) error
+	round         func(ctx context.Context, r int) error
+}
+
+// runBench runs the selected scenarios on srv for cfg.rounds rounds, prints the
+// tables, writes -json and -svg, and deletes every key and stream it made, also when
+// it fails.
+func runBench(ctx context.Context, cfg config, srv servers, out io.Writer) (err error) {
+	b := &bench{cfg: cfg, srv: srv, out: out, id: runID(), started: time.Now()}
+	b.prefix = "dkbench-" + b.id
+	b.res = newResults(cfg.rounds)
+	defer func() { err = errors.Join(err, b.close()) }()
+
+	b.printHeader()
+	if err := b.connect(ctx); err != nil {
+		return err
+	}
+	setBenchtime(cfg.duration)
+
+	var scs []scenario
+	for _, l := range scenarioLetters {
+		if cfg.only[l] {
+			scs = append(scs, b.scenario(l))
+		}
+	}
+	for _, sc := range scs {
+		if err := sc.setup(ctx); err != nil {
+			return fmt.Errorf("scenario %s setup: %w", sc.letter, err)
+		}
+	}
+	for r := range cfg.rounds {
+		fmt.Fprintf(out, "round %d/%d:", r+1, cfg.rounds)
+		t0 := time.Now()
+		for _, sc := range scs {
+			fmt.Fprintf(out, " %s", sc.letter)
+			if err := sc.round(ctx, r); err != nil {
+				fmt.Fprintln(out)
+				return fmt.Errorf("round %d, scenario %s (%s): %w", r+1, sc.letter, sc.title, err)
+			}
+		}
+		fmt.Fprintf(out, " (%.1fs)\n", time.Since(t0).Seconds())
+	}
+	return b.report()
+}
+
+func (b *bench) scenario(letter string) scenario {
+	switch letter {
+	case "a":
+		return scenario{letter, "local tier", b.setupLocal, b.roundLocal}
+	case "b":
+		return scenario{letter, "unique keys", b.setupStore, b.roundStore}
+	case "c":
+		return scenario{letter, "Zipf mix", b.setupZipf, b.roundZipf}
+	default:
+		return scenario{letter, "JetStream", b.setupJetStream, b.roundJetStream}
+	}
+}
+
+// setBenchtime makes testing.Benchmark (scenario a) run for d instead of its 1s.
+func setBenchtime(d time.Duration) {
+	testing.Init() // registers -test.benchtime on flag.CommandLine; a no-op under go test
+	if err := flag.Set("test.benchtime", d.String()); err != nil {
+		panic(err) // the flag exists once Init has run
+	}
+}
+
+func (b *bench) printHeader() {
+	fmt.Fprintf(b.out, "dedupkit bench, run %s: %s, GOMAXPROCS %d, %d rounds, %v per measurement\n",
+		b.id, runtime.Version(), runtime.GOMAXPROCS(0), b.cfg.rounds, b.cfg.duration)
+	if w := b.embeddedWarning(); w != "" {
+		fmt.Fprintln(b.out, w)
+	}
+}
+
+// embeddedWarning is the line that says the figures are not throughput figures, or
+// "" when every server is a real one.
+func (b *bench) embeddedWarning() string {
+	var emb []string
+	if b.srv.redisEmbedded {
+		emb = append(emb, "miniredis")
+	}
+	if b.srv.natsEmbedded {
+		emb = append(emb, "an in-process NATS server")
+	}
+	if len(emb) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("!!! EMBEDDED SERVERS (%s): THESE FIGURES MEAN NOTHING FOR THROUGHPUT. Use -redis ADDR and -nats URL for real servers. !!!",
+		strings.Join(emb, ", "))
+}
+
+// connect makes the Redis clients and the Deduper, and checks the server answers.
+func (b *bench) connect(ctx context.Context) error {
+	b.storeRDB = redis.NewClient(&redis.Options{Addr: b.srv.redisAddr})
+	b.plainRDB = redis.NewClient(&redis.Options{Addr: b.srv.redisAddr})
+	b.closers = append(b.closers, b.storeRDB.Close, b.plainRDB.Close, b.deleteKeys)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := b.plainRDB.Ping(pctx).Err(); err != nil {
+		return fmt.Errorf("redis at %s: %w", b.srv.redisAddr, err)
+	}
+	store, err := dedup.NewRedisStore(b.storeRDB)
+	if err != nil {
+		return err
+	}
+	if b.dd, err = dedup.New(store, dedup.WithPrefix(b.prefix)); err != nil {
+		return err
+	}
+	b.closers = append(b.closers, b.dd.Close)
+	return nil
+}
+
+// close undoes what the run did, last thing first: it stops consumers, deletes the
+// stream, closes the Dedupers, deletes the run's keys and closes the clients.
+func (b *bench) close() error {
+	var errs []error
+	for _, f := range slices.Backward(b.closers) {
+		errs = append(errs, f())
+	}
+	return errors.Join(errs...)
+}
+
+// deleteKeys deletes every key under the run's prefix with SCAN and UNLINK: the
+// server may be shared, so never FLUSHDB. It has its own deadline, as it also runs
+// after an interrupt.
+func (b *bench) deleteKeys() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	iter := b.plainRDB.Scan(ctx, 0, b.prefix+":*", 1000).Iterator()
+	var batch []string
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := b.plainRDB.Unlink(ctx, batch...).Err()
+		batch = batch[:0]
+		return err
+	}
+	var err error
+	for err == nil && iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 1000 {
+			err = flush()
+		}
+	}
+	if err = errors.Join(err, iter.Err(), flush()); err != nil {
+		return fmt.Errorf("delete keys under %s: %w", b.prefix, err)
+	}
+	return nil
+}
+
+// note records something skipped or noticed, for the report and the JSON.
+func (b *bench) note(format string, args ...any) {
+	b.notes = append(b.notes, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"fmt"
+	"math"
+)
+
+// Metric names: the keys of a metrics map and of the JSON.
+const (
+	mOps      = "ops_per_sec"     // operations (messages) per second
+	mP50      = "p50_ns"          // median latency of one operation
+	mP99      = "p99_ns"          // 99th percentile latency
+	mNsOp     = "ns_per_op"       // testing.Benchmark's time per operation (all goroutines)
+	mAllocs   = "allocs_per_op"   // heap allocations per operation
+	mLocalHit = "local_hit_ratio" // share of checks answered by the local tier
+	mDupRatio = "dup_ratio"       // share of checks answered "duplicate", by any tier
+)
+
+// metrics is one measurement: metric name → value.
+type metrics map[string]float64
+
+// series is one variant of one scenario measured once per round.
+type series struct {
+	Scenario    string `json:"scenario"`
+	Variant     string `json:"variant"`
+	Concurrency int    `json:"concurrency,omitempty"`
+	// Rounds holds one measurement per round; null where the variant did not run.
+	Rounds []metrics `json:"rounds"`
+	// Median holds each metric's median over the rounds that measured it.
+	Median metrics `json:"median"`
+}
+
+// seriesID names a series: scenario/variant, and /c<n> for a concurrency.
+func seriesID(scenario, variant string, conc int) string {
+	if conc == 0 {
+		return scenario + "/" + variant
+	}
+	return fmt.Sprintf("%s/%s/c%d", scenario, variant, conc)
+}
+
+// results collects the measurements of a run.
+type results struct {
+	rounds int
+	order  []string // series ids, first measured first
+	byID   map[string]*series
+}
+
+func newResults(rounds int) *results {
+	return &results{rounds: rounds, byID: map[string]*series{}}
+}
+
+// add records the measurement of round r.
+func (rs *results) add(scenario, variant string, conc, r int, m metrics) {
+	id := seriesID(scenario, variant, conc)
+	s := rs.byID[id]
+	if s == nil {
+		s = &series{Scenario: scenario, Variant: variant, Concurrency: conc, Rounds: make([]metrics, rs.rounds)}
+		rs.byID[id] = s
+		rs.order = append(rs.order, id)
+	}
+	s.Rounds[r] = m
+}
+
+// get returns metric of series id in round r, or NaN when it was not measured.
+func (rs *results) get(id, metric string, r int) float64 {
+	s := rs.byID[id]
+	if s == nil || s.Rounds[r] == nil {
+		return math.NaN()
+	}
+	v, ok := s.Rounds[r][metric]
+	if !ok {
+		return math.NaN()
+	}
+	return v
+}
+
+// has reports whether series id measured metric in any round.
+func (rs *results) has(id, metric string) bool {
+	for r := range rs.rounds {
+		if !math.IsNaN(rs.get(id, metric, r)) {
+			return true
+		}
+	}
+	return false
+}
+
+// finish computes every series' medians.
+func (rs *results) finish() {
+	for _, id := range rs.order {
+		s := rs.byID[id]
+		vals := map[string][]float64{}
+		for _, m := range s.Rounds {
+			for k, v := range m {
+				vals[k] = append(vals[k], v)
+			}
+		}
+		s.Median = metrics{}
+		for k, vs := range vals {
+			s.Median[k] = median(vs)
+		}
+	}
+}
+
+// ratioDef is a figure of merit: num's metric over den's, taken within each round.
+// num and den list alternatives: the first series that measured the metric in any
+// round is used (the ceiling is redis-benchmark when it ran, else go-redis pipelines).
+type ratioDef struct {
+	name     string
+	num, den []string
+	metric   string
+	target   float64 // 0: none
+	atMost   bool    // the target is a maximum, else a minimum
+	required bool    // issue 4 §5 requires it in the JSON
+}
+
+// ratioDefs are the ratios of a run, required ones first.
+var ratioDefs = []ratioDef{
+	{name: "local_hit_vs_syncmap", num: []string{"local/lru-contains"}, den: []string{"local/syncmap-load"}, metric: mNsOp, target: 1.5, atMost: true, required: true},
+	{name: "store_filter_c64_vs_ceiling", num: []string{"store/dedup-filter/c64"}, den: ceilings, metric: mOps, target: 0.75, required: true},
+	{name: "store_do_c64_vs_ceiling", num: []string{"store/dedup-do/c64"}, den: ceilings, metric: mOps, target: 0.40, required: true},
+	{name: "store_filter_c64_vs_naive", num: []string{"store/dedup-filter/c64"}, den: []string{"store/naive-setnx/c64"}, metric: mOps, target: 4, required: true},
+	{name: "jetstream_filter_vs_raw", num: []string{"jetstream/dedup-filter"}, den: []string{"jetstream/raw-ack"}, metric: mOps, target: 0.90, required: true},
+	{name: "jetstream_do_vs_raw", num: []string{"jetstream/dedup-do"}, den: []string{"jetstream/raw-ack"}, metric: mOps, target: 0.80, required: true},
+	{name: "c1_p50_vs_direct", num: []string{"latency/dedup-mark/c1"}, den: []string{"latency/direct-set-nx-get/c1"}, metric: mP50, target: 1.10, atMost: true, required: true},
+	{name: "mark_local_hit_vs_syncmap", num: []string{"local/mark-local-hit"}, den: []string{"local/syncmap-load"}, metric: mNsOp, atMost: true},
+	{name: "store_do_c64_vs_naive", num: []string{"store/dedup-do/c64"}, den: []string{"store/naive-setnx/c64"}, metric: mOps},
+	{name: "store_filter_c64_vs_go_pipeline", num: []string{"store/dedup-filter/c64"}, den: []string{ceilingGo}, metric: mOps},
+	{name: "zipf_filter_vs_naive", num: []string{"zipf/dedup-filter/c64"}, den: []string{"zipf/naive-setnx/c64"}, metric: mOps},
+	{name: "jetstream_naive_vs_raw", num: []string{"jetstream/naive-setnx"}, den: []string{"jetstream/raw-ack"}, metric: mOps},
+}
+
+// The two ceilings, the preferred first.
+const (
+	ceilingRedisBenchmark = "ceiling/redis-benchmark-P64"
+	ceilingGo             = "ceiling/go-redis-pipeline-P64"
+)
+
+var ceilings = []string{ceilingRedisBenchmark, ceilingGo}
+
+// ratio is a computed ratioDef.
+type ratioResult struct {
+	Num    string `json:"num"`
+	Den    string `json:"den"`
+	Metric string `json:"metric"`
+	// Rounds is num/den within each round; null where either was not measured.
+	Rounds []*float64 `json:"rounds"`
+	Median float64    `json:"median"`
+	Target string     `json:"target,omitempty"` // e.g. ">= 0.75"
+	Met    *bool      `json:"met,omitempty"`
+}
+
+// compute returns def's ratio, or false when no round measured both sides.
+func (rs *results) compute(def ratioDef) (ratioResult, bool) {
+	pick := func(ids []string) string {
+		for _, id := range ids {
+			if rs.has(id, def.metric) {
+				return id
+			}
+		}
+		return ""
+	}
+	num, den := pick(def.num), pick(def.den)
+	if num == "" || den == "" {
+		return ratioResult{}, false
+	}
+	out := ratioResult{Num: num, Den: den, Metric: def.metric, Rounds: make([]*float64, rs.rounds)}
+	var vals []float64
+	for r := range rs.rounds {
+		v := ratio(rs.get(num, def.metric, r), rs.get(den, def.metric, r))
+		if !math.IsNaN(v) {
+			out.Rounds[r] = &v
+			vals = append(vals, v)
+		}
+	}
+	if len(vals) == 0 {
+		return ratioResult{}, false
+	}
+	out.Median = median(vals)
+	if def.target > 0 {
+		met := out.Median >= def.target
+		out.Target = fmt.Sprintf(">= %g", def.target)
+		if def.atMost {
+			met = out.Median <= def.target
+			out.Target = fmt.Sprintf("<= %g", def.target)
+		}
+		out.Met = &met
+	}
+	return out, true
+}

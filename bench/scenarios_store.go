@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup"
+)
+
+// Scenario b: unique keys through Redis.
+//
+// At each concurrency c, c goroutines check a new key per call, in a loop, for the
+// measurement's duration: dedup in filter mode (Handler.Mark), dedup in Do mode
+// (Handler.Do with an empty fn), and the naive way, one go-redis SetNX per key.
+// Once per round, the ceiling: redis-benchmark -P 64 (50 connections, 64 commands in
+// flight on each) sending SET NX PX, and the same shape from go-redis pipelines.
+// Then the latency of one Mark against the SET NX PX GET it sends, issued directly,
+// alternating one of each at concurrency 1.
+
+// Pipeline depth and connections of both ceilings: redis-benchmark's -P 64 and its
+// default of 50 clients.
+const (
+	ceilingDepth   = 64
+	ceilingClients = 50
+)
+
+// Store variants of scenario b.
+const (
+	varFilter = "dedup-filter"
+	varDo     = "dedup-do"
+	varNaive  = "naive-setnx"
+)
+
+// noop is the handler fn of Do: the bench measures what dedup costs, not work.
+func noop(context.Context) error { return nil }
+
+// storeState is what scenario b keeps across rounds.
+type storeState struct {
+	filter, do *dedup.Handler
+	redisBench string // redis-benchmark's path; empty when the ceiling is skipped
+}
+
+func (b *bench) setupStore(ctx context.Context) error {
+	var err error
+	st := &b.store
+	if st.filter, err = b.dd.Register("filter", dedup.WithMode(dedup.ModeFilter), dedup.WithRetention(retention)); err != nil {
+		return err
+	}
+	if st.do, err = b.dd.Register("do", dedup.WithMode(dedup.ModeDo), dedup.WithRetention(retention)); err != nil {
+		return err
+	}
+	switch path, lerr := exec.LookPath("redis-benchmark"); {
+	case b.srv.redisEmbedded:
+		b.note("ceiling: redis-benchmark skipped: the server is miniredis; ratios to the ceiling use go-redis pipelines of %d instead", ceilingDepth)
+	case lerr != nil:
+		b.note("ceiling: redis-benchmark skipped: not on PATH; ratios to the ceiling use go-redis pipelines of %d instead", ceilingDepth)
+	default:
+		st.redisBench = path
+	}
+	// Warm up: connections in both pools, the Do scripts loaded on the server.
+	warm := min(b.cfg.duration/5, 200*time.Millisecond)
+	top := slices.Max(b.cfg.concurrency)
+	for _, v := range []string{varFilter, varDo, varNaive} {
+		if _, err := load(ctx, top, warm, b.storeOp(v, keyMaker{head: "warm-" + v + "-"})); err != nil {
+			return fmt.Errorf("warm-up %s: %w", v, err)
+		}
+	}
+	return nil
+}
+
+// storeOp returns variant's operation on the new keys of km.
+func (b *bench) storeOp(variant string, km keyMaker) op {
+	switch variant {
+	case varFilter:
+		return func(ctx context.Context, w, i int) error {
+			res, err := b.store.filter.Mark(ctx, km.key(w, i))
+			if err == nil && res.Outcome != dedup.First {
+				err = fmt.Errorf("mark of a new key answered %v", res.Outcome)
+			}
+			return err
+		}
+	case varDo:
+		return func(ctx context.Context, w, i int) error {
+			res, err := b.store.do.Do(ctx, km.key(w, i), noop)
+			if err == nil && res.Outcome != dedup.Processed {
+				err = fmt.Errorf("do of a new key answered %v", res.Outcome)
+			}
+			return err
+		}
+	default:
+		head := b.prefix + ":naive:"
+		return func(ctx context.Context, w, i int) error {
+			ok, err := b.plainRDB.SetNX(ctx, head+km.key(w, i), 1, retention).Result()
+			if err == nil && !ok {
+				err = errors.New("SETNX of a new key found it set")
+			}
+			return err
+		}
+	}
+}
+
+func (b *bench) roundStore(ctx context.Context, r int) error {
+	if b.store.redisBench != "" {
+		rps, err := b.redisBenchmark(ctx, r)
+		if err != nil {
+			return fmt.Errorf("redis-benchmark: %w", err)
+		}
+		b.res.add("ceiling", "redis-benchmark-P64", 0, r, metrics{mOps: rps})
+	}
+	m, err := b.goPipelineCeiling(ctx, r)
+	if err != nil {
+		return fmt.Errorf("go-redis pipeline ceiling: %w", err)
+	}
+	b.res.add("ceiling", "go-redis-pipeline-P64", 0, r, m)
+	if err := b.pairedLatency(ctx, r); err != nil {
+		return fmt.Errorf("latency at concurrency 1: %w", err)
+	}
+	variants := []string{varFilter, varDo, varNaive}
+	for _, c := range b.cfg.concurrency {
+		// Each round starts with another variant, so none always runs first.
+		for j := range variants {
+			v := variants[(j+r)%len(variants)]
+			km := keyMaker{head: fmt.Sprintf("r%d-c%d-%s-", r, c, v)}
+			m, err := load(ctx, c, b.cfg.duration, b.storeOp(v, km))
+			if err != nil {
+				return fmt.Errorf("%s at concurrency %d: %w", v, c, err)
+			}
+			b.res.add("store", v, c, r, m)
+		}
+	}
+	return nil
+}
+
+// redisBenchmark runs redis-benchmark against the server (SET NX PX on random keys
+// under the run's prefix) and returns its requests per second.
+func (b *bench) redisBenchmark(ctx context.Context, r int) (float64, error) {
+	host, port, err := net.SplitHostPort(b.srv.redisAddr)
+	if err != nil {
+		return 0, err
+	}
+	key := fmt.Sprintf("%s:ceil%d:__rand_int__", b.prefix, r)
+	cmd := exec.CommandContext(ctx, b.store.redisBench, "-h", host, "-p", port,
+		"-P", strconv.Itoa(ceilingDepth), "-c", strconv.Itoa(ceilingClients),
+		"-n", strconv.Itoa(b.cfg.ceilingRequests), "-r", "100000000", "-q", "--csv",
+		"SET", key, "v", "NX", "PX", "60000")
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
+		}
+		return 0, err
+	}
+	return parseBenchmarkCSV(out)
+}
+
+// parseBenchmarkCSV reads the rps of the SET test from redis-benchmark --csv output.
+func parseBenchmarkCSV(out []byte) (float64, error) {
+	rd := csv.NewReader(bytes.NewReader(out))
+	rd.FieldsPerRecord = -1
+	recs, err := rd.ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("parse redis-benchmark output: %w", err)
+	}
+	if len(recs) < 2 {
+		return 0, fmt.Errorf("redis-benchmark output has no result: %q", out)
+	}
+	col := slices.Index(recs[0], "rps")
+	if col < 0 {
+		return 0, fmt.Errorf("redis-benchmark output has no rps column: %q", recs[0])
+	}
+	for _, rec := range recs[1:] {
+		if len(rec) > col && strings.HasPrefix(rec[0], "SET") {
+			rps, err := strconv.ParseFloat(rec[col], 64)
+			if err != nil || !positive(rps) {
+				return 0, fmt.Errorf("redis-benchmark rps %q is not a positive number", rec[col])
+			}
+			return rps, nil
+		}
+	}
+	return 0, fmt.Errorf("redis-benchmark output has no SET row: %q", out)
+}
+
+// goPipelineCeiling is redis-benchmark's shape in go-redis: ceilingClients goroutines
+// each sending pipelines of ceilingDepth SET NX PX on new keys.
+func (b *bench) goPipelineCeiling(ctx context.Context, r int) (metrics, error) {
+	km := keyMaker{head: fmt.Sprintf("%s:pipe%d-", b.prefix, r)}
+	args := redis.SetArgs{Mode: "NX", TTL: time.Minute}
+	m, err := load(ctx, ceilingClients, b.cfg.duration, func(ctx context.Context, w, i int) error {
+		pipe := b.plainRDB.Pipeline()
+		for j := range ceilingDepth {
+			pipe.SetArgs(ctx, km.key(w, i*ceilingDepth+j), "v", args)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return metrics{mOps: m[mOps] * ceilingDepth}, nil
+}
+
+// pairedLatency times Mark on a new key and, alternately before and after it, the
+// command Mark sends (SET key value NX PX retention GET) sent directly with go-redis,
+// one at a time for the measurement's duration. Keys are built before the clock
+// starts for both; what Mark does to build its record key is part of its cost.
+func (b *bench) pairedLatency(ctx context.Context, r int) error {
+	km := keyMaker{head: fmt.Sprintf("lat%d-", r)}
+	directHead := b.prefix + ":direct:"
+	value := strings.Repeat("v", 32) // about a record's length
+	args := redis.SetArgs{Mode: "NX", TTL: retention, Get: true}
+	var ours, direct latencies
+	mark := func(k string) error {
+		t0 := time.Now()
+		res, err := b.store.filter.Mark(ctx, k)
+		ours = append(ours, time.Since(t0))
+		if err == nil && res.Outcome != dedup.First {
+			err = fmt.Errorf("mark of a new key answered %v", res.Outcome)
+		}
+		return err
+	}
+	set := func(k string) error {
+		t0 := time.Now()
+		err := b.plainRDB.SetArgs(ctx, k, value, args).Err()
+		direct = append(direct, time.Since(t0))
+		if err == nil {
+			err = errors.New("SET NX GET of a new key found a value")
+		} else if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+		return err
+	}
+	deadline := time.Now().Add(b.cfg.duration)
+	for i := 0; time.Now().Before(deadline); i++ {
+		k := km.key(0, i)
+		dk := directHead + k
+		first, second := func() error { return mark(k) }, func() error { return set(dk) }
+		if i%2 == 1 {
+			first, second = second, first
+		}
+		if err := errors.Join(first(), second()); err != nil {
+			return err
+		}
+	}
+	for _, p := range []struct {
+		variant string
+		l       latencies
+	}{{varMark, ours}, {varDirect, direct}} {
+		s := merge([]latencies{p.l})
+		b.res.add("latency", p.variant, 1, r, metrics{mP50: float64(percentile(s, 50)), mP99: float64(percentile(s, 99))})
+	}
+	return nil
+}
+
+// Variants of the latency pair.
+const (
+	varMark   = "dedup-mark"
+	varDirect = "direct-set-nx-get"
+)

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"math"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{
+		{[]float64{3}, 3},
+		{[]float64{5, 1, 3}, 3},
+		{[]float64{4, 1, 3, 2}, 2.5},
+		{[]float64{10, 10, 1, 1000, 10}, 10},
+	} {
+		in := slices.Clone(c.in)
+		if got := median(in); got != c.want {
+			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
+		}
+		if !slices.Equal(in, c.in) {
+			t.Errorf("median reordered its input: %v", in)
+		}
+	}
+	if got := median(nil); !math.IsNaN(got) {
+		t.Errorf("median(nil) = %v, want NaN", got)
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var s []time.Duration
+	for i := 1; i <= 100; i++ {
+		s = append(s, time.Duration(i))
+	}
+	for _, c := range []struct {
+		p    float64
+		want time.Duration
+	}{{50, 50}, {99, 99}, {100, 100}, {1, 1}, {0.5, 1}, {99.5, 100}} {
+		if got := percentile(s, c.p); got != c.want {
+			t.Errorf("percentile(1..100, %v) = %v, want %v", c.p, got, c.want)
+		}
+	}
+	if got := percentile([]time.Duration{7}, 99); got != 7 {
+		t.Errorf("percentile of one sample = %v, want 7", got)
+	}
+	if got := percentile(nil, 50); got != 0 {
+		t.Errorf("percentile of none = %v, want 0", got)
+	}
+	// merge sorts across workers.
+	all := merge([]latencies{{5, 1}, nil, {3, 2, 4}})
+	if !slices.Equal(all, []time.Duration{1, 2, 3, 4, 5}) {
+		t.Errorf("merge = %v", all)
+	}
+	if got := percentile(all, 50); got != 3 {
+		t.Errorf("p50 of merged = %v, want 3", got)
+	}
+}
+
+func TestRatio(t *testing.T) {
+	if got := ratio(3, 2); got != 1.5 {
+		t.Errorf("ratio(3, 2) = %v", got)
+	}
+	for _, c := range [][2]float64{{0, 1}, {1, 0}, {-1, 1}, {math.NaN(), 1}, {1, math.Inf(1)}} {
+		if got := ratio(c[0], c[1]); !math.IsNaN(got) {
+			t.Errorf("ratio(%v, %v) = %v, want NaN", c[0], c[1], got)
+		}
+	}
+}
+
+// TestComputeSameRound checks that a ratio pairs values of the same round, takes the
+// median of those, skips rounds where a side is missing, and falls back to the
+// second denominator only when the first was never measured.
+func TestComputeSameRound(t *testing.T) {
+	rs := newResults(4)
+	// num doubles each round; den follows it, so each same-round ratio is 2 while
+	// the ratio of the medians would not be.
+	for r, v := range []float64{10, 20, 40, 80} {
+		rs.add("s", "num", 0, r, metrics{mOps: 2 * v})
+		if r != 1 {
+			rs.add("s", "den", 0, r, metrics{mOps: v})
+		}
+		rs.add("s", "alt", 0, r, metrics{mOps: 1})
+	}
+	rs.add("s", "other", 0, 0, metrics{mP50: 5})
+	def := ratioDef{name: "x", num: []string{"s/num"}, den: []string{"s/missing", "s/other", "s/den", "s/alt"}, metric: mOps, target: 1.5}
+	rr, ok := rs.compute(def)
+	if !ok {
+		t.Fatal("not computed")
+	}
+	if rr.Den != "s/den" {
+		t.Errorf("den %q, want s/den (s/other has no ops, s/missing nothing)", rr.Den)
+	}
+	if rr.Median != 2 {
+		t.Errorf("median %v, want 2", rr.Median)
+	}
+	if rr.Rounds[1] != nil || rr.Rounds[0] == nil || *rr.Rounds[3] != 2 {
+		t.Errorf("rounds %v: want round 2 (index 1) empty, the others 2", rr.Rounds)
+	}
+	if rr.Met == nil || !*rr.Met || rr.Target != ">= 1.5" {
+		t.Errorf("target %q met %v, want >= 1.5 met", rr.Target, rr.Met)
+	}
+	def.atMost = true
+	if rr, _ := rs.compute(def); rr.Met == nil || *rr.Met || rr.Target != "<= 1.5" {
+		t.Errorf("at most: target %q met %v, want <= 1.5 not met", rr.Target, rr.Met)
+	}
+	if _, ok := rs.compute(ratioDef{num: []string{"s/num"}, den: []string{"s/missing"}, metric: mOps}); ok {
+		t.Error("computed a ratio with no denominator")
+	}
+	rs.finish()
+	if got := rs.byID["s/den"].Median[mOps]; got != 40 {
+		t.Errorf("median of 10, 40, 80 = %v, want 40", got)
+	}
+}
+
+func TestParseBenchmarkCSV(t *testing.T) {
+	out := []byte(`"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+"SET dkbench-x:__rand_int__ v NX PX 60000","870956.50","3.370","1.760","3.287","5.191","5.295","5.351"
+`)
+	rps, err := parseBenchmarkCSV(out)
+	if err != nil || rps != 870956.5 {
+		t.Errorf("parse = %v, %v; want 870956.5", rps, err)
+	}
+	for _, bad := range []string{
+		"",
+		`"test","rps"` + "\n",
+		`"test","x"` + "\n" + `"SET k v","1"` + "\n",
+		`"test","rps"` + "\n" + `"GET k","1"` + "\n",
+		`"test","rps"` + "\n" + `"SET k v","zero"` + "\n",
+		`"test","rps"` + "\n" + `"SET k v","0"` + "\n",
+	} {
+		if v, err := parseBenchmarkCSV([]byte(bad)); err == nil {
+			t.Errorf("parse %q = %v, want an error", bad, v)
+		}
+	}
+}
