@@ -199,10 +199,7 @@ func testStalledEngine(t *testing.T, addr string, seed uint64) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Warm up: scripts loaded, connections open, before any fault.
-		if _, err := store.Claim(ctx, prefix+":warm:"+fmt.Sprint(w), "warm", "", time.Second); err != nil {
-			t.Fatal(err)
-		}
+		stallWarm(ctx, t, store, fmt.Sprintf("%s:warm:%d", prefix, w))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -225,6 +222,27 @@ func testStalledEngine(t *testing.T, addr string, seed uint64) {
 		tally.hits, strings.Join(outcomes, ", "), tally.redelivered)
 	for _, b := range tally.bad {
 		t.Error(b)
+	}
+}
+
+// stallWarm runs every store operation once through store, before any fault: the
+// server has every script loaded (a NOSCRIPT reply would be faulted in place of the
+// command's own) and the client has its connections open.
+func stallWarm(ctx context.Context, t *testing.T, store Store, key string) {
+	t.Helper()
+	steps := []func() error{
+		func() error { _, err := store.Claim(ctx, key, "warm", "", time.Minute); return err },
+		func() error { _, err := store.Claim(ctx, key, "warm", "", time.Minute); return err }, // found: own claim
+		func() error { return store.Extend(ctx, key, "warm", time.Minute) },
+		func() error { return store.Complete(ctx, key, "warm", time.Minute) },
+		func() error { _, err := store.Claim(ctx, key, "other", "", time.Minute); return err }, // found: DONE
+		func() error { return store.Release(ctx, key, "warm") },
+		func() error { _, err := store.Mark(ctx, key+":m", "warm", "", time.Minute); return err },
+	}
+	for i, f := range steps {
+		if err := f(); err != nil {
+			t.Fatalf("warm-up step %d: %v", i, err)
+		}
 	}
 }
 
