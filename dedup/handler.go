@@ -459,7 +459,10 @@ func (h *Handler) marked(k, lk string, ans Answer) Result {
 		// not for the local tier (the owner may fail and release it)
 		return Result{Outcome: Duplicate, Tier: TierStore}
 	}
-	h.remember(lk)
+	// DONE by another owner, earlier: cached for no longer than the record has left,
+	// and not at all when the store does not say (Mark's TTL is 0). A local entry that
+	// outlived the record would answer Duplicate once the key is claimed again.
+	h.rememberFor(lk, ans.TTL)
 	return Result{Outcome: Duplicate, Tier: TierStore}
 }
 

@@ -159,6 +159,18 @@ func FuzzStrategies(f *testing.F) {
 		if got, want := Payload().Key(m), sha256Hex(string(body)); len(body) > 0 && got != want {
 			t.Fatalf("Payload = %q, want %q", got, want)
 		}
+		if got := CorrelationID().Key(m); got != h {
+			t.Fatalf("CorrelationID = %q, want %q", got, h)
+		}
+		if got, want := FirstOf(Header("Missing"), Header("Nats-Msg-Id"), Payload()).Key(m), h; h != "" && got != want {
+			t.Fatalf("FirstOf = %q, want the first non-empty key %q", got, want)
+		}
+		if got := Custom(func(Message) string { return h }).Key(m); got != h {
+			t.Fatalf("Custom = %q, want its func's %q", got, h)
+		}
+		if got, want := Composite(Header("Nats-Msg-Id")).Key(m), strconv.Itoa(len(h))+":"+h; h != "" && got != want {
+			t.Fatalf("Composite = %q, want %q", got, want)
+		}
 		if !bytes.Equal(body, orig) {
 			t.Fatalf("a strategy modified Data(): %q, want %q", body, orig)
 		}

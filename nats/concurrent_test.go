@@ -1,0 +1,201 @@
+package nats
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup"
+)
+
+// TestConcurrentDuplicates sends each message to three durable consumers of one
+// stream, each with its own adapter for the same dedup handler, and holds the first
+// delivery of every message at a barrier until all three have it: then all three
+// handle it at the same moment. fn must run once per message, and every delivery must
+// end acknowledged (at once as Processed or Duplicate, or after an InProgress
+// NakWithDelay, on a redelivery that finds it Duplicate): the server ends with nothing
+// pending or unacknowledged on any consumer. No delivery may be answered Duplicate
+// before fn has succeeded. The handler instances are three Dedupers
+// sharing one Redis (the race is on the server), or one Deduper shared by the three
+// adapters (the race is in its in-flight table).
+func TestConcurrentDuplicates(t *testing.T) {
+	for _, rname := range []string{"miniredis", "redis-server"} {
+		for _, shared := range []bool{false, true} {
+			name := rname + "/three-dedupers"
+			if shared {
+				name = rname + "/one-deduper"
+			}
+			t.Run(name, func(t *testing.T) {
+				eachServer(t, func(t *testing.T, e *env) {
+					client, prefix := redisClients()[rname](t)
+					testConcurrentDuplicates(t, e, client, prefix, shared)
+				})
+			})
+		}
+	}
+}
+
+const (
+	concurrentMsgs      = 50
+	concurrentConsumers = 3
+	// A short lease: a delivery that finds the message in progress is redelivered
+	// after what is left of it.
+	concurrentLease = 300 * time.Millisecond
+)
+
+// barrier holds the callers for one id until n of them have arrived.
+type barrier struct {
+	n     int
+	mu    sync.Mutex
+	gates map[string]chan struct{}
+	count map[string]int
+}
+
+func newBarrier(n int) *barrier {
+	return &barrier{n: n, gates: map[string]chan struct{}{}, count: map[string]int{}}
+}
+
+// wait returns true once n callers have arrived for id, false if they have not within
+// timeout (a safeguard: the test then fails, the race was not run).
+func (b *barrier) wait(id string, timeout time.Duration) bool {
+	b.mu.Lock()
+	g, ok := b.gates[id]
+	if !ok {
+		g = make(chan struct{})
+		b.gates[id] = g
+	}
+	b.count[id]++
+	if b.count[id] == b.n {
+		close(g)
+	}
+	b.mu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-g:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix string, shared bool) {
+	e.newStream()
+	store, err := dedup.NewRedisStore(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d *dedup.Deduper
+	var h *dedup.Handler
+	bar := newBarrier(concurrentConsumers)
+	var r runs
+	var missed, early atomic.Int64
+	var done sync.Map // ids whose fn has returned nil
+	fn := func(ctx context.Context, m *Msg) error {
+		r.add(m)
+		time.Sleep(5 * time.Millisecond) // the others find it in progress, or done
+		done.Store(m.Header(jetstream.MsgIDHeader), true)
+		return nil
+	}
+	type member struct {
+		c jetstream.Consumer
+		h *dedup.Handler
+		j *JetStream
+	}
+	members := make([]member, concurrentConsumers)
+	for i := range members {
+		if d == nil || !shared {
+			d = newDeduper(t, store, dedup.WithPrefix(prefix))
+			h = register(t, d, "charge", dedup.WithLease(concurrentLease))
+		}
+		// AckWait well above the run, so every redelivery is one the adapter asked for;
+		// a small pull batch, so messages do not wait long in the client.
+		c := e.consumer(fmt.Sprintf("c%d", i), func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+		j := newJS(t, h, c)
+		cc, err := c.Consume(func(msg jetstream.Msg) {
+			id := msg.Headers().Get(jetstream.MsgIDHeader)
+			if md, err := msg.Metadata(); err == nil && md.NumDelivered == 1 {
+				if !bar.wait(id, 5*time.Second) {
+					missed.Add(1)
+				}
+			}
+			if res, _ := j.Handle(context.Background(), msg, fn); res.Outcome == dedup.Duplicate {
+				if _, ok := done.Load(id); !ok {
+					early.Add(1) // acknowledged as done while it was still in progress
+				}
+			}
+		}, jetstream.PullMaxMessages(4), jetstream.PullExpiry(2*time.Second),
+			jetstream.ConsumeErrHandler(func(jetstream.ConsumeContext, error) {}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { stopConsume(t, cc) })
+		members[i] = member{c, h, j}
+	}
+
+	id := func(i int) string { return fmt.Sprintf("cc-%03d", i) }
+	var last *jetstream.PubAck
+	for i := range concurrentMsgs {
+		last = e.publish("new", id(i), "payload "+id(i))
+	}
+	for _, m := range members {
+		e.settled(m.c, last.Sequence)
+	}
+
+	if n := missed.Load(); n != 0 {
+		t.Errorf("%d first deliveries were not met by the other consumers within 5s: the race was not run for them", n)
+	}
+	if n := early.Load(); n != 0 {
+		t.Errorf("%d deliveries were answered Duplicate before fn had succeeded", n)
+	}
+	if got := r.n.Load(); got != concurrentMsgs {
+		t.Errorf("fn ran %d times for %d messages", got, concurrentMsgs)
+	}
+	for i := range concurrentMsgs {
+		if n := r.of(id(i)); n != 1 {
+			t.Errorf("fn ran %d times for %s", n, id(i))
+		}
+	}
+	var summary []string
+	outcomes := map[dedup.Outcome]uint64{}
+	seen := map[*dedup.Handler]bool{}
+	for i, m := range members {
+		s := m.j.Stats()
+		acks := s.Count(ActAck)
+		if acks != concurrentMsgs || s.Count(ActTerm) != 0 || s.Count(ActNone) != 0 || s.AckErrors != 0 {
+			t.Errorf("consumer c%d: %d acks (want %d), %d terms, %d unacknowledged, %d ack errors",
+				i, acks, concurrentMsgs, s.Count(ActTerm), s.Count(ActNone), s.AckErrors)
+		}
+		ci := e.info(m.c)
+		if ci.NumAckPending != 0 || ci.NumPending != 0 || ci.AckFloor.Stream != last.Sequence {
+			t.Errorf("consumer c%d: %d pending ack, %d pending, ack floor %d (want %d)",
+				i, ci.NumAckPending, ci.NumPending, ci.AckFloor.Stream, last.Sequence)
+		}
+		summary = append(summary, fmt.Sprintf("c%d %d ack + %d nak-with-delay", i, acks, s.Count(ActNakWithDelay)))
+		if !seen[m.h] {
+			seen[m.h] = true
+			hs := m.h.Stats()
+			for _, o := range []dedup.Outcome{dedup.Processed, dedup.Duplicate, dedup.InProgress} {
+				outcomes[o] += hs.Count(o)
+			}
+		}
+	}
+	if outcomes[dedup.Processed] != concurrentMsgs {
+		t.Errorf("%d Processed, want %d", outcomes[dedup.Processed], concurrentMsgs)
+	}
+	var counts []string
+	for o, n := range outcomes {
+		counts = append(counts, fmt.Sprintf("%v %d", o, n))
+	}
+	sort.Strings(counts)
+	t.Logf("%d messages × %d consumers at a barrier: %s; deliveries %s", concurrentMsgs, concurrentConsumers,
+		strings.Join(counts, ", "), strings.Join(summary, ", "))
+}
