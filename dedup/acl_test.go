@@ -71,6 +71,7 @@ func isNoPerm(err error) bool {
 
 // Every conformance case passes for a user holding only the README's ACL line.
 func TestACLConformance(t *testing.T) {
+	t.Parallel()
 	srv := newACLServer(t)
 	for _, c := range conformanceCases {
 		t.Run(c.name, func(t *testing.T) {
@@ -165,6 +166,7 @@ func storeFlow(ctx context.Context, s Store, admin *redis.Client, prefix string)
 // The README's ACL line is enough for every store operation, and each command it
 // allows is needed: without any one of them, some operation is refused.
 func TestACLCommandsAreMinimal(t *testing.T) {
+	t.Parallel()
 	srv := newACLServer(t)
 	ctx := context.Background()
 	run := func(t *testing.T, cmds []string) error {
@@ -197,6 +199,7 @@ func TestACLCommandsAreMinimal(t *testing.T) {
 // A Deduper works end to end as the ACL user (Do, Mark, HandleBatch), and the user's
 // store is refused, fail closed, on any key outside its prefix.
 func TestACLDeduper(t *testing.T) {
+	t.Parallel()
 	srv := newACLServer(t)
 	ctx := context.Background()
 	prefix, user := testenv.Prefix(), testenv.Prefix()
@@ -266,6 +269,7 @@ func TestACLDeduper(t *testing.T) {
 // Deduper misconfigured with B's prefix fails closed: fn does not run), and B's
 // records stay untouched.
 func TestACLTenants(t *testing.T) {
+	t.Parallel()
 	srv := newACLServer(t)
 	ctx := context.Background()
 	type tenant struct {

@@ -126,6 +126,7 @@ func tlsClient(t *testing.T, addr string, pki testPKI) *redis.Client {
 
 // Every conformance case passes over TLS (rediss://, mutual TLS).
 func TestTLSConformance(t *testing.T) {
+	t.Parallel()
 	pki := newTestPKI(t)
 	addr := spawnTLSRedis(t, pki)
 	c := tlsClient(t, addr, pki)
@@ -145,6 +146,7 @@ func TestTLSConformance(t *testing.T) {
 // A Deduper runs over TLS; a client that does not trust the server's CA, or that
 // speaks plain TCP, gets a store error and fn does not run (fail closed).
 func TestTLSDeduper(t *testing.T) {
+	t.Parallel()
 	pki := newTestPKI(t)
 	addr := spawnTLSRedis(t, pki)
 	ctx := context.Background()
