@@ -136,6 +136,7 @@ func spawn(bin string, argv []string, port int, dir string, ownDir bool) (*Redis
 		return nil, err
 	}
 	cmd.Stderr = cmd.Stdout
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("embedded redis: start: %w", err)
 	}
