@@ -27,8 +27,8 @@ type backendFactory struct {
 }
 
 // storeBackends lists every Store the conformance suite runs against. The real
-// redis-server comes from DEDUP_REDIS_ADDR or is spawned; without either it skips
-// (and fails under DEDUP_REQUIRE_SERVERS=1).
+// redis-server comes from DEDUP_REDIS_ADDR or is spawned, the 3-master Redis Cluster
+// is spawned; without redis-server they skip (and fail under DEDUP_REQUIRE_SERVERS=1).
 func storeBackends() []backendFactory {
 	return []backendFactory{
 		{"memory", func(t *testing.T) backend {
@@ -56,6 +56,7 @@ func storeBackends() []backendFactory {
 			}
 			return backend{store: s, prefix: prefix, advance: time.Sleep, rdb: c}
 		}},
+		{"redis-cluster", clusterBackend},
 	}
 }
 

@@ -6,4 +6,9 @@ import (
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m, stopSharedRedis) }
+func TestMain(m *testing.M) {
+	testenv.Main(m, func() {
+		stopSharedRedis()
+		stopSharedCluster()
+	})
+}

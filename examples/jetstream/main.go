@@ -26,8 +26,15 @@
 // servers; it then uses a stream, subjects and Redis key prefix of its own and deletes
 // them at exit.
 //
+// -redis-cluster runs it on a Redis Cluster: alone, the program spawns a 3-master
+// cluster of redis-server processes (redis-server must be on PATH) and stops it at
+// exit; -redis-cluster=host:port,host:port names seed nodes of an existing cluster
+// (the "=" is needed). Each instance then uses a redis.ClusterClient.
+//
 //	go run ./examples/jetstream
 //	go run ./examples/jetstream -nats nats://127.0.0.1:4222 -redis 127.0.0.1:6379
+//	go run ./examples/jetstream -redis-cluster
+//	go run ./examples/jetstream -redis-cluster=127.0.0.1:7000,127.0.0.1:7001
 package main
 
 import (
@@ -101,16 +108,55 @@ var handlerSpecs = []struct {
 
 type config struct {
 	natsURL, redisAddr string
+	cluster            clusterFlag
 	orders, instances  int
 	timeout            time.Duration
 	verbose            bool
 }
+
+// clusterFlag is -redis-cluster: a flag that may stand alone (spawn a cluster) or
+// carry comma-separated seed addresses (-redis-cluster=a,b).
+type clusterFlag struct {
+	on    bool
+	seeds []string
+}
+
+func (f *clusterFlag) String() string {
+	if f == nil || !f.on {
+		return ""
+	}
+	return strings.Join(f.seeds, ",")
+}
+
+func (f *clusterFlag) Set(v string) error {
+	switch v {
+	case "true":
+		f.on, f.seeds = true, nil
+	case "false":
+		f.on, f.seeds = false, nil
+	default:
+		f.on, f.seeds = true, nil
+		for a := range strings.SplitSeq(v, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				f.seeds = append(f.seeds, a)
+			}
+		}
+		if len(f.seeds) == 0 {
+			return fmt.Errorf("no seed address in %q", v)
+		}
+	}
+	return nil
+}
+
+// IsBoolFlag lets -redis-cluster stand alone.
+func (f *clusterFlag) IsBoolFlag() bool { return true }
 
 func parseFlags(args []string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("jetstream", flag.ContinueOnError)
 	fs.StringVar(&c.natsURL, "nats", os.Getenv("DEDUP_NATS_URL"), "NATS URL (default: an in-process server; env DEDUP_NATS_URL)")
 	fs.StringVar(&c.redisAddr, "redis", os.Getenv("DEDUP_REDIS_ADDR"), "Redis address (default: an embedded miniredis; env DEDUP_REDIS_ADDR)")
+	fs.Var(&c.cluster, "redis-cluster", "use a Redis Cluster: alone, spawn a 3-master one (redis-server on PATH); =host:port,... for seed nodes of an existing one")
 	fs.IntVar(&c.orders, "orders", 3000, "distinct orders to publish")
 	fs.IntVar(&c.instances, "instances", 3, "consumer instances per handler (each its own Deduper and connection)")
 	fs.DurationVar(&c.timeout, "timeout", 25*time.Second, "give up if the consumers have not drained by then")
@@ -118,7 +164,11 @@ func parseFlags(args []string) (config, error) {
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
+	redisSet := false
+	fs.Visit(func(f *flag.Flag) { redisSet = redisSet || f.Name == "redis" })
 	switch {
+	case c.cluster.on && redisSet && c.redisAddr != "":
+		return c, errors.New("-redis and -redis-cluster both given: name the cluster's seeds with -redis-cluster=host:port,...")
 	case fs.NArg() > 0:
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
 	case c.orders < 1 || c.orders > 99999:
@@ -161,7 +211,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer stopNATS()
-	redisAddr, stopRedis, err := startRedis(cfg.redisAddr, stdout)
+	rt, stopRedis, err := startRedis(cfg, stdout)
 	if err != nil {
 		return err
 	}
@@ -203,7 +253,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 	}
 	// Redis records are deleted at exit by prefix (SCAN and UNLINK, never FLUSHDB).
-	defer deletePrefix(redisAddr, names.prefix)
+	defer deletePrefix(rt, names.prefix)
 
 	tallies := make([]*tally, len(handlerSpecs))
 	for h, spec := range handlerSpecs {
@@ -215,7 +265,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fleet := &fleet{logger: logger, stop: stopConsumers}
 	defer fleet.close()
 	for i := range cfg.instances {
-		if err := fleet.start(runCtx, i, cfg.instances, natsURL, redisAddr, names, tallies); err != nil {
+		if err := fleet.start(runCtx, i, cfg.instances, natsURL, rt, names, tallies); err != nil {
 			return fmt.Errorf("instance %d: %w", i+1, err)
 		}
 	}
@@ -274,18 +324,45 @@ func startNATS(url string, stdout io.Writer) (string, func(), error) {
 	}, nil
 }
 
-// startRedis returns addr, or an embedded miniredis.
-func startRedis(addr string, stdout io.Writer) (string, func(), error) {
-	if addr != "" {
-		fmt.Fprintln(stdout, "redis:", addr)
-		return addr, func() {}, nil
+// redisTarget is the Redis the instances share: one server, or a cluster's seeds.
+type redisTarget struct {
+	addrs   []string
+	cluster bool
+}
+
+// client returns a new client of the target: each instance has its own, as separate
+// processes would.
+func (r redisTarget) client() redis.UniversalClient {
+	if r.cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.addrs})
+	}
+	return redis.NewClient(&redis.Options{Addr: r.addrs[0]})
+}
+
+// startRedis returns the configured Redis: a cluster (seeds, or a spawned one),
+// cfg.redisAddr, or an embedded miniredis.
+func startRedis(cfg config, stdout io.Writer) (redisTarget, func(), error) {
+	switch {
+	case cfg.cluster.on && len(cfg.cluster.seeds) > 0:
+		fmt.Fprintln(stdout, "redis: cluster, seeds", strings.Join(cfg.cluster.seeds, ","))
+		return redisTarget{addrs: cfg.cluster.seeds, cluster: true}, func() {}, nil
+	case cfg.cluster.on:
+		addrs, stop, err := embedded.StartRedisCluster("", 3)
+		if err != nil {
+			return redisTarget{}, nil, fmt.Errorf("spawn a redis cluster: %w", err)
+		}
+		fmt.Fprintln(stdout, "redis: spawned 3-master cluster at", strings.Join(addrs, ","))
+		return redisTarget{addrs: addrs, cluster: true}, stop, nil
+	case cfg.redisAddr != "":
+		fmt.Fprintln(stdout, "redis:", cfg.redisAddr)
+		return redisTarget{addrs: []string{cfg.redisAddr}}, func() {}, nil
 	}
 	srv, err := embedded.StartRedis()
 	if err != nil {
-		return "", nil, err
+		return redisTarget{}, nil, err
 	}
 	fmt.Fprintln(stdout, "redis: embedded miniredis at", srv.Addr())
-	return srv.Addr(), srv.Close, nil
+	return redisTarget{addrs: []string{srv.Addr()}}, srv.Close, nil
 }
 
 func deleteStream(js jetstream.JetStream, name string) {
@@ -297,19 +374,40 @@ func deleteStream(js jetstream.JetStream, name string) {
 }
 
 // deletePrefix removes this run's records: SCAN and UNLINK, never FLUSHDB on a
-// shared Redis.
-func deletePrefix(addr, prefix string) {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+// shared Redis. On a cluster it scans every master.
+func deletePrefix(rt redisTarget, prefix string) {
+	rdb := rt.client()
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	var err error
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return unlinkScanned(ctx, node, prefix)
+		})
+	} else {
+		err = unlinkScanned(ctx, rdb, prefix)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "jetstream: delete redis records:", err)
+	}
+}
+
+// unlinkScanned unlinks one node's keys under prefix, key by key in pipelines of
+// 1000 (a multi-key UNLINK is refused on a cluster node when the keys' slots differ).
+func unlinkScanned(ctx context.Context, rdb redis.Cmdable, prefix string) error {
 	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 	var batch []string
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
-		err := rdb.Unlink(ctx, batch...).Err()
+		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range batch {
+				p.Unlink(ctx, k)
+			}
+			return nil
+		})
 		batch = batch[:0]
 		return err
 	}
@@ -319,9 +417,7 @@ func deletePrefix(addr, prefix string) {
 			err = flush()
 		}
 	}
-	if err = errors.Join(err, iter.Err(), flush()); err != nil {
-		fmt.Fprintln(os.Stderr, "jetstream: delete redis records:", err)
-	}
+	return errors.Join(err, iter.Err(), flush())
 }
 
 // order is the message payload.
@@ -593,13 +689,13 @@ type fleet struct {
 // instance 1 for the first handler, instance 2 for the second.
 func fetches(i, h, instances int) bool { return i == h%instances }
 
-func (f *fleet) start(ctx context.Context, i, instances int, natsURL, redisAddr string, names runNames, tallies []*tally) error {
+func (f *fleet) start(ctx context.Context, i, instances int, natsURL string, rt redisTarget, names runNames, tallies []*tally) error {
 	nc, err := natsgo.Connect(natsURL, natsgo.Name(fmt.Sprintf("dedupkit-example-%d", i+1)))
 	if err != nil {
 		return fmt.Errorf("connect to nats: %w", err)
 	}
 	f.closers = append(f.closers, nc.Close)
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	rdb := rt.client()
 	f.closers = append(f.closers, func() { rdb.Close() })
 	store, err := dedup.NewRedisStore(rdb)
 	if err != nil {

@@ -1,5 +1,7 @@
-// Package embedded starts the in-process servers that the examples and tests use when
-// no real server is given: a NATS server with JetStream, and miniredis.
+// Package embedded starts the servers that the examples and tests use when no real
+// server is given: in process, a NATS server with JetStream and miniredis; as child
+// processes of redis-server (from PATH), a server, a sentinel, or a Redis Cluster,
+// each stopped by its own PID.
 package embedded
 
 import (

@@ -66,23 +66,40 @@ func ExternalRedis(t testing.TB, prefix string) *redis.Client {
 }
 
 // DeletePrefix deletes the keys under prefix+":" with SCAN and DEL: the server is
-// shared, so never FLUSHDB.
+// shared, so never FLUSHDB. On a Redis Cluster it scans every master and deletes key
+// by key (a DEL of keys in several slots is refused).
 func DeletePrefix(t testing.TB, c redis.UniversalClient, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	var err error
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return deleteScanned(ctx, node, prefix)
+		})
+	} else {
+		err = deleteScanned(ctx, c, prefix)
+	}
+	if err != nil {
+		t.Logf("cleanup of %s: %v", prefix, err)
+	}
+}
+
+func deleteScanned(ctx context.Context, c redis.Cmdable, prefix string) error {
 	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 	var ks []string
 	for iter.Next(ctx) {
 		ks = append(ks, iter.Val())
 	}
-	if err := iter.Err(); err != nil {
-		t.Logf("cleanup scan: %v", err)
+	if err := iter.Err(); err != nil || len(ks) == 0 {
+		return err
 	}
-	if len(ks) > 0 {
-		if err := c.Del(ctx, ks...).Err(); err != nil {
-			t.Logf("cleanup del: %v", err)
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range ks {
+			p.Del(ctx, k)
 		}
-	}
+		return nil
+	})
+	return err
 }
 
 // TripCounter is a go-redis hook counting round trips (single commands and
