@@ -30,7 +30,8 @@ var (
 // Extend are Lua scripts (one key each, so they run unchanged on Redis Cluster); Mark is
 // a single SET NX PX GET. Batch calls are one pipeline.
 type RedisStore struct {
-	c redis.UniversalClient
+	c    redis.UniversalClient
+	wait *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -102,6 +103,9 @@ func (s *RedisStore) Complete(ctx context.Context, key, token string, retention 
 	if err := checkEntry(Entry{Token: token, TTL: retention}, "retention"); err != nil {
 		return err
 	}
+	if s.wait != nil {
+		return s.completeWaiting(ctx, key, token, retention)
+	}
 	n, err := completeScript.Run(ctx, s.c, []string{key}, token, ms(retention)).Int()
 	return ownedReply("complete", n, err)
 }
@@ -141,6 +145,9 @@ func (s *RedisStore) Extend(ctx context.Context, key, token string, lease time.D
 func (s *RedisStore) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error) {
 	if err := checkEntry(Entry{Token: token, TTL: retention}, "retention"); err != nil {
 		return Answer{}, err
+	}
+	if s.wait != nil {
+		return s.markWaiting(ctx, key, token, fingerprint, retention)
 	}
 	cmd := s.c.SetArgs(ctx, key, encodeRecord(stateDone, token, fingerprint), markArgs(retention))
 	return markAnswer(cmd, token, fingerprint)
@@ -208,6 +215,9 @@ func (s *RedisStore) CompleteMany(ctx context.Context, entries []Entry) ([]error
 			return nil, err
 		}
 	}
+	if s.wait != nil {
+		return s.completeManyWaiting(ctx, entries)
+	}
 	cmds, err := s.runScripts(ctx, completeScript, entries, func(e Entry) []any {
 		return []any{e.Token, ms(e.TTL)}
 	})
@@ -231,6 +241,9 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 	}
 	if len(entries) == 0 {
 		return nil, nil
+	}
+	if s.wait != nil {
+		return s.markManyWaiting(ctx, entries)
 	}
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(entries))
