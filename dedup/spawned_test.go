@@ -119,3 +119,26 @@ func (r *tally) twice() (keys, extra int) {
 	}
 	return keys, extra
 }
+
+// total returns every run counted.
+func (r *tally) total() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, v := range r.runs {
+		n += v
+	}
+	return n
+}
+
+// extraRuns returns how many runs, over both tallies, were beyond the first of
+// their key: the duplicates.
+func extraRuns(a, b *tally, keys []string) int {
+	extra := 0
+	for _, k := range keys {
+		if n := a.of(k) + b.of(k); n > 1 {
+			extra += n - 1
+		}
+	}
+	return extra
+}
