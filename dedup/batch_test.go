@@ -141,7 +141,7 @@ func TestHandleBatchRedisRoundTrips(t *testing.T) {
 			defer d.Close()
 			h, _ := d.Register("orders")
 			ctx := context.Background()
-			h.Do(ctx, "warm", ok) // load the scripts
+			h.HandleBatch(ctx, []Item{{Key: "warm"}}, func(context.Context, int) error { return nil }) // load the scripts
 			items := make([]Item, 64)
 			for i := range items {
 				items[i] = Item{Key: fmt.Sprint("order-", i)}

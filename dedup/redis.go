@@ -26,11 +26,17 @@ var (
 	extendScript = redis.NewScript(extendLua)
 )
 
-// RedisStore is the Store backed by Redis 7 or later. Claim, Complete, Release and
-// Extend are Lua scripts (one key each, so they run unchanged on Redis Cluster); Mark is
-// a single SET NX PX GET. Batch calls are one pipeline.
+// RedisStore is the Store backed by Redis 7 or later. Every command and script has
+// one key, so it runs unchanged on Redis Cluster.
+//
+// Mark is one SET NX PX GET. Claim is one SET NX PX GET too when the key is free (or
+// holds the caller's own claim); when another record is there, the claim script reads
+// it and its TTL atomically. Complete, Release and Extend are Lua scripts that compare
+// the owner token. Batch calls are one pipeline. Concurrent single calls are coalesced
+// into pipelines (see WithAutoPipeline).
 type RedisStore struct {
 	c    redis.UniversalClient
+	pipe *autoPipe    // nil: every single call is sent on its own
 	wait *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
 }
 
@@ -46,7 +52,7 @@ func NewRedisStore(c redis.UniversalClient, opts ...RedisOption) (*RedisStore, e
 	if c == nil {
 		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidOption)
 	}
-	s := &RedisStore{c: c}
+	s := &RedisStore{c: c, pipe: newAutoPipe(c, DefaultPipelineBatch, DefaultPipelinesInFlight)}
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			return nil, err
@@ -69,16 +75,65 @@ func storeErr(op string, err error) error {
 	return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
 }
 
-// Claim implements Store.
+// send runs one command, coalesced with concurrent ones unless auto-pipelining is
+// off. On an error the command's reply must not be read: the call may have returned
+// early on ctx while the command was still queued.
+func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
+	if s.pipe != nil {
+		return s.pipe.do(ctx, cmd)
+	}
+	_ = s.c.Process(ctx, cmd)
+	return cmd.Err()
+}
+
+// eval runs a script by its SHA, and by its source should the server not have it
+// (after a restart or SCRIPT FLUSH). An error reply from the script is returned as err.
+func (s *RedisStore) eval(ctx context.Context, sc *redis.Script, src, key string, args ...any) (*redis.Cmd, error) {
+	cmd := redis.NewCmd(ctx, append([]any{"evalsha", sc.Hash(), 1, key}, args...)...)
+	err := s.send(ctx, cmd)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = redis.NewCmd(ctx, append([]any{"eval", src, 1, key}, args...)...)
+		err = s.send(ctx, cmd)
+	}
+	return cmd, err
+}
+
+// Claim implements Store. The common case, a free key, costs one SET NX PX GET. When
+// a record is there, the claim script reads it with its TTL atomically and answers
+// (a second round trip, for duplicates and rivals only).
 func (s *RedisStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (Answer, error) {
 	if err := checkEntry(Entry{Token: token, TTL: lease}, "lease"); err != nil {
 		return Answer{}, err
 	}
-	v, err := claimScript.Run(ctx, s.c, []string{key}, token, fingerprint, ms(lease)).Result()
+	cmd := redis.NewStatusCmd(ctx, claimSetArgs(key, token, fingerprint, lease)...)
+	err := s.send(ctx, cmd)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Answer{}, storeErr("claim", err)
+	}
+	if ans, ok := claimSetAnswer(err); ok {
+		return ans, nil
+	}
+	v, err := s.eval(ctx, claimScript, claimLua, key, token, fingerprint, ms(lease))
 	if err != nil {
 		return Answer{}, storeErr("claim", err)
 	}
-	return claimAnswer(v)
+	return claimAnswer(v.Val())
+}
+
+// claimSetArgs is the fast claim: SET the IN PROGRESS record if the key is free, and
+// return what was there.
+func claimSetArgs(key, token, fingerprint string, lease time.Duration) []any {
+	return []any{"set", key, encodeRecord(stateInProgress, token, fingerprint), "px", ms(lease), "nx", "get"}
+}
+
+// claimSetAnswer settles a fast claim from its reply (err is nil or redis.Nil): a free
+// key is now ours. Anything else, our own claim found again included (its first
+// attempt landed, the reply was lost; the script renews its lease), is not settled.
+func claimSetAnswer(err error) (Answer, bool) {
+	if errors.Is(err, redis.Nil) {
+		return Answer{Status: StatusAcquired}, true
+	}
+	return Answer{}, false
 }
 
 func claimAnswer(v any) (Answer, error) {
@@ -106,15 +161,17 @@ func (s *RedisStore) Complete(ctx context.Context, key, token string, retention 
 	if s.wait != nil {
 		return s.completeWaiting(ctx, key, token, retention)
 	}
-	n, err := completeScript.Run(ctx, s.c, []string{key}, token, ms(retention)).Int()
-	return ownedReply("complete", n, err)
+	cmd, err := s.eval(ctx, completeScript, completeLua, key, token, ms(retention))
+	return ownedReply("complete", cmd, err)
 }
 
-func ownedReply(op string, n int, err error) error {
+func ownedReply(op string, cmd *redis.Cmd, err error) error {
 	if err != nil {
 		return storeErr(op, err)
 	}
-	if n != 1 {
+	if n, err := cmd.Int(); err != nil {
+		return storeErr(op, err)
+	} else if n != 1 {
 		return ErrLeaseLost
 	}
 	return nil
@@ -125,7 +182,7 @@ func (s *RedisStore) Release(ctx context.Context, key, token string) error {
 	if err := checkToken(token); err != nil {
 		return err
 	}
-	if err := releaseScript.Run(ctx, s.c, []string{key}, token).Err(); err != nil {
+	if _, err := s.eval(ctx, releaseScript, releaseLua, key, token); err != nil {
 		return storeErr("release", err)
 	}
 	return nil
@@ -136,8 +193,8 @@ func (s *RedisStore) Extend(ctx context.Context, key, token string, lease time.D
 	if err := checkEntry(Entry{Token: token, TTL: lease}, "lease"); err != nil {
 		return err
 	}
-	n, err := extendScript.Run(ctx, s.c, []string{key}, token, ms(lease)).Int()
-	return ownedReply("extend", n, err)
+	cmd, err := s.eval(ctx, extendScript, extendLua, key, token, ms(lease))
+	return ownedReply("extend", cmd, err)
 }
 
 // Mark implements Store with one SET NX PX GET: the reply is the previous value, so one
@@ -149,21 +206,23 @@ func (s *RedisStore) Mark(ctx context.Context, key, token, fingerprint string, r
 	if s.wait != nil {
 		return s.markWaiting(ctx, key, token, fingerprint, retention)
 	}
-	cmd := s.c.SetArgs(ctx, key, encodeRecord(stateDone, token, fingerprint), markArgs(retention))
-	return markAnswer(cmd, token, fingerprint)
+	cmd := redis.NewStatusCmd(ctx, markArgs(key, token, fingerprint, retention)...)
+	err := s.send(ctx, cmd)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Answer{}, storeErr("mark", err)
+	}
+	return markAnswer(cmd.Val(), err, token, fingerprint)
 }
 
-func markArgs(retention time.Duration) redis.SetArgs {
-	return redis.SetArgs{Mode: "NX", TTL: time.Duration(ms(retention)) * time.Millisecond, Get: true}
+func markArgs(key, token, fingerprint string, retention time.Duration) []any {
+	return []any{"set", key, encodeRecord(stateDone, token, fingerprint), "px", ms(retention), "nx", "get"}
 }
 
-func markAnswer(cmd *redis.StatusCmd, token, fingerprint string) (Answer, error) {
-	old, err := cmd.Result()
+// markAnswer reads a Mark's reply: err is nil (old is the previous value) or redis.Nil
+// (the key was free).
+func markAnswer(old string, err error, token, fingerprint string) (Answer, error) {
 	if errors.Is(err, redis.Nil) {
 		return Answer{Status: StatusAcquired}, nil
-	}
-	if err != nil {
-		return Answer{}, storeErr("mark", err)
 	}
 	state, tok, fp, ok := decodeRecord(old)
 	switch {
@@ -226,8 +285,7 @@ func (s *RedisStore) CompleteMany(ctx context.Context, entries []Entry) ([]error
 	}
 	out := make([]error, len(entries))
 	for i, c := range cmds {
-		n, err := c.Int()
-		out[i] = ownedReply("complete", n, err)
+		out[i] = ownedReply("complete", c, c.Err())
 	}
 	return out, nil
 }
@@ -248,15 +306,21 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(entries))
 	for i, e := range entries {
-		cmds[i] = pipe.SetArgs(ctx, e.Key, encodeRecord(stateDone, e.Token, e.Fingerprint), markArgs(e.TTL))
+		cmds[i] = redis.NewStatusCmd(ctx, markArgs(e.Key, e.Token, e.Fingerprint, e.TTL)...)
+		_ = pipe.Process(ctx, cmds[i])
 	}
 	if _, err := pipe.Exec(ctx); failedRoundTrip(err) {
 		return nil, storeErr("mark", err)
 	}
 	out := make([]Answer, len(entries))
 	for i, c := range cmds {
-		a, err := markAnswer(c, entries[i].Token, entries[i].Fingerprint)
-		a.Err = err
+		old, err := c.Result()
+		var a Answer
+		if err != nil && !errors.Is(err, redis.Nil) {
+			a.Err = storeErr("mark", err)
+		} else if a, err = markAnswer(old, err, entries[i].Token, entries[i].Fingerprint); err != nil {
+			a.Err = err
+		}
 		out[i] = a
 	}
 	return out, nil

@@ -131,12 +131,12 @@ func (s *RedisStore) completeManyWaiting(ctx context.Context, entries []Entry) (
 		}
 		var again []int
 		for j, i := range todo {
-			n, err := cmds[j].Int()
+			err := cmds[j].Err()
 			if err != nil && !eval && redis.HasErrorPrefix(err, "NOSCRIPT") {
 				again = append(again, i)
 				continue
 			}
-			if out[i] = ownedReply("complete", n, err); out[i] == nil {
+			if out[i] = ownedReply("complete", cmds[j], err); out[i] == nil {
 				out[i] = s.wait.acked(wait, "complete")
 			}
 		}
@@ -163,7 +163,8 @@ func (s *RedisStore) markManyWaiting(ctx context.Context, entries []Entry) ([]An
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(entries))
 	for i, e := range entries {
-		cmds[i] = pipe.SetArgs(ctx, e.Key, encodeRecord(stateDone, e.Token, e.Fingerprint), markArgs(e.TTL))
+		cmds[i] = redis.NewStatusCmd(ctx, markArgs(e.Key, e.Token, e.Fingerprint, e.TTL)...)
+		_ = pipe.Process(ctx, cmds[i])
 	}
 	wait := s.wait.queue(ctx, pipe)
 	if _, err := pipe.Exec(ctx); failedRoundTrip(err) {
@@ -171,7 +172,13 @@ func (s *RedisStore) markManyWaiting(ctx context.Context, entries []Entry) ([]An
 	}
 	out := make([]Answer, len(entries))
 	for i, c := range cmds {
-		a, err := markAnswer(c, entries[i].Token, entries[i].Fingerprint)
+		var a Answer
+		old, err := c.Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			err = storeErr("mark", err)
+		} else {
+			a, err = markAnswer(old, err, entries[i].Token, entries[i].Fingerprint)
+		}
 		a.Err = err
 		if err == nil && a.Status == StatusAcquired {
 			_ = s.wait.acked(wait, "mark") // counted; the answer stands

@@ -48,7 +48,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 				entries[i] = Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
 			}
 			// warm the script cache so the count is the steady state
-			if _, err := s.Claim(ctx, prefix+":h:warm", "T", "", time.Minute); err != nil {
+			if _, err := s.ClaimMany(ctx, []Entry{{Key: prefix + ":h:warm", Token: "T", TTL: time.Minute}}); err != nil {
 				t.Fatal(err)
 			}
 			if err := s.Complete(ctx, prefix+":h:warm", "T", time.Minute); err != nil {

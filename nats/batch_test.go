@@ -37,7 +37,7 @@ func TestFetchBatchIsTwoRoundTrips(t *testing.T) {
 				j := newJS(t, h, c)
 				ctx := context.Background()
 				// warm the script cache, so that the count is the steady state
-				if _, err := store.Claim(ctx, h.RecordKey("warm"), "T", "", time.Minute); err != nil {
+				if _, err := store.ClaimMany(ctx, []dedup.Entry{{Key: h.RecordKey("warm"), Token: "T", TTL: time.Minute}}); err != nil {
 					t.Fatal(err)
 				}
 				if err := store.Complete(ctx, h.RecordKey("warm"), "T", time.Minute); err != nil {

@@ -43,7 +43,11 @@ func TestTwoHandlersOnOneStream(t *testing.T) {
 		var all []run
 		for _, hc := range handlers {
 			h := register(t, d, hc.name, dedup.WithRetention(hc.retention))
-			c := e.consumer(hc.name, func(cc *jetstream.ConsumerConfig) { cc.MaxAckPending = 64 })
+			c := e.consumer(hc.name, func(cc *jetstream.ConsumerConfig) {
+				cc.MaxAckPending = 64
+				// no redelivery for slowness on a loaded machine: the counts below are exact
+				cc.AckWait = 10 * time.Second
+			})
 			j := newJS(t, h, c, hc.opts...)
 			r := &runs{}
 			consume(t, c, j.Handler(context.Background(), func(_ context.Context, m *Msg) error { r.add(m); return nil }))

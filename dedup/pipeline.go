@@ -1,0 +1,203 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults for auto-pipelining (see WithAutoPipeline).
+const (
+	// DefaultPipelineBatch is the most commands one coalesced pipeline carries.
+	DefaultPipelineBatch = 128
+	// DefaultPipelinesInFlight is how many round trips (single commands or pipelines)
+	// the store keeps in flight at once before further calls queue up.
+	DefaultPipelinesInFlight = 4
+)
+
+// WithAutoPipeline sets how concurrent single calls (Claim, Complete, Release, Extend,
+// Mark) are coalesced. While fewer than inFlight round trips are outstanding a call
+// goes out at once, on its own, so a lone caller pays no wait. Once inFlight are
+// outstanding, further calls queue; as soon as a round trip ends, everything queued
+// (up to batch commands) goes out as one pipeline. There is no timer: nothing ever
+// waits for more work to arrive. Defaults: DefaultPipelineBatch and
+// DefaultPipelinesInFlight. batch must be 1 to 10000 and inFlight 1 to 1024.
+func WithAutoPipeline(batch, inFlight int) RedisOption {
+	return func(s *RedisStore) error {
+		if batch < 1 || batch > 10000 {
+			return fmt.Errorf("%w: auto-pipeline batch %d is outside 1..10000", ErrInvalidOption, batch)
+		}
+		if inFlight < 1 || inFlight > 1024 {
+			return fmt.Errorf("%w: auto-pipeline round trips in flight %d is outside 1..1024", ErrInvalidOption, inFlight)
+		}
+		s.pipe = newAutoPipe(s.c, batch, inFlight)
+		return nil
+	}
+}
+
+// WithoutAutoPipeline sends every single call as its own command: each concurrent
+// caller then holds a pooled connection for a full round trip.
+func WithoutAutoPipeline() RedisOption {
+	return func(s *RedisStore) error {
+		s.pipe = nil
+		return nil
+	}
+}
+
+// autoPipe coalesces commands from concurrent callers into pipelines. A caller that
+// finds a free round-trip slot and nothing queued sends its command itself; otherwise
+// it queues, and a flusher goroutine (started on demand, one per busy slot) sends the
+// queue in pipelines of at most batch commands until the queue is empty, then exits.
+// No goroutine outlives the calls that need it, so there is nothing to close.
+type autoPipe struct {
+	c        redis.UniversalClient
+	batch    int
+	inFlight int
+
+	mu       sync.Mutex
+	queue    []*pcall
+	spare    []*pcall // the other half of a double buffer for queue
+	flushers int      // round trips outstanding: inline senders and flushers
+}
+
+// pcall is one queued command. done receives once, when cmd holds its reply (or the
+// call was skipped because its context ended first).
+type pcall struct {
+	ctx  context.Context
+	cmd  redis.Cmder
+	done chan struct{}
+}
+
+var pcallPool = sync.Pool{New: func() any { return &pcall{done: make(chan struct{}, 1)} }}
+
+func newAutoPipe(c redis.UniversalClient, batch, inFlight int) *autoPipe {
+	return &autoPipe{c: c, batch: batch, inFlight: inFlight}
+}
+
+// do sends cmd and returns once it has its reply, or ctx has ended. After an early
+// return on ctx the command may still be sent (as with any command whose reply is
+// abandoned), and cmd must not be read.
+func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
+	p.mu.Lock()
+	if len(p.queue) == 0 && p.flushers < p.inFlight {
+		p.flushers++
+		p.mu.Unlock()
+		_ = p.c.Process(ctx, cmd)
+		p.release()
+		return cmd.Err()
+	}
+	c := pcallPool.Get().(*pcall)
+	c.ctx, c.cmd = ctx, cmd
+	p.queue = append(p.queue, c)
+	spawn := p.flushers < p.inFlight
+	if spawn {
+		p.flushers++
+	}
+	p.mu.Unlock()
+	if spawn {
+		go p.flush()
+	}
+	select {
+	case <-c.done:
+		c.ctx, c.cmd = nil, nil
+		pcallPool.Put(c)
+		return cmd.Err()
+	case <-ctx.Done():
+		// c stays with the flusher, which still signals done (buffered): not pooled.
+		return context.Cause(ctx)
+	}
+}
+
+// release gives back an inline sender's slot, or turns it into a flusher when calls
+// queued up meanwhile.
+func (p *autoPipe) release() {
+	p.mu.Lock()
+	if len(p.queue) > 0 {
+		p.mu.Unlock()
+		go p.flush()
+		return
+	}
+	p.flushers--
+	p.mu.Unlock()
+}
+
+// flush sends the queue until it is empty, then gives back its slot.
+func (p *autoPipe) flush() {
+	var batch []*pcall
+	for {
+		p.mu.Lock()
+		n := len(p.queue)
+		if n == 0 {
+			p.flushers--
+			p.spare = batch[:0]
+			p.mu.Unlock()
+			return
+		}
+		if n <= p.batch {
+			// take the whole queue, leaving an empty buffer in its place
+			next := batch[:0]
+			if next == nil {
+				next, p.spare = p.spare, nil
+			}
+			batch, p.queue = p.queue, next
+		} else {
+			batch = append(batch[:0], p.queue[:p.batch]...)
+			k := copy(p.queue, p.queue[p.batch:])
+			clear(p.queue[k:])
+			p.queue = p.queue[:k]
+		}
+		p.mu.Unlock()
+		p.send(batch)
+		clear(batch)
+	}
+}
+
+// send runs one batch: a single command on its own, several as one pipeline. Calls
+// whose context has already ended are answered without being sent.
+func (p *autoPipe) send(batch []*pcall) {
+	live := 0
+	var deadline time.Time
+	bounded := true
+	for _, c := range batch {
+		if c.ctx.Err() != nil {
+			c.cmd.SetErr(context.Cause(c.ctx))
+			c.done <- struct{}{}
+			continue
+		}
+		batch[live] = c
+		live++
+		if d, ok := c.ctx.Deadline(); !ok {
+			bounded = false
+		} else if d.After(deadline) {
+			deadline = d
+		}
+	}
+	batch = batch[:live]
+	switch len(batch) {
+	case 0:
+		return
+	case 1:
+		_ = p.c.Process(batch[0].ctx, batch[0].cmd)
+	default:
+		// One caller's deadline or cancellation must not fail the others' commands:
+		// the pipeline runs until the last deadline among them, or the client's own
+		// timeouts when one has none.
+		ctx := context.Background()
+		if bounded {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
+		pipe := p.c.Pipeline()
+		for _, c := range batch {
+			_ = pipe.Process(ctx, c.cmd)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	for _, c := range batch {
+		c.done <- struct{}{}
+	}
+}
