@@ -1,17 +1,12 @@
 package dedup
 
 import (
-	"bufio"
-	"context"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -42,61 +37,22 @@ func spawnRedis(t testing.TB, args ...string) string {
 	return addr
 }
 
+// startRedis starts a redis-server (testenv.StartRedis) in a temporary directory of
+// its own; stop kills it by its PID and removes the directory.
 func startRedis(args ...string) (addr string, stop func(), err error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return "", nil, err
-	}
 	dir, err := os.MkdirTemp("", "dedup-redis-")
 	if err != nil {
 		return "", nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := testenv.StartRedis(dir, args...)
 	if err != nil {
-		return "", nil, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	argv := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir}, args...)
-	cmd := exec.Command(bin, argv...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", nil, fmt.Errorf("start redis-server: %w", err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // drain its log so it never blocks on a full pipe
-		defer wg.Done()
-		s := bufio.NewScanner(out)
-		for s.Scan() {
-		}
-	}()
-	stop = func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		wg.Wait()
 		os.RemoveAll(dir)
+		return "", nil, err
 	}
-	addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return addr, stop, nil
-		}
-		if time.Now().After(deadline) {
-			stop()
-			return "", nil, fmt.Errorf("spawned redis-server on %s did not answer: %w", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return p.Addr(), func() {
+		p.Kill()
+		os.RemoveAll(dir)
+	}, nil
 }
 
 // One spawned redis-server serves every test in the process that needs a plain real
