@@ -183,6 +183,11 @@ func TestRestartLosesUnpersistedRecords(t *testing.T) {
 // replaying them after the restart runs none of them again. The Do calls that the
 // kill caught are counted and left out: a claim never answered, and NotRecorded (the
 // README's Limits: fn ran, DONE was not written).
+//
+// kill -9 ends the process, not the machine: the kernel still has what Redis wrote to
+// the AOF. So this test tells AOF from no persistence (with appendonly no it fails,
+// every record lost), not always from everysec or no, which only a machine crash
+// separates; it passes with those too.
 func TestAppendfsyncAlwaysSurvivesKill9(t *testing.T) {
 	t.Parallel()
 	srv := testenv.SpawnRedis(t, "--appendonly", "yes", "--appendfsync", "always")
