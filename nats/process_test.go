@@ -127,7 +127,7 @@ func TestProcessCrashAfterClaim(t *testing.T) {
 // the slow process's own delivery is kept in progress and never redelivered.
 func TestProcessSlowHandlerKeepsLease(t *testing.T) {
 	t.Parallel()
-	const lease, ackWait = 300 * time.Millisecond, 600 * time.Millisecond
+	const lease, ackWait = 300 * time.Millisecond, time.Second
 	p := newProcEnv(t, ackWait)
 	p.publish("new", "order-1", "data")
 
@@ -136,8 +136,8 @@ func TestProcessSlowHandlerKeepsLease(t *testing.T) {
 	began := time.Now()
 	r := p.child("R", "consume", "work", lease)
 	again := p.republish("new", "order-1", "data")
-	// keep S running for at least five leases, and until R has been told InProgress
-	// three times
+	// keep S running for two AckWaits (over six leases), and until R has been told
+	// InProgress three times
 	r.waitFor(20*time.Second, "three InProgress answers", func(event) bool {
 		n := 0
 		for _, e := range r.results("order-1") {
@@ -145,7 +145,7 @@ func TestProcessSlowHandlerKeepsLease(t *testing.T) {
 				n++
 			}
 		}
-		return n >= 3 && time.Since(began) >= 5*lease
+		return n >= 3 && time.Since(began) >= 2*ackWait
 	})
 	s.send("finish")
 	s.waitFor(10*time.Second, "S's result", func(e event) bool { return e.kind == "result" })
