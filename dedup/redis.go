@@ -36,7 +36,8 @@ var (
 // into pipelines (see WithAutoPipeline).
 type RedisStore struct {
 	c    redis.UniversalClient
-	pipe *autoPipe // nil: every single call is sent on its own
+	pipe *autoPipe    // nil: every single call is sent on its own
+	wait *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -157,6 +158,9 @@ func (s *RedisStore) Complete(ctx context.Context, key, token string, retention 
 	if err := checkEntry(Entry{Token: token, TTL: retention}, "retention"); err != nil {
 		return err
 	}
+	if s.wait != nil {
+		return s.completeWaiting(ctx, key, token, retention)
+	}
 	cmd, err := s.eval(ctx, completeScript, completeLua, key, token, ms(retention))
 	return ownedReply("complete", cmd, err)
 }
@@ -198,6 +202,9 @@ func (s *RedisStore) Extend(ctx context.Context, key, token string, lease time.D
 func (s *RedisStore) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error) {
 	if err := checkEntry(Entry{Token: token, TTL: retention}, "retention"); err != nil {
 		return Answer{}, err
+	}
+	if s.wait != nil {
+		return s.markWaiting(ctx, key, token, fingerprint, retention)
 	}
 	cmd := redis.NewStatusCmd(ctx, markArgs(key, token, fingerprint, retention)...)
 	err := s.send(ctx, cmd)
@@ -267,6 +274,9 @@ func (s *RedisStore) CompleteMany(ctx context.Context, entries []Entry) ([]error
 			return nil, err
 		}
 	}
+	if s.wait != nil {
+		return s.completeManyWaiting(ctx, entries)
+	}
 	cmds, err := s.runScripts(ctx, completeScript, entries, func(e Entry) []any {
 		return []any{e.Token, ms(e.TTL)}
 	})
@@ -289,6 +299,9 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 	}
 	if len(entries) == 0 {
 		return nil, nil
+	}
+	if s.wait != nil {
+		return s.markManyWaiting(ctx, entries)
 	}
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(entries))

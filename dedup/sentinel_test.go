@@ -45,7 +45,8 @@ func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 	}
 }
 
-func infoField(ctx context.Context, c *redis.Client, section, field string) string {
+// infoFieldOrErr is infoField for polls that ride out errors: an error reads as its text.
+func infoFieldOrErr(ctx context.Context, c *redis.Client, section, field string) string {
 	info, err := c.Info(ctx, section).Result()
 	if err != nil {
 		return err.Error()
@@ -76,7 +77,7 @@ func TestSentinelFailover(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
 	defer rc.Close()
 	waitFor(t, "replica linked", func() (bool, string) {
-		s := infoField(ctx, rc, "replication", "master_link_status")
+		s := infoFieldOrErr(ctx, rc, "replication", "master_link_status")
 		return s == "up", s
 	})
 	sentinel := spawnServer(t, func() (*embedded.RedisServer, error) {
@@ -141,7 +142,7 @@ func TestSentinelFailover(t *testing.T) {
 		return err == nil && got == replica.Addr, got
 	})
 	waitFor(t, "the replica is primary", func() (bool, string) {
-		r := infoField(ctx, rc, "replication", "role")
+		r := infoFieldOrErr(ctx, rc, "replication", "role")
 		return r == "master", r
 	})
 	// The failover client follows the sentinel (+switch-master); until it has, a

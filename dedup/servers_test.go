@@ -38,6 +38,8 @@ func spawnRedis(t testing.TB, args ...string) string {
 	return addr
 }
 
+// startRedis starts a redis-server (embedded.StartRedisServer) in a temporary
+// directory of its own; stop kills it by its PID and removes the directory.
 func startRedis(args ...string) (addr string, stop func(), err error) {
 	srv, err := embedded.StartRedisServer("", args...)
 	if err != nil {

@@ -1,0 +1,189 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNotReplicated reports a DONE record that fewer replicas acknowledged than
+// WithWaitReplicas asks for, within its timeout. It always comes wrapped together with
+// ErrStoreUnavailable.
+var ErrNotReplicated = errors.New("dedup: DONE not acknowledged by enough replicas")
+
+// replicaWait is the WithWaitReplicas setting of a RedisStore.
+type replicaWait struct {
+	n          int
+	timeout    time.Duration
+	shortfalls atomic.Uint64
+}
+
+// WithWaitReplicas makes every write of a DONE record (Complete, CompleteMany, Mark,
+// MarkMany) wait until n replicas have acknowledged it, or until timeout has passed.
+// The store sends WAIT n timeout in the same pipeline as the write, so on the
+// connection that wrote (WAIT counts that connection's writes). Off by default:
+// replication is asynchronous, and a failover to a replica that had not received a
+// DONE record loses it, which lets one duplicate through.
+//
+// A Complete (or a CompleteMany item) that fewer than n replicas acknowledged returns
+// an error wrapping ErrStoreUnavailable and ErrNotReplicated: the record is DONE on the
+// primary but not known to survive a failover, so Do reports NotRecorded (fn ran; the
+// message is acknowledged, and the result is counted). A Mark (or MarkMany item) keeps
+// its answer, and a First still runs the handler: refusing it would lose the message,
+// since its redelivery would find the record on the primary and be dropped as a
+// duplicate. Every shortfall is counted (ReplicaShortfalls). Claims, releases and
+// extensions do not wait.
+//
+// n must be at least 1 and timeout positive (WAIT 0 blocks forever), and, since a
+// pipeline's reply is read under the client's ReadTimeout, below that ReadTimeout;
+// keep it well below the lease too. The client must run a pipeline on one connection:
+// a *redis.Client (a failover client is one); a ClusterClient or a Ring is refused.
+// Errors wrap ErrInvalidOption.
+func WithWaitReplicas(n int, timeout time.Duration) RedisOption {
+	return func(s *RedisStore) error {
+		if n < 1 {
+			return fmt.Errorf("%w: WithWaitReplicas: replicas %d, want at least 1", ErrInvalidOption, n)
+		}
+		if timeout < time.Millisecond {
+			return fmt.Errorf("%w: WithWaitReplicas: timeout %v, want at least 1ms", ErrInvalidOption, timeout)
+		}
+		switch c := s.c.(type) {
+		case *redis.ClusterClient, *redis.Ring:
+			return fmt.Errorf("%w: WithWaitReplicas: %T spreads a pipeline over several servers; WAIT needs the connection that wrote", ErrInvalidOption, c)
+		case *redis.Client:
+			if rt := c.Options().ReadTimeout; rt > 0 && timeout >= rt {
+				return fmt.Errorf("%w: WithWaitReplicas: timeout %v is not below the client's ReadTimeout %v", ErrInvalidOption, timeout, rt)
+			}
+		}
+		s.wait = &replicaWait{n: n, timeout: timeout}
+		return nil
+	}
+}
+
+// ReplicaShortfalls returns how many DONE writes fewer replicas acknowledged than
+// WithWaitReplicas asks for (0 without that option): the Complete ones were reported
+// as errors, the Mark ones only here.
+func (s *RedisStore) ReplicaShortfalls() uint64 {
+	if s.wait == nil {
+		return 0
+	}
+	return s.wait.shortfalls.Load()
+}
+
+// queue adds WAIT to pipe, after the writes it is to cover.
+func (w *replicaWait) queue(ctx context.Context, pipe redis.Pipeliner) *redis.IntCmd {
+	cmd := redis.NewIntCmd(ctx, "wait", w.n, ms(w.timeout))
+	_ = pipe.Process(ctx, cmd) // queued; the reply comes with Exec
+	return cmd
+}
+
+// acked checks a WAIT reply: nil when n replicas acknowledged, else the error for a
+// write it covered (and the shortfall is counted once per write).
+func (w *replicaWait) acked(cmd *redis.IntCmd, op string) error {
+	got, err := cmd.Result()
+	if err != nil {
+		w.shortfalls.Add(1)
+		return fmt.Errorf("%w: %s: wait for replicas: %w", ErrStoreUnavailable, op, err)
+	}
+	if got < int64(w.n) {
+		w.shortfalls.Add(1)
+		return fmt.Errorf("%w: %s: %w: %d of %d within %v", ErrStoreUnavailable, op, ErrNotReplicated, got, w.n, w.timeout)
+	}
+	return nil
+}
+
+// completeWaiting is Complete followed by WAIT in one pipeline.
+func (s *RedisStore) completeWaiting(ctx context.Context, key, token string, retention time.Duration) error {
+	errs, err := s.completeManyWaiting(ctx, []Entry{{Key: key, Token: token, TTL: retention}})
+	if err != nil {
+		return err
+	}
+	return errs[0]
+}
+
+// completeManyWaiting is CompleteMany with a WAIT after the writes, in the same
+// pipeline. Entries answered NOSCRIPT (the server lost its script cache) go again as
+// EVAL, with a WAIT of their own after them.
+func (s *RedisStore) completeManyWaiting(ctx context.Context, entries []Entry) ([]error, error) {
+	out := make([]error, len(entries))
+	todo := make([]int, len(entries))
+	for i := range todo {
+		todo[i] = i
+	}
+	for eval := false; len(todo) > 0; eval = true {
+		pipe := s.c.Pipeline()
+		cmds := make([]*redis.Cmd, len(todo))
+		for j, i := range todo {
+			e := entries[i]
+			if eval {
+				cmds[j] = completeScript.Eval(ctx, pipe, []string{e.Key}, e.Token, ms(e.TTL))
+			} else {
+				cmds[j] = completeScript.EvalSha(ctx, pipe, []string{e.Key}, e.Token, ms(e.TTL))
+			}
+		}
+		wait := s.wait.queue(ctx, pipe)
+		if _, err := pipe.Exec(ctx); failedRoundTrip(err) {
+			return nil, storeErr("complete", err)
+		}
+		var again []int
+		for j, i := range todo {
+			err := cmds[j].Err()
+			if err != nil && !eval && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				again = append(again, i)
+				continue
+			}
+			if out[i] = ownedReply("complete", cmds[j], err); out[i] == nil {
+				out[i] = s.wait.acked(wait, "complete")
+			}
+		}
+		todo = again
+	}
+	return out, nil
+}
+
+// markWaiting is Mark followed by WAIT in one pipeline.
+func (s *RedisStore) markWaiting(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error) {
+	answers, err := s.markManyWaiting(ctx, []Entry{{Key: key, Token: token, Fingerprint: fingerprint, TTL: retention}})
+	if err != nil {
+		return Answer{}, err
+	}
+	a := answers[0]
+	err, a.Err = a.Err, nil
+	return a, err
+}
+
+// markManyWaiting is MarkMany with a WAIT after the writes, in the same pipeline. A
+// shortfall is counted for every mark that wrote (or had written) DONE; the answers
+// stand (see WithWaitReplicas).
+func (s *RedisStore) markManyWaiting(ctx context.Context, entries []Entry) ([]Answer, error) {
+	pipe := s.c.Pipeline()
+	cmds := make([]*redis.StatusCmd, len(entries))
+	for i, e := range entries {
+		cmds[i] = redis.NewStatusCmd(ctx, markArgs(e.Key, e.Token, e.Fingerprint, e.TTL)...)
+		_ = pipe.Process(ctx, cmds[i])
+	}
+	wait := s.wait.queue(ctx, pipe)
+	if _, err := pipe.Exec(ctx); failedRoundTrip(err) {
+		return nil, storeErr("mark", err)
+	}
+	out := make([]Answer, len(entries))
+	for i, c := range cmds {
+		var a Answer
+		old, err := c.Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			err = storeErr("mark", err)
+		} else {
+			a, err = markAnswer(old, err, entries[i].Token, entries[i].Fingerprint)
+		}
+		a.Err = err
+		if err == nil && a.Status == StatusAcquired {
+			_ = s.wait.acked(wait, "mark") // counted; the answer stands
+		}
+		out[i] = a
+	}
+	return out, nil
+}
