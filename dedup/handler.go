@@ -175,7 +175,15 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 			return nil, h.count(Result{Outcome: Cancelled}), err
 		}
 		if f.running {
-			return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
+			if !waitsForRunning(ctx) {
+				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
+			}
+			// the caller asked to wait: once the run is over, the local tier or a
+			// claim of our own answers
+			if err := wait(ctx, f.left); err != nil {
+				return nil, h.count(Result{Outcome: Cancelled}), err
+			}
+			continue
 		}
 		switch f.res.Outcome {
 		case First, Duplicate:
@@ -197,6 +205,24 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 			return nil, h.count(Result{Outcome: Cancelled}), err
 		}
 	}
+}
+
+type waitForRunningKey struct{}
+
+// WaitForRunning returns a context under which Do and Handle, finding their key being
+// run by a concurrent call in this process, wait for that run to end instead of
+// answering InProgress at once: then the key is DONE (Duplicate, from the local tier
+// or the store) or free again (the caller claims it and runs). The wait ends with ctx.
+// A key held by another process still answers InProgress. The NATS adapter uses it,
+// since it runs several messages at once and a message's wait is cheaper than a
+// redelivery.
+func WaitForRunning(ctx context.Context) context.Context {
+	return context.WithValue(ctx, waitForRunningKey{}, true)
+}
+
+func waitsForRunning(ctx context.Context) bool {
+	w, _ := ctx.Value(waitForRunningKey{}).(bool)
+	return w
 }
 
 func wait(ctx context.Context, ch <-chan struct{}) error {

@@ -37,6 +37,7 @@ func NewCore(h *dedup.Handler, opts ...Option) (*Core, error) {
 // handlers' parent. After unsubscribing, Wait for the messages in hand.
 func (c *Core) Handler(ctx context.Context, fn Func) natsgo.MsgHandler {
 	dispatch := c.dispatcher()
+	ctx = dedup.WaitForRunning(ctx)
 	return func(msg *natsgo.Msg) { dispatch(func() { c.Handle(ctx, msg, fn) }) }
 }
 

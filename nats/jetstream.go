@@ -60,11 +60,14 @@ const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 // Handler returns a jetstream.MessageHandler for Consumer.Consume. It runs up to
 // WithConcurrency messages at once (default DefaultConcurrency), so that the store
 // round trips of several messages overlap (and share pipelines) instead of queueing
-// behind each other; WithConcurrency(1) runs them one by one, in delivery order. ctx
+// behind each other; WithConcurrency(1) runs them one by one, in delivery order. A
+// message whose key another of them is running waits for that run's end
+// (dedup.WaitForRunning) rather than being Nak'ed for the rest of the lease. ctx
 // is the handlers' parent: cancel it to shut down, and a running handler's message is
 // left for redelivery. After stopping the consumer, Wait for the messages in hand.
 func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
 	dispatch := j.dispatcher()
+	ctx = dedup.WaitForRunning(ctx)
 	return func(msg jetstream.Msg) { dispatch(func() { j.Handle(ctx, msg, fn) }) }
 }
 
