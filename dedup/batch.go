@@ -142,6 +142,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out []ItemResult, b *batc
 		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	if h.cfg.storeFailure == FailOpen {
+		h.met.failOpen()
 		h.log.Warn("dedup: store unavailable, running without dedup", "key_hash", keyHash(b.k), "err", err)
 		if !b.answered {
 			b.answered = true
@@ -312,7 +313,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries 
 		var panicked bool
 		var ferr error
 		if fctx.Err() == nil { // a cancelled batch leaves the remaining items unrun
-			panicked, ferr = invoke(fctx, func(c context.Context) error { return fn(c, b.i) })
+			panicked, ferr = h.invoke(fctx, func(c context.Context) error { return fn(c, b.i) })
 		} else {
 			ferr = fctx.Err()
 		}
@@ -433,6 +434,7 @@ func (hb *batchBeat) run() {
 					return
 				}
 				h.stats.leaseLost.Add(1)
+				h.met.leaseLost(opExtend)
 				hb.mu.Lock()
 				b.lost.Store(true)
 				delete(hb.live, b)

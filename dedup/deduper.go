@@ -16,6 +16,8 @@ import (
 type Deduper struct {
 	store Store
 	cfg   config
+	base  Store    // the store given to New; store wraps it when metrics are on
+	met   *metrics // nil: metrics off (metrics.go)
 
 	// ctx is cancelled by Close, cancelling every running fn.
 	ctx    context.Context
@@ -40,7 +42,12 @@ func New(store Store, opts ...Option) (*Deduper, error) {
 		}
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Deduper{store: store, cfg: cfg, ctx: ctx, cancel: cancel, handlers: make(map[string]*Handler)}, nil
+	d := &Deduper{store: store, base: store, cfg: cfg, ctx: ctx, cancel: cancel, handlers: make(map[string]*Handler)}
+	if err := d.instrument(); err != nil {
+		cancel(err)
+		return nil, err
+	}
+	return d, nil
 }
 
 // Register adds a handler named name. The name is part of every record key, so keep it
@@ -64,6 +71,7 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		d: d, name: name, cfg: cfg, flights: newFlights(),
 		keyHead: d.cfg.prefix + ":" + name + ":",
 		log:     d.cfg.logger.With("handler", name),
+		met:     d.met.forHandler(name),
 	}
 	if cfg.localSize > 0 {
 		c, err := lru.New(cfg.localSize, cfg.localTTL)
@@ -99,7 +107,7 @@ func (d *Deduper) Handlers() []string {
 }
 
 // Store returns the store the Deduper was built with.
-func (d *Deduper) Store() Store { return d.store }
+func (d *Deduper) Store() Store { return d.base }
 
 // Close stops the Deduper: later calls answer Cancelled with ErrClosed, running handler
 // functions see their context cancelled with cause ErrClosed, and Close waits until
@@ -115,6 +123,7 @@ func (d *Deduper) Close() error {
 	d.mu.Unlock()
 	d.cancel(ErrClosed)
 	d.running.Wait()
+	d.met.stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, h := range d.handlers {

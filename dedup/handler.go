@@ -24,6 +24,7 @@ type Handler struct {
 	keyHead string // "<prefix>:<name>:", the head of every record key
 	log     *slog.Logger
 	stats   counters
+	met     *handlerMetrics // nil: metrics off (metrics.go)
 }
 
 // Name returns the handler's name.
@@ -306,6 +307,7 @@ func (h *Handler) storeFailed(ctx context.Context, f *flight, k string, err erro
 		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	if h.cfg.storeFailure == FailOpen {
+		h.met.failOpen()
 		h.log.Warn("dedup: store unavailable, running without dedup", "key_hash", keyHash(k), "err", err)
 		if fn == nil { // Mark
 			return h.lead(f, Result{Outcome: First, Unguarded: true}, nil)
@@ -338,7 +340,7 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, k, lk, rk, token str
 		defer done()
 		h.release(bg, k, rk, token)
 	}()
-	panicked, err := invoke(fctx, fn)
+	panicked, err := h.invoke(fctx, fn)
 	returned = true
 	close(stop)
 	<-stopped
@@ -377,6 +379,7 @@ func (h *Handler) completed(k, lk string, cerr error) (Result, error) {
 		h.remember(lk)
 		return h.count(Result{Outcome: Processed}), nil
 	case errors.Is(cerr, ErrLeaseLost):
+		h.met.leaseLost(opComplete)
 		h.log.Warn("dedup: lease lost before completion; not recorded", "key_hash", keyHash(k))
 		return h.count(Result{Outcome: LeaseLost}), ErrLeaseLost
 	default:
@@ -400,6 +403,7 @@ func (h *Handler) heartbeat(rk, token string, validUntil time.Time, f *flight, c
 		var lost bool
 		if validUntil, lost = h.extend(rk, token, validUntil); lost {
 			h.stats.leaseLost.Add(1)
+			h.met.leaseLost(opExtend)
 			cancel(ErrLeaseLost)
 			return
 		}
@@ -493,6 +497,7 @@ func (h *Handler) marked(k, lk string, ans Answer) Result {
 }
 
 func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error) (Result, error) {
+	h.met.keyMissing()
 	if h.cfg.missingKey == RejectMissingKey {
 		return h.count(Result{Outcome: NoKey}), nil
 	}
@@ -513,7 +518,7 @@ func (h *Handler) run(ctx context.Context, fn func(context.Context) error, ungua
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })()
-	panicked, err := invoke(fctx, fn)
+	panicked, err := h.invoke(fctx, fn)
 	res := Result{Outcome: Processed, Unguarded: unguarded}
 	switch {
 	case panicked:

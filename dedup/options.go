@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -33,6 +35,8 @@ type Option func(*config) error
 type config struct {
 	prefix string
 	logger *slog.Logger
+
+	meterProvider metric.MeterProvider // nil: metrics off (metrics.go)
 }
 
 // WithPrefix sets the first segment of every record key (default DefaultPrefix). It

@@ -1,0 +1,374 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// MeterName is the instrumentation scope of every instrument a Deduper creates.
+const MeterName = "github.com/dedupkit/dedupkit/dedup"
+
+// Attribute keys of the instruments (see WithMeterProvider).
+const (
+	attrHandler   = attribute.Key("dedup.handler.name")   // the handler's name
+	attrOutcome   = attribute.Key("dedup.outcome")        // Outcome, in snake_case: "store_unavailable"
+	attrTier      = attribute.Key("dedup.tier")           // Tier: "local" or "store"
+	attrOperation = attribute.Key("dedup.operation.name") // a Store method in snake_case: "claim_many"
+)
+
+// Store operations as AttrOperation values.
+const (
+	opClaim = iota
+	opComplete
+	opRelease
+	opExtend
+	opMark
+	opClaimMany
+	opMarkMany
+	opCompleteMany
+	numOps
+)
+
+var opNames = [numOps]string{"claim", "complete", "release", "extend", "mark", "claim_many", "mark_many", "complete_many"}
+
+// Bucket boundaries, in seconds. A Redis round trip is tens of microseconds to a few
+// milliseconds; a handler's fn runs for anything up to its lease and beyond.
+var (
+	storeBuckets   = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
+	handlerBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+)
+
+// WithMeterProvider turns on OpenTelemetry metrics, recorded through mp (default: none,
+// and then metrics cost nothing: no instrument exists, no clock is read, and a call
+// checks one pointer). Pass otel.GetMeterProvider() to use the global provider. A nil
+// mp is an error wrapping ErrInvalidOption.
+//
+// The instruments, under the scope MeterName:
+//
+//	name                    instrument           unit         attributes
+//	dedup.checks            Counter              {check}      dedup.handler.name, dedup.outcome
+//	dedup.duplicates        Counter              {duplicate}  dedup.handler.name, dedup.tier
+//	dedup.fail_open.runs    Counter              {run}        dedup.handler.name
+//	dedup.key.reused        Counter              {message}    dedup.handler.name
+//	dedup.key.missing       Counter              {message}    dedup.handler.name
+//	dedup.lease.lost        Counter              {lease}      dedup.handler.name, dedup.operation.name
+//	dedup.handler.duration  Histogram            s            dedup.handler.name
+//	dedup.store.duration    Histogram            s            dedup.operation.name
+//	dedup.store.errors      Counter              {error}      dedup.operation.name
+//	dedup.local.usage       async UpDownCounter  {entry}      dedup.handler.name
+//	dedup.local.limit       async UpDownCounter  {entry}      dedup.handler.name
+//
+// dedup.checks counts every call (Do, Handle, HandleKey, Mark, and each item of
+// HandleBatch) once, by its final Outcome; dedup.outcome is Outcome.String() with '-'
+// turned into '_' ("in_progress", "store_unavailable"). dedup.duplicates splits the
+// duplicates by Tier. dedup.fail_open.runs counts messages let through without dedup
+// because the store failed under FailOpen (fn ran, or Mark answered First).
+// dedup.key.reused counts KeyReuse answers; dedup.key.missing counts messages without
+// a key, under either missing-key policy. dedup.lease.lost counts leases found lost by
+// the heartbeat (operation "extend": the store said so, or extensions failed until the
+// lease could end) or by the completion (operation "complete"); a lease lost by the
+// heartbeat whose fn ignores its context and returns nil can be counted under both.
+// dedup.handler.duration is how long fn ran. The store instruments time and count
+// every Store call (claim, complete, release, extend, mark, claim_many, mark_many,
+// complete_many); a call whose context the caller cancelled is not an error, nor is a
+// lease-lost answer. A batch call that fails whole counts one error, otherwise each
+// failed item counts one. dedup.local.usage and dedup.local.limit are each local
+// tier's Len and Cap (handlers without a local tier are left out).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) error {
+		if mp == nil {
+			return fmt.Errorf("%w: meter provider is nil", ErrInvalidOption)
+		}
+		c.meterProvider = mp
+		return nil
+	}
+}
+
+// metrics holds a Deduper's instruments; nil when metrics are off.
+type metrics struct {
+	checks, duplicates, failOpen, keyReused, keyMissing, leaseLost metric.Int64Counter
+	storeErrors                                                    metric.Int64Counter
+	handlerDur, storeDur                                           metric.Float64Histogram
+	localUsage, localLimit                                         metric.Int64ObservableUpDownCounter
+
+	opRecord [numOps][]metric.RecordOption
+	opAdd    [numOps][]metric.AddOption
+	reg      metric.Registration // the local tier callback; unregistered by Close
+}
+
+// handlerMetrics is one handler's view of the instruments, with every attribute set
+// built once at Register; nil when metrics are off.
+type handlerMetrics struct {
+	m        *metrics
+	outcome  [numOutcomes][]metric.AddOption
+	local    []metric.AddOption // duplicates, tier local
+	store    []metric.AddOption // duplicates, tier store
+	handler  []metric.AddOption
+	record   []metric.RecordOption
+	lostBy   [numOps][]metric.AddOption // lease lost, by operation (extend, complete)
+	observed []metric.ObserveOption
+}
+
+// instrument creates the Deduper's instruments and puts the store behind a metered
+// wrapper. It does nothing without a meter provider.
+func (d *Deduper) instrument() error {
+	mp := d.cfg.meterProvider
+	if mp == nil {
+		return nil
+	}
+	meter := mp.Meter(MeterName)
+	m := &metrics{}
+	var errs []error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	histogram := func(name, desc string, buckets []float64) metric.Float64Histogram {
+		h, err := meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc), metric.WithExplicitBucketBoundaries(buckets...))
+		errs = append(errs, err)
+		return h
+	}
+	gauge := func(name, desc string) metric.Int64ObservableUpDownCounter {
+		g, err := meter.Int64ObservableUpDownCounter(name, metric.WithUnit("{entry}"), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	m.checks = counter("dedup.checks", "{check}", "Calls by handler and final outcome.")
+	m.duplicates = counter("dedup.duplicates", "{duplicate}", "Duplicates by the tier that recognised them.")
+	m.failOpen = counter("dedup.fail_open.runs", "{run}", "Messages let through without dedup because the store failed (FailOpen).")
+	m.keyReused = counter("dedup.key.reused", "{message}", "Messages whose key is DONE with another payload fingerprint.")
+	m.keyMissing = counter("dedup.key.missing", "{message}", "Messages without a key.")
+	m.leaseLost = counter("dedup.lease.lost", "{lease}", "Leases found lost, by the operation that found it (extend: the heartbeat; complete).")
+	m.storeErrors = counter("dedup.store.errors", "{error}", "Failed store calls, by operation.")
+	m.handlerDur = histogram("dedup.handler.duration", "How long the handler's fn ran.", handlerBuckets)
+	m.storeDur = histogram("dedup.store.duration", "How long a store call took, by operation.", storeBuckets)
+	m.localUsage = gauge("dedup.local.usage", "Keys held by a handler's local tier.")
+	m.localLimit = gauge("dedup.local.limit", "Keys a handler's local tier can hold.")
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("dedup: creating instruments: %w", err)
+	}
+	for op := range numOps {
+		o := metric.WithAttributeSet(attribute.NewSet(attrOperation.String(opNames[op])))
+		m.opRecord[op] = []metric.RecordOption{o}
+		m.opAdd[op] = []metric.AddOption{o}
+	}
+	reg, err := meter.RegisterCallback(d.observeLocal, m.localUsage, m.localLimit)
+	if err != nil {
+		return fmt.Errorf("dedup: registering the local tier callback: %w", err)
+	}
+	m.reg = reg
+	d.met = m
+	d.store = &meteredStore{s: d.store, m: m}
+	return nil
+}
+
+// observeLocal reports every local tier's fill.
+func (d *Deduper) observeLocal(_ context.Context, o metric.Observer) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, h := range d.handlers {
+		if h.local == nil || h.met == nil {
+			continue
+		}
+		o.ObserveInt64(d.met.localUsage, int64(h.local.Len()), h.met.observed...)
+		o.ObserveInt64(d.met.localLimit, int64(h.local.Cap()), h.met.observed...)
+	}
+	return nil
+}
+
+// stop unregisters the local tier callback. Safe on nil.
+func (m *metrics) stop() {
+	if m != nil && m.reg != nil {
+		_ = m.reg.Unregister()
+	}
+}
+
+// forHandler builds a handler's attribute sets; nil when metrics are off.
+func (m *metrics) forHandler(name string) *handlerMetrics {
+	if m == nil {
+		return nil
+	}
+	hn := attrHandler.String(name)
+	add := func(kv ...attribute.KeyValue) []metric.AddOption {
+		return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(append(kv, hn)...))}
+	}
+	hm := &handlerMetrics{m: m}
+	for o := range numOutcomes {
+		hm.outcome[o] = add(attrOutcome.String(outcomeAttr(Outcome(o))))
+	}
+	hm.local = add(attrTier.String(TierLocal.String()))
+	hm.store = add(attrTier.String(TierStore.String()))
+	hm.handler = add()
+	hm.lostBy[opExtend] = add(attrOperation.String(opNames[opExtend]))
+	hm.lostBy[opComplete] = add(attrOperation.String(opNames[opComplete]))
+	set := metric.WithAttributeSet(attribute.NewSet(hn))
+	hm.record = []metric.RecordOption{set}
+	hm.observed = []metric.ObserveOption{set}
+	return hm
+}
+
+func outcomeAttr(o Outcome) string { return strings.ReplaceAll(o.String(), "-", "_") }
+
+// count records one call's result (called by Handler.count). Safe on nil.
+func (hm *handlerMetrics) count(res Result) {
+	if hm == nil {
+		return
+	}
+	ctx := context.Background()
+	hm.m.checks.Add(ctx, 1, hm.outcome[res.Outcome]...)
+	switch res.Tier {
+	case TierLocal:
+		hm.m.duplicates.Add(ctx, 1, hm.local...)
+	case TierStore:
+		hm.m.duplicates.Add(ctx, 1, hm.store...)
+	}
+	if res.Outcome == KeyReuse {
+		hm.m.keyReused.Add(ctx, 1, hm.handler...)
+	}
+}
+
+// failOpen counts a message let through without dedup. Safe on nil.
+func (hm *handlerMetrics) failOpen() {
+	if hm != nil {
+		hm.m.failOpen.Add(context.Background(), 1, hm.handler...)
+	}
+}
+
+// keyMissing counts a message without a key. Safe on nil.
+func (hm *handlerMetrics) keyMissing() {
+	if hm != nil {
+		hm.m.keyMissing.Add(context.Background(), 1, hm.handler...)
+	}
+}
+
+// leaseLost counts a lease found lost by op (opExtend or opComplete). Safe on nil.
+func (hm *handlerMetrics) leaseLost(op int) {
+	if hm != nil {
+		hm.m.leaseLost.Add(context.Background(), 1, hm.lostBy[op]...)
+	}
+}
+
+// invoke runs fn (see the function invoke), timing it when metrics are on.
+func (h *Handler) invoke(ctx context.Context, fn func(context.Context) error) (panicked bool, err error) {
+	if h.met == nil {
+		return invoke(ctx, fn)
+	}
+	start := time.Now()
+	panicked, err = invoke(ctx, fn)
+	h.met.m.handlerDur.Record(context.Background(), time.Since(start).Seconds(), h.met.record...)
+	return panicked, err
+}
+
+// meteredStore times every call to the store and counts its failures. The Deduper
+// puts it in front of its store only when metrics are on.
+type meteredStore struct {
+	s Store
+	m *metrics
+}
+
+var _ Store = (*meteredStore)(nil)
+
+// done records one call of op that started at start and ended with err, plus
+// itemErrs failed items of a batch that did not fail whole.
+func (s *meteredStore) done(ctx context.Context, op int, start time.Time, err error, itemErrs int) {
+	s.m.storeDur.Record(context.Background(), time.Since(start).Seconds(), s.m.opRecord[op]...)
+	n := itemErrs
+	if isStoreError(ctx, err) {
+		n = 1
+	}
+	if n > 0 {
+		s.m.storeErrors.Add(context.Background(), int64(n), s.m.opAdd[op]...)
+	}
+}
+
+// isStoreError tells a failure of the store from an answer (a lost lease) and from
+// a caller that gave up (its context cancelled; a deadline that passed is the store's
+// slowness and counts).
+func isStoreError(ctx context.Context, err error) bool {
+	switch {
+	case err == nil, errors.Is(err, ErrLeaseLost):
+		return false
+	case errors.Is(ctx.Err(), context.Canceled):
+		return false
+	}
+	return true
+}
+
+func (s *meteredStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (Answer, error) {
+	start := time.Now()
+	a, err := s.s.Claim(ctx, key, token, fingerprint, lease)
+	s.done(ctx, opClaim, start, err, 0)
+	return a, err
+}
+
+func (s *meteredStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
+	start := time.Now()
+	err := s.s.Complete(ctx, key, token, retention)
+	s.done(ctx, opComplete, start, err, 0)
+	return err
+}
+
+func (s *meteredStore) Release(ctx context.Context, key, token string) error {
+	start := time.Now()
+	err := s.s.Release(ctx, key, token)
+	s.done(ctx, opRelease, start, err, 0)
+	return err
+}
+
+func (s *meteredStore) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	start := time.Now()
+	err := s.s.Extend(ctx, key, token, lease)
+	s.done(ctx, opExtend, start, err, 0)
+	return err
+}
+
+func (s *meteredStore) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error) {
+	start := time.Now()
+	a, err := s.s.Mark(ctx, key, token, fingerprint, retention)
+	s.done(ctx, opMark, start, err, 0)
+	return a, err
+}
+
+func (s *meteredStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+	start := time.Now()
+	as, err := s.s.ClaimMany(ctx, entries)
+	s.done(ctx, opClaimMany, start, err, answerErrs(ctx, as))
+	return as, err
+}
+
+func (s *meteredStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+	start := time.Now()
+	as, err := s.s.MarkMany(ctx, entries)
+	s.done(ctx, opMarkMany, start, err, answerErrs(ctx, as))
+	return as, err
+}
+
+func (s *meteredStore) CompleteMany(ctx context.Context, entries []Entry) ([]error, error) {
+	start := time.Now()
+	errs, err := s.s.CompleteMany(ctx, entries)
+	n := 0
+	for _, e := range errs {
+		if isStoreError(ctx, e) {
+			n++
+		}
+	}
+	s.done(ctx, opCompleteMany, start, err, n)
+	return errs, err
+}
+
+func answerErrs(ctx context.Context, as []Answer) int {
+	n := 0
+	for _, a := range as {
+		if isStoreError(ctx, a.Err) {
+			n++
+		}
+	}
+	return n
+}
