@@ -174,9 +174,20 @@ func TestMetrics(t *testing.T) {
 	res, err = orders.Do(ctx, "k3", run("orders"))
 	want(t, res, err, StoreUnavailable)
 
+	failOn(map[string]error{"claim-many": unavailable})
+	for _, r := range open.HandleBatch(ctx, []Item{{Key: "b1"}}, func(context.Context, int) error { runs["open"]++; return nil }) {
+		if r.Outcome != Processed || !r.Unguarded {
+			t.Fatalf("fail open, batch: %+v %v", r.Result, r.Err)
+		}
+	}
+
 	failOn(map[string]error{"extend": ErrLeaseLost})
-	res, err = lease.Do(ctx, "k1", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+	untilLost := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	res, err = lease.Do(ctx, "k1", untilLost)
 	want(t, res, err, LeaseLost)
+	for _, r := range lease.HandleBatch(ctx, []Item{{Key: "b1"}}, func(ctx context.Context, _ int) error { return untilLost(ctx) }) {
+		want(t, r.Result, r.Err, LeaseLost)
+	}
 	failOn(map[string]error{"complete": ErrLeaseLost})
 	res, err = lease.Do(ctx, "k2", run("lease"))
 	want(t, res, err, LeaseLost)
@@ -211,24 +222,25 @@ func TestMetrics(t *testing.T) {
 		{"dedup.checks", []attribute.KeyValue{handlerIs("nolocal"), outcomeIs(Processed)}, 3},
 		{"dedup.checks", []attribute.KeyValue{handlerIs("fp"), outcomeIs(KeyReuse)}, 1},
 		{"dedup.checks", []attribute.KeyValue{handlerIs("filter"), outcomeIs(First)}, 1},
-		{"dedup.checks", []attribute.KeyValue{handlerIs("open"), outcomeIs(Processed)}, 1},
-		{"dedup.checks", []attribute.KeyValue{handlerIs("lease"), outcomeIs(LeaseLost)}, 2},
-		{"dedup.checks", nil, 15},
+		{"dedup.checks", []attribute.KeyValue{handlerIs("open"), outcomeIs(Processed)}, 2},
+		{"dedup.checks", []attribute.KeyValue{handlerIs("lease"), outcomeIs(LeaseLost)}, 3},
+		{"dedup.checks", nil, 17},
 		{"dedup.duplicates", []attribute.KeyValue{handlerIs("orders"), attrTier.String("local")}, 1},
 		{"dedup.duplicates", []attribute.KeyValue{handlerIs("nolocal"), attrTier.String("store")}, 1},
 		{"dedup.duplicates", nil, 2},
-		{"dedup.fail_open.runs", []attribute.KeyValue{handlerIs("open")}, 1},
-		{"dedup.fail_open.runs", nil, 1},
+		{"dedup.fail_open.runs", []attribute.KeyValue{handlerIs("open")}, 2},
+		{"dedup.fail_open.runs", nil, 2},
 		{"dedup.key.reused", []attribute.KeyValue{handlerIs("fp")}, 1},
 		{"dedup.key.reused", nil, 1},
 		{"dedup.key.missing", []attribute.KeyValue{handlerIs("orders")}, 1},
 		{"dedup.key.missing", nil, 1},
-		{"dedup.lease.lost", []attribute.KeyValue{handlerIs("lease"), opIs("extend")}, 1},
+		{"dedup.lease.lost", []attribute.KeyValue{handlerIs("lease"), opIs("extend")}, 2},
 		{"dedup.lease.lost", []attribute.KeyValue{handlerIs("lease"), opIs("complete")}, 1},
-		{"dedup.lease.lost", nil, 2},
-		// the two injected claim failures; lost leases are answers, not errors
+		{"dedup.lease.lost", nil, 3},
+		// the injected claim failures; lost leases are answers, not errors
 		{"dedup.store.errors", []attribute.KeyValue{opIs("claim")}, 2},
-		{"dedup.store.errors", nil, 2},
+		{"dedup.store.errors", []attribute.KeyValue{opIs("claim_many")}, 1},
+		{"dedup.store.errors", nil, 3},
 	}
 	for _, c := range counts {
 		if got := sum(t, ms, c.name, c.kvs...); got != c.want {
@@ -248,12 +260,12 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("dedup.store.duration{%s} has %d recordings, want %d", op, got, n)
 		}
 	}
-	for _, op := range []string{"claim_many", "complete_many"} {
-		if got := observations(t, ms, "dedup.store.duration", opIs(op)); got != 1 {
-			t.Errorf("dedup.store.duration{%s} has %d recordings, want 1", op, got)
+	for op, n := range map[string]uint64{"claim_many": 3, "complete_many": 1} {
+		if got := observations(t, ms, "dedup.store.duration", opIs(op)); got != n {
+			t.Errorf("dedup.store.duration{%s} has %d recordings, want %d", op, got, n)
 		}
 	}
-	fnRuns := map[string]uint64{"orders": 2, "nolocal": 3, "fp": 1, "open": 1, "lease": 2, "filter": 0}
+	fnRuns := map[string]uint64{"orders": 2, "nolocal": 3, "fp": 1, "open": 2, "lease": 3, "filter": 0}
 	for name, n := range fnRuns {
 		if got := observations(t, ms, "dedup.handler.duration", handlerIs(name)); got != n {
 			t.Errorf("dedup.handler.duration{%s} has %d recordings, want %d", name, got, n)
