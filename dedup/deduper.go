@@ -123,7 +123,6 @@ func (d *Deduper) Close() error {
 	d.mu.Unlock()
 	d.cancel(ErrClosed)
 	d.running.Wait()
-	d.met.stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, h := range d.handlers {

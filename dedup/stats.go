@@ -21,7 +21,6 @@ func (h *Handler) count(res Result) Result {
 	if res.Unguarded {
 		h.stats.unguarded.Add(1)
 	}
-	h.met.count(res)
 	return res
 }
 

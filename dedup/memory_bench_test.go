@@ -1,0 +1,127 @@
+package dedup
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
+)
+
+// uuid4 returns a random UUID string, the shape of a typical Idempotency-Key or
+// Nats-Msg-Id (36 bytes, a plain key: stored as is).
+func uuid4() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// BenchmarkRecordMemory sizes Redis for dedup: it writes b.N DONE records through a
+// handler of the default prefix ("dedup") with a 9-byte name, then reports what
+// MEMORY USAGE says of a sample of them (bytes/record) and, on a redis-server of its
+// own, how much used_memory grew per record (used-bytes/record, which adds the
+// keyspace's and the expiry table's share). Records: a UUID key; the same with a
+// payload fingerprint; a key too long to store as is (kept as its SHA-256).
+//
+//	go test -run '^$' -bench RecordMemory -benchtime 100000x ./dedup
+//	DEDUP_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench 'RecordMemory/server:external' -benchtime 2000x ./dedup
+func BenchmarkRecordMemory(b *testing.B) {
+	servers := []string{"spawned"}
+	if os.Getenv("DEDUP_REDIS_ADDR") != "" {
+		servers = append(servers, "external")
+	}
+	kinds := []struct {
+		name string
+		fp   bool
+		key  func() string
+	}{
+		{"uuid", false, uuid4},
+		{"uuid+fingerprint", true, uuid4},
+		{"hashed", false, func() string { return "order " + uuid4() + strings.Repeat(" line item", 8) }},
+	}
+	for _, srv := range servers {
+		for _, k := range kinds {
+			b.Run(fmt.Sprintf("server:%s/record:%s", srv, k.name), func(b *testing.B) {
+				var c *redis.Client
+				if srv == "external" {
+					c = redis.NewClient(&redis.Options{Addr: os.Getenv("DEDUP_REDIS_ADDR")})
+				} else {
+					c = redis.NewClient(&redis.Options{Addr: spawnRedis(b)})
+				}
+				name := "inv" + testenv.Prefix()[4:10] // unique, 9 bytes like "inventory"
+				b.Cleanup(func() {
+					testenv.DeletePrefix(b, c, DefaultPrefix+":"+name)
+					c.Close()
+				})
+				recordMemory(b, c, name, k.fp, k.key, srv == "spawned")
+			})
+		}
+	}
+}
+
+func recordMemory(b *testing.B, c *redis.Client, name string, fp bool, key func() string, ownServer bool) {
+	ctx := context.Background()
+	st, err := NewRedisStore(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, err := New(st, WithLogger(quiet))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	h, err := d.Register(name, WithFingerprint(fp), WithLocalCache(0, 0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	usedMemory := func() int64 {
+		n, _ := strconv.ParseInt(parseInfo(c.Info(ctx, "memory").Val())["used_memory"], 10, 64)
+		return n
+	}
+	const chunk = 500
+	var sample []string
+	before := usedMemory()
+	b.ResetTimer()
+	for done := 0; done < b.N; {
+		n := min(chunk, b.N-done)
+		items := make([]Item, n)
+		for i := range items {
+			items[i] = Item{Key: key(), Payload: []byte(`{"order":42,"sku":"A-1","qty":1}`)}
+		}
+		for i, r := range h.HandleBatch(ctx, items, func(context.Context, int) error { return nil }) {
+			if r.Outcome != Processed {
+				b.Fatalf("%v %v", r.Outcome, r.Err)
+			}
+			if len(sample) < 1000 {
+				sample = append(sample, h.RecordKey(items[i].Key))
+			}
+		}
+		done += n
+	}
+	b.StopTimer()
+	if ownServer { // used_memory moves with other clients' keys on a shared server
+		b.ReportMetric(float64(usedMemory()-before)/float64(b.N), "used-bytes/record")
+	}
+	var total int64
+	for _, k := range sample {
+		n, err := c.MemoryUsage(ctx, k).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += n
+	}
+	b.ReportMetric(float64(total)/float64(len(sample)), "bytes/record")
+	b.ReportMetric(float64(len(sample[0])), "key-bytes")
+	v, _ := c.Get(ctx, sample[0]).Result()
+	b.ReportMetric(float64(len(v)), "value-bytes")
+}
