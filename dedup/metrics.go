@@ -52,10 +52,10 @@ var (
 // The instruments, under the scope MeterName:
 //
 //	name                    instrument           unit         attributes
-//	dedup.checks            Counter              {check}      dedup.handler.name, dedup.outcome
-//	dedup.duplicates        Counter              {duplicate}  dedup.handler.name, dedup.tier
+//	dedup.checks            async Counter        {check}      dedup.handler.name, dedup.outcome
+//	dedup.duplicates        async Counter        {duplicate}  dedup.handler.name, dedup.tier
 //	dedup.fail_open.runs    Counter              {run}        dedup.handler.name
-//	dedup.key.reused        Counter              {message}    dedup.handler.name
+//	dedup.key.reused        async Counter        {message}    dedup.handler.name
 //	dedup.key.missing       Counter              {message}    dedup.handler.name
 //	dedup.lease.lost        Counter              {lease}      dedup.handler.name, dedup.operation.name
 //	dedup.handler.duration  Histogram            s            dedup.handler.name
@@ -66,20 +66,29 @@ var (
 //
 // dedup.checks counts every call (Do, Handle, HandleKey, Mark, and each item of
 // HandleBatch) once, by its final Outcome; dedup.outcome is Outcome.String() with '-'
-// turned into '_' ("in_progress", "store_unavailable"). dedup.duplicates splits the
-// duplicates by Tier. dedup.fail_open.runs counts messages let through without dedup
-// because the store failed under FailOpen (fn ran, or Mark answered First).
-// dedup.key.reused counts KeyReuse answers; dedup.key.missing counts messages without
-// a key, under either missing-key policy. dedup.lease.lost counts leases found lost by
-// the heartbeat (operation "extend": the store said so, or extensions failed until the
-// lease could end) or by the completion (operation "complete"); a lease lost by the
-// heartbeat whose fn ignores its context and returns nil can be counted under both.
-// dedup.handler.duration is how long fn ran. The store instruments time and count
-// every Store call (claim, complete, release, extend, mark, claim_many, mark_many,
-// complete_many); a call whose context the caller cancelled is not an error, nor is a
-// lease-lost answer. A batch call that fails whole counts one error, otherwise each
-// failed item counts one. dedup.local.usage and dedup.local.limit are each local
-// tier's Len and Cap (handlers without a local tier are left out).
+// turned into '_' ("in_progress", "store_unavailable"), every outcome reported, zero
+// or not. dedup.duplicates splits the duplicates by Tier; dedup.key.reused counts
+// KeyReuse answers. These three are the handler's Stats, read when the metrics are
+// collected, so a check costs the same with metrics on as off.
+//
+// dedup.fail_open.runs counts messages let through without dedup because the store
+// failed under FailOpen (fn ran, or Mark answered First). dedup.key.missing counts
+// messages without a key, under either missing-key policy. dedup.lease.lost counts
+// leases found lost by the heartbeat (operation "extend": the store said so, or
+// extensions failed until the lease could end) or by the completion (operation
+// "complete"); a lease the heartbeat lost whose fn ignores its context and returns nil
+// can be counted under both. dedup.handler.duration is how long fn ran.
+//
+// The store instruments time and count every Store call, by operation: claim,
+// complete, release, extend, mark, claim_many, mark_many, complete_many. A lease-lost
+// answer is not an error, nor is a call whose context the caller cancelled (a passed
+// deadline is: the store was too slow). A batch call that fails whole counts one
+// error; otherwise each failed item counts one.
+//
+// dedup.local.usage and dedup.local.limit are each local tier's Len and Cap (handlers
+// without one are left out), until Close. After Close the counters keep reporting
+// their final totals, so that a provider shut down after the Deduper still exports
+// them; the provider's Shutdown lets them go.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) error {
 		if mp == nil {
@@ -92,27 +101,28 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 
 // metrics holds a Deduper's instruments; nil when metrics are off.
 type metrics struct {
-	checks, duplicates, failOpen, keyReused, keyMissing, leaseLost metric.Int64Counter
-	storeErrors                                                    metric.Int64Counter
-	handlerDur, storeDur                                           metric.Float64Histogram
-	localUsage, localLimit                                         metric.Int64ObservableUpDownCounter
+	failOpen, keyMissing, leaseLost, storeErrors metric.Int64Counter
+	handlerDur, storeDur                         metric.Float64Histogram
+	// read from the handlers' own counters when collected, so that a check costs no
+	// more with metrics on than off
+	checks, duplicates, keyReused metric.Int64ObservableCounter
+	localUsage, localLimit        metric.Int64ObservableUpDownCounter
 
 	opRecord [numOps][]metric.RecordOption
 	opAdd    [numOps][]metric.AddOption
-	reg      metric.Registration // the local tier callback; unregistered by Close
 }
 
 // handlerMetrics is one handler's view of the instruments, with every attribute set
 // built once at Register; nil when metrics are off.
 type handlerMetrics struct {
 	m        *metrics
-	outcome  [numOutcomes][]metric.AddOption
-	local    []metric.AddOption // duplicates, tier local
-	store    []metric.AddOption // duplicates, tier store
 	handler  []metric.AddOption
 	record   []metric.RecordOption
 	lostBy   [numOps][]metric.AddOption // lease lost, by operation (extend, complete)
 	observed []metric.ObserveOption
+	outcome  [numOutcomes][]metric.ObserveOption
+	local    []metric.ObserveOption // duplicates, tier local
+	store    []metric.ObserveOption // duplicates, tier store
 }
 
 // instrument creates the Deduper's instruments and puts the store behind a metered
@@ -135,15 +145,20 @@ func (d *Deduper) instrument() error {
 		errs = append(errs, err)
 		return h
 	}
+	observed := func(name, unit, desc string) metric.Int64ObservableCounter {
+		c, err := meter.Int64ObservableCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
 	gauge := func(name, desc string) metric.Int64ObservableUpDownCounter {
 		g, err := meter.Int64ObservableUpDownCounter(name, metric.WithUnit("{entry}"), metric.WithDescription(desc))
 		errs = append(errs, err)
 		return g
 	}
-	m.checks = counter("dedup.checks", "{check}", "Calls by handler and final outcome.")
-	m.duplicates = counter("dedup.duplicates", "{duplicate}", "Duplicates by the tier that recognised them.")
+	m.checks = observed("dedup.checks", "{check}", "Calls by handler and final outcome.")
+	m.duplicates = observed("dedup.duplicates", "{duplicate}", "Duplicates by the tier that recognised them.")
+	m.keyReused = observed("dedup.key.reused", "{message}", "Messages whose key is DONE with another payload fingerprint.")
 	m.failOpen = counter("dedup.fail_open.runs", "{run}", "Messages let through without dedup because the store failed (FailOpen).")
-	m.keyReused = counter("dedup.key.reused", "{message}", "Messages whose key is DONE with another payload fingerprint.")
 	m.keyMissing = counter("dedup.key.missing", "{message}", "Messages without a key.")
 	m.leaseLost = counter("dedup.lease.lost", "{lease}", "Leases found lost, by the operation that found it (extend: the heartbeat; complete).")
 	m.storeErrors = counter("dedup.store.errors", "{error}", "Failed store calls, by operation.")
@@ -159,35 +174,39 @@ func (d *Deduper) instrument() error {
 		m.opRecord[op] = []metric.RecordOption{o}
 		m.opAdd[op] = []metric.AddOption{o}
 	}
-	reg, err := meter.RegisterCallback(d.observeLocal, m.localUsage, m.localLimit)
-	if err != nil {
-		return fmt.Errorf("dedup: registering the local tier callback: %w", err)
+	// Never unregistered: after Close the counters keep their final totals, so that a
+	// provider shut down after the Deduper still exports them.
+	if _, err := meter.RegisterCallback(d.observe, m.checks, m.duplicates, m.keyReused, m.localUsage, m.localLimit); err != nil {
+		return fmt.Errorf("dedup: registering the metrics callback: %w", err)
 	}
-	m.reg = reg
 	d.met = m
 	d.store = &meteredStore{s: d.store, m: m}
 	return nil
 }
 
-// observeLocal reports every local tier's fill.
-func (d *Deduper) observeLocal(_ context.Context, o metric.Observer) error {
+// observe reports every handler's counters (Stats) and, until Close, local tier fill.
+func (d *Deduper) observe(_ context.Context, o metric.Observer) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
+	m := d.met
 	for _, h := range d.handlers {
-		if h.local == nil || h.met == nil {
+		hm := h.met
+		if hm == nil {
 			continue
 		}
-		o.ObserveInt64(d.met.localUsage, int64(h.local.Len()), h.met.observed...)
-		o.ObserveInt64(d.met.localLimit, int64(h.local.Cap()), h.met.observed...)
+		s := h.Stats()
+		for oc := Processed; oc < numOutcomes; oc++ {
+			o.ObserveInt64(m.checks, int64(s.Count(oc)), hm.outcome[oc]...)
+		}
+		o.ObserveInt64(m.duplicates, int64(s.LocalDuplicates), hm.local...)
+		o.ObserveInt64(m.duplicates, int64(s.StoreDuplicates), hm.store...)
+		o.ObserveInt64(m.keyReused, int64(s.Count(KeyReuse)), hm.observed...)
+		if h.local != nil && !d.closed {
+			o.ObserveInt64(m.localUsage, int64(h.local.Len()), hm.observed...)
+			o.ObserveInt64(m.localLimit, int64(h.local.Cap()), hm.observed...)
+		}
 	}
 	return nil
-}
-
-// stop unregisters the local tier callback. Safe on nil.
-func (m *metrics) stop() {
-	if m != nil && m.reg != nil {
-		_ = m.reg.Unregister()
-	}
 }
 
 // forHandler builds a handler's attribute sets; nil when metrics are off.
@@ -196,43 +215,26 @@ func (m *metrics) forHandler(name string) *handlerMetrics {
 		return nil
 	}
 	hn := attrHandler.String(name)
-	add := func(kv ...attribute.KeyValue) []metric.AddOption {
-		return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(append(kv, hn)...))}
+	set := func(kv ...attribute.KeyValue) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(append(kv, hn)...))
 	}
+	add := func(kv ...attribute.KeyValue) []metric.AddOption { return []metric.AddOption{set(kv...)} }
+	observe := func(kv ...attribute.KeyValue) []metric.ObserveOption { return []metric.ObserveOption{set(kv...)} }
 	hm := &handlerMetrics{m: m}
 	for o := range numOutcomes {
-		hm.outcome[o] = add(attrOutcome.String(outcomeAttr(Outcome(o))))
+		hm.outcome[o] = observe(attrOutcome.String(outcomeAttr(Outcome(o))))
 	}
-	hm.local = add(attrTier.String(TierLocal.String()))
-	hm.store = add(attrTier.String(TierStore.String()))
+	hm.local = observe(attrTier.String(TierLocal.String()))
+	hm.store = observe(attrTier.String(TierStore.String()))
 	hm.handler = add()
 	hm.lostBy[opExtend] = add(attrOperation.String(opNames[opExtend]))
 	hm.lostBy[opComplete] = add(attrOperation.String(opNames[opComplete]))
-	set := metric.WithAttributeSet(attribute.NewSet(hn))
-	hm.record = []metric.RecordOption{set}
-	hm.observed = []metric.ObserveOption{set}
+	hm.record = []metric.RecordOption{set()}
+	hm.observed = observe()
 	return hm
 }
 
 func outcomeAttr(o Outcome) string { return strings.ReplaceAll(o.String(), "-", "_") }
-
-// count records one call's result (called by Handler.count). Safe on nil.
-func (hm *handlerMetrics) count(res Result) {
-	if hm == nil {
-		return
-	}
-	ctx := context.Background()
-	hm.m.checks.Add(ctx, 1, hm.outcome[res.Outcome]...)
-	switch res.Tier {
-	case TierLocal:
-		hm.m.duplicates.Add(ctx, 1, hm.local...)
-	case TierStore:
-		hm.m.duplicates.Add(ctx, 1, hm.store...)
-	}
-	if res.Outcome == KeyReuse {
-		hm.m.keyReused.Add(ctx, 1, hm.handler...)
-	}
-}
 
 // failOpen counts a message let through without dedup. Safe on nil.
 func (hm *handlerMetrics) failOpen() {
