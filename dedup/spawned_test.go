@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dedupkit/dedupkit/internal/testenv"
+	"github.com/dedupkit/dedupkit/internal/embedded"
 )
 
 // Helpers for the tests that run their own redis-server processes (kill, restart,
@@ -17,7 +17,7 @@ import (
 
 // clientOf returns a client for a spawned server, closed at cleanup. Its retries and
 // timeouts are go-redis's defaults unless mod changes them.
-func clientOf(t *testing.T, p *testenv.Proc, mod ...func(*redis.Options)) *redis.Client {
+func clientOf(t *testing.T, p *embedded.Proc, mod ...func(*redis.Options)) *redis.Client {
 	t.Helper()
 	o := &redis.Options{Addr: p.Addr()}
 	for _, m := range mod {

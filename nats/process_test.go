@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -22,7 +23,7 @@ import (
 // procEnv is one process-level test's servers, stream and consumer.
 type procEnv struct {
 	*env
-	redis  *testenv.Proc
+	redis  *embedded.Proc
 	rdb    *redis.Client
 	prefix string
 	cons   jetstream.Consumer
