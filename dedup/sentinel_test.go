@@ -30,20 +30,6 @@ func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 	}
 }
 
-// infoFieldOrErr is infoField for polls that ride out errors: an error reads as its text.
-func infoFieldOrErr(ctx context.Context, c *redis.Client, section, field string) string {
-	info, err := c.Info(ctx, section).Result()
-	if err != nil {
-		return err.Error()
-	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 // A Deduper works through a Sentinel-managed failover client (NewUniversalClient with
 // MasterName), and its records survive a failover: after the replica is promoted,
 // the same client finds the DONE record (Duplicate) and writes new ones on the new
@@ -59,8 +45,8 @@ func TestSentinelFailover(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: replica.Addr()})
 	defer rc.Close()
 	waitFor(t, "replica linked", func() (bool, string) {
-		s := infoFieldOrErr(ctx, rc, "replication", "master_link_status")
-		return s == "up", s
+		s, err := testenv.ReadInfoField(ctx, rc, "replication", "master_link_status")
+		return err == nil && s == "up", fmt.Sprint(s, err)
 	})
 	sentinel := testenv.Spawn(t, func(dir string) (*embedded.Proc, error) {
 		return embedded.StartRedisSentinel(dir, master, primary.Addr(), 1, time.Second)
@@ -124,8 +110,8 @@ func TestSentinelFailover(t *testing.T) {
 		return err == nil && got == replica.Addr(), got
 	})
 	waitFor(t, "the replica is primary", func() (bool, string) {
-		r := infoFieldOrErr(ctx, rc, "replication", "role")
-		return r == "master", r
+		r, err := testenv.ReadInfoField(ctx, rc, "replication", "role")
+		return err == nil && r == "master", fmt.Sprint(r, err)
 	})
 	// The failover client follows the sentinel (+switch-master); until it has, a
 	// write may reach the demoted primary and be refused.

@@ -2,7 +2,6 @@ package dedup
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -53,35 +52,6 @@ func recordCounts(t *testing.T, c *redis.Client, prefix string) (done, inProgres
 		t.Fatal(err)
 	}
 	return done, inProgress
-}
-
-// infoField reads one field of INFO section from a server, "" when absent.
-func infoField(t *testing.T, c *redis.Client, section, field string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	info, err := c.Info(ctx, section).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return v
-		}
-	}
-	return ""
-}
-
-// poll checks cond every 20ms until it holds; the test fails after timeout.
-func poll(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // tally counts fn runs per key, safe for concurrent use.

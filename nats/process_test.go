@@ -196,7 +196,7 @@ func TestProcessPausedPastLease(t *testing.T) {
 			pz.waitFor(10*time.Second, "order-1 started", func(e event) bool { return e.kind == "started" })
 			pz.signal(syscall.SIGSTOP)
 			t.Cleanup(func() { _ = pz.cmd.Process.Signal(syscall.SIGCONT) }) // should the test stop half way
-			eventually(t, 10*time.Second, "P's claim to expire", func() bool { return p.record("order-1") == "" })
+			testenv.Eventually(t, 10*time.Second, "P's claim to expire", func() bool { return p.record("order-1") == "" })
 
 			r := p.child("R", "consume", "work", lease)
 			r.waitFor(20*time.Second, "R to process order-1", func(e event) bool {
