@@ -19,6 +19,7 @@ import (
 // with them what it had persisted.
 func TestProcKillAndStartKeepPortAndData(t *testing.T) {
 	s := testenv.SpawnRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	listening(t, s)
 	ctx := context.Background()
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer c.Close()
@@ -37,6 +38,7 @@ func TestProcKillAndStartKeepPortAndData(t *testing.T) {
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
+	listening(t, s)
 	if s.Port() != port || s.PID() == pid || s.PID() == 0 {
 		t.Fatalf("port %d, PID %d after Start; want port %d and a new PID (was %d)", s.Port(), s.PID(), port, pid)
 	}
@@ -49,6 +51,18 @@ func TestProcKillAndStartKeepPortAndData(t *testing.T) {
 	if n := strings.Count(s.Log(), "Ready to accept connections"); n != 2 {
 		t.Fatalf("the log says ready %d times, want once per start:\n%s", n, s.Log())
 	}
+}
+
+// listening fails the test unless the server listens: Start returns only then. A
+// bare dial, since go-redis's own dial retries would wait for a server still
+// starting.
+func listening(t *testing.T, s *embedded.Proc) {
+	t.Helper()
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatalf("Start returned before the server listens: %v", err)
+	}
+	c.Close()
 }
 
 // A paused server keeps its port and does not answer; resumed, it answers again.
