@@ -203,7 +203,12 @@ func TestHealthACL(t *testing.T) {
 // never answers, by the context's deadline.
 func TestHealthUnreachable(t *testing.T) {
 	t.Parallel()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t)) // nothing listens
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := free.Addr().String()
+	free.Close() // nothing listens there now
 	down := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { down.Close() })
 	code, rep, body := serve(t, redisDeduper(t, down))
@@ -216,7 +221,6 @@ func TestHealthUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
 	conns := make(chan net.Conn, 8)
 	go func() {
 		for {
