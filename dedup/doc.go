@@ -27,4 +27,11 @@
 // Handlers are independent: each has its own name (part of every Redis key), retention,
 // lease, local tier, key strategy (package keys), missing-key policy, store-failure
 // policy (fail closed by default), fingerprinting and mode.
+//
+// For operations: WithMeterProvider turns on OpenTelemetry metrics (its doc lists
+// every instrument; without it they cost nothing). Log lines (WithLogger) name a key
+// by a hash of it, never the key or the payload. Deduper.Health, and HealthHandler
+// for an HTTP mux, report whether the store is reachable and how fast, risky Redis
+// settings (an evicting maxmemory-policy, a version older than 7.0, memory near
+// maxmemory) and the fill of every local tier.
 package dedup
