@@ -171,12 +171,10 @@ func (r *soakReport) verdict(cfg soakConfig) error {
 		why = append(why, fmt.Sprintf("%d lost, %d duplicate successes, %d phantom successes",
 			r.Lost, r.DuplicateSuccesses, r.PhantomSuccesses))
 	}
-	if r.ConsumerKills != cfg.kills || r.RedisRestarts != cfg.restarts {
-		why = append(why, fmt.Sprintf("faults not all injected: %d/%d consumer kills, %d/%d redis restarts",
-			r.ConsumerKills, cfg.kills, r.RedisRestarts, cfg.restarts))
-	}
-	if (cfg.nakRate > 0 && r.NaksInjected == 0) || (cfg.dropRate > 0 && r.AcksDropped == 0) {
-		why = append(why, fmt.Sprintf("faults not all injected: %d naks, %d dropped acks", r.NaksInjected, r.AcksDropped))
+	if r.ConsumerKills != cfg.kills || r.RedisRestarts != cfg.restarts ||
+		(cfg.nakRate > 0 && r.NaksInjected == 0) || (cfg.dropRate > 0 && r.AcksDropped == 0) {
+		why = append(why, fmt.Sprintf("faults not all injected: %d/%d consumer kills, %d/%d redis restarts, %d naks, %d dropped acks",
+			r.ConsumerKills, cfg.kills, r.RedisRestarts, cfg.restarts, r.NaksInjected, r.AcksDropped))
 	}
 	if r.ConsumerExits != 0 {
 		why = append(why, fmt.Sprintf("%d consumer processes exited on their own", r.ConsumerExits))
@@ -225,13 +223,17 @@ func soak(ctx context.Context, cfg soakConfig, stdout, stderr io.Writer) (err er
 
 	runCtx, cancel := context.WithTimeout(ctx, cfg.timeout)
 	defer cancel()
-	if err := s.setUp(runCtx); err != nil {
-		return err
+	runErr := s.setUp(runCtx)
+	if runErr == nil {
+		runErr = s.run(runCtx)
 	}
-	runErr := s.run(runCtx)
 	if runCtx.Err() != nil && ctx.Err() == nil {
 		rep.TimedOut = true
-		runErr = fmt.Errorf("timed out after %v: %w", cfg.timeout, runErr)
+		if runErr == nil || errors.Is(runErr, context.DeadlineExceeded) {
+			runErr = fmt.Errorf("timed out after %v", cfg.timeout)
+		} else {
+			runErr = fmt.Errorf("timed out after %v: %w", cfg.timeout, runErr)
+		}
 	}
 	// Whatever happened, stop the consumers and count: the report says what is known.
 	fin, cancelFin := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -340,29 +342,35 @@ func (s *soakRun) setUp(ctx context.Context) error {
 	return nil
 }
 
-// publish stores every message, each with its own Nats-Msg-Id.
+// publish stores every message, each with its own Nats-Msg-Id, in windows of
+// publishWindow (below the client's limit of outstanding async publishes, which
+// fails a publish that waits on it for long).
 func (s *soakRun) publish(ctx context.Context, subject string) error {
-	futures := make([]jetstream.PubAckFuture, 0, s.cfg.messages)
-	for i := range s.cfg.messages {
-		msg := natsgo.NewMsg(subject)
-		msg.Data = []byte(`{"n":` + strconv.Itoa(i) + `}`)
-		msg.Header.Set(jetstream.MsgIDHeader, soakMsgID(i))
-		f, err := s.js.PublishMsgAsync(msg)
-		if err != nil {
-			return fmt.Errorf("publish: %w", err)
-		}
-		futures = append(futures, f)
-	}
-	for _, f := range futures {
-		select {
-		case ack := <-f.Ok():
-			if ack.Duplicate {
-				return fmt.Errorf("publish: %s taken as a duplicate", f.Msg().Header.Get(jetstream.MsgIDHeader))
+	const publishWindow = 2000
+	futures := make([]jetstream.PubAckFuture, 0, publishWindow)
+	for lo := 0; lo < s.cfg.messages; lo += publishWindow {
+		futures = futures[:0]
+		for i := lo; i < min(lo+publishWindow, s.cfg.messages); i++ {
+			msg := natsgo.NewMsg(subject)
+			msg.Data = []byte(`{"n":` + strconv.Itoa(i) + `}`)
+			msg.Header.Set(jetstream.MsgIDHeader, soakMsgID(i))
+			f, err := s.js.PublishMsgAsync(msg)
+			if err != nil {
+				return fmt.Errorf("publish: %w", err)
 			}
-		case err := <-f.Err():
-			return fmt.Errorf("publish: %w", err)
-		case <-ctx.Done():
-			return fmt.Errorf("publish: %w", ctx.Err())
+			futures = append(futures, f)
+		}
+		for _, f := range futures {
+			select {
+			case ack := <-f.Ok():
+				if ack.Duplicate {
+					return fmt.Errorf("publish: %s taken as a duplicate", f.Msg().Header.Get(jetstream.MsgIDHeader))
+				}
+			case err := <-f.Err():
+				return fmt.Errorf("publish: %w", err)
+			case <-ctx.Done():
+				return fmt.Errorf("publish: %w", ctx.Err())
+			}
 		}
 	}
 	s.logf("published %d messages to %s", s.cfg.messages, s.stream)
@@ -592,8 +600,8 @@ func (s *soakRun) finish(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("consumer pid %d: %v", p.cmd.Process.Pid, p.err))
 		}
 	}
-	if s.js == nil || s.ledger == nil {
-		return errors.Join(errs...)
+	if s.js == nil || s.ledger == nil || s.dedupRDB == nil {
+		return errors.Join(errs...) // set-up failed early: nothing to count
 	}
 	if info, err := s.consumerInfo(ctx); err == nil {
 		s.rep.Deliveries = info.Delivered.Consumer
@@ -613,14 +621,15 @@ func (s *soakRun) finish(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// isKilled reports a process ended by SIGKILL (the soak's own kills).
+// isKilled reports a process ended by the soak's own signals: a SIGKILL, or a
+// SIGTERM that came before the process could catch it.
 func isKilled(err error) bool {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {
 		return false
 	}
 	ws, ok := ee.Sys().(syscall.WaitStatus)
-	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+	return ok && ws.Signaled() && (ws.Signal() == syscall.SIGKILL || ws.Signal() == syscall.SIGTERM)
 }
 
 // readCounters sums the consumers' flushed counters and the injected faults.

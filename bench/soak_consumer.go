@@ -232,12 +232,20 @@ func (c *soakConsumer) flush(ctx context.Context) error {
 	return c.ledger.HSet(ctx, procKey(os.Getpid()), fields).Err()
 }
 
-// runSoakConsumer is `bench soak-consumer`: it consumes until ctx is cancelled.
+// runSoakConsumer is `bench soak-consumer`: it consumes until ctx is cancelled. A
+// consumer stopped while it sets up exits cleanly.
 func runSoakConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	cfg, err := parseConsumerFlags(args, stderr)
 	if err != nil {
 		return err
 	}
+	if err := consume(ctx, cfg, stderr); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+func consume(ctx context.Context, cfg consumerConfig, stderr io.Writer) error {
 	logger := slog.New(slog.DiscardHandler)
 	if cfg.verbose {
 		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
