@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/dedupkit/dedupkit/keys"
@@ -322,16 +323,14 @@ func (h *Handler) storeFailed(ctx context.Context, f *flight, k string, err erro
 func (h *Handler) runLeased(ctx context.Context, f *flight, k, lk, rk, token string, validUntil time.Time, fn func(context.Context) error) (Result, error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stopOnClose := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
-	stop, stopped := make(chan struct{}), make(chan struct{})
-	go h.heartbeat(rk, token, validUntil, f, cancel, stop, stopped)
+	beat := h.startBeat(rk, token, validUntil, f, cancel)
 	returned := false
 	defer func() {
 		if returned {
 			return
 		}
 		// fn called runtime.Goexit: stop the heartbeat and give the key back
-		close(stop)
-		<-stopped
+		beat.stop()
 		stopOnClose()
 		cancel(nil)
 		bg, done := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
@@ -340,8 +339,7 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, k, lk, rk, token str
 	}()
 	panicked, err := invoke(fctx, fn)
 	returned = true
-	close(stop)
-	<-stopped
+	beat.stop()
 	stopOnClose()
 	cause := context.Cause(fctx)
 	cancel(nil)
@@ -385,25 +383,77 @@ func (h *Handler) completed(k, lk string, cerr error) (Result, error) {
 	}
 }
 
-// heartbeat extends the lease every lease/3 until stop is closed, and cancels fn with
-// ErrLeaseLost once the lease is gone or may be gone (see extend).
-func (h *Handler) heartbeat(rk, token string, validUntil time.Time, f *flight, cancel context.CancelCauseFunc, stop <-chan struct{}, stopped chan<- struct{}) {
-	defer close(stopped)
-	t := time.NewTicker(h.cfg.lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
+// beat is the heartbeat of one claim: a timer that extends the lease every lease/3
+// and cancels fn with ErrLeaseLost once the lease is gone or may be gone (see
+// extend). No goroutine waits between beats: the timer starts one only to extend.
+type beat struct {
+	h      *Handler
+	rk     string
+	token  string
+	f      *flight
+	cancel context.CancelCauseFunc
+	t      *time.Timer
+
+	mu         sync.Mutex
+	validUntil time.Time     // the lease's end as far as this process knows
+	stopped    bool          // no further extension may start
+	busy       bool          // an extension is running
+	idle       chan struct{} // closed when the running extension ends, if stop waits for it
+}
+
+func (h *Handler) startBeat(rk, token string, validUntil time.Time, f *flight, cancel context.CancelCauseFunc) *beat {
+	b := &beat{h: h, rk: rk, token: token, f: f, cancel: cancel, validUntil: validUntil}
+	b.mu.Lock() // the timer must not fire before b.t is set
+	b.t = time.AfterFunc(h.cfg.lease/3, b.fire)
+	b.mu.Unlock()
+	return b
+}
+
+// fire runs on the timer's goroutine: one extension, then the next beat.
+func (b *beat) fire() {
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		return
+	}
+	b.busy = true
+	validUntil := b.validUntil
+	b.mu.Unlock()
+
+	validUntil, lost := b.h.extend(b.rk, b.token, validUntil)
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.busy = false
+	if lost {
+		b.h.stats.leaseLost.Add(1)
+		b.cancel(ErrLeaseLost)
+	} else {
+		b.validUntil = validUntil
+		b.f.leaseEnd.Store(validUntil.UnixNano())
+		if !b.stopped {
+			b.t.Reset(b.h.cfg.lease / 3)
 		}
-		var lost bool
-		if validUntil, lost = h.extend(rk, token, validUntil); lost {
-			h.stats.leaseLost.Add(1)
-			cancel(ErrLeaseLost)
-			return
-		}
-		f.leaseEnd.Store(validUntil.UnixNano())
+	}
+	if b.idle != nil {
+		close(b.idle)
+	}
+}
+
+// stop ends the heartbeat and waits for an extension still running, so that no
+// extension outlives the run (Close waits for the run).
+func (b *beat) stop() {
+	b.mu.Lock()
+	b.stopped = true
+	b.t.Stop()
+	var idle chan struct{}
+	if b.busy {
+		b.idle = make(chan struct{})
+		idle = b.idle
+	}
+	b.mu.Unlock()
+	if idle != nil {
+		<-idle
 	}
 }
 

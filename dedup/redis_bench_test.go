@@ -80,3 +80,59 @@ func BenchmarkRedisStore(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRedisDo measures Handler.Do on unique keys from c goroutines against
+// DEDUP_REDIS_ADDR: the claim, the run (an empty fn) and the completion.
+//
+//	DEDUP_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench RedisDo -benchmem ./dedup
+func BenchmarkRedisDo(b *testing.B) {
+	addr := os.Getenv("DEDUP_REDIS_ADDR")
+	if addr == "" {
+		b.Skip("DEDUP_REDIS_ADDR is not set: no Redis to measure")
+	}
+	prefix := testenv.Prefix()
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 512})
+	b.Cleanup(func() {
+		testenv.DeletePrefix(b, c, prefix)
+		c.Close()
+	})
+	tc := &testenv.TripCounter{}
+	c.AddHook(tc)
+	s, _ := NewRedisStore(c)
+	d, err := New(s, WithPrefix(prefix))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	var seq atomic.Int64 // keys stay unique across b.N's reruns
+	for _, mode := range []struct {
+		name string
+		m    Mode
+	}{{"do", ModeDo}, {"filter", ModeFilter}} {
+		h, err := d.Register("bench-"+mode.name, WithMode(mode.m))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, conc := range []int{1, 64} {
+			b.Run(fmt.Sprintf("mode=%s/conc=%d", mode.name, conc), func(b *testing.B) {
+				b.ReportAllocs()
+				b.SetParallelism(max(1, conc/runtime.GOMAXPROCS(0)))
+				ctx := context.Background()
+				tc.Reset()
+				start := time.Now()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						key := fmt.Sprint("k", seq.Add(1))
+						res, err := h.HandleKey(ctx, key, nil, func(context.Context) error { return nil })
+						if err != nil || (res.Outcome != Processed && res.Outcome != First) {
+							b.Errorf("%v %v", res.Outcome, err)
+							return
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
+				b.ReportMetric(float64(tc.Cmds())/float64(max(1, tc.Trips())), "cmds/trip")
+			})
+		}
+	}
+}
