@@ -49,6 +49,15 @@ import (
 // fault was injected, no consumer exited on its own, and it finished within -timeout
 // (on a timeout it prints what it knows).
 //
+// What counts (soak_ledger.go has the rules): a successful run of a message is one
+// dedup took as its processing, Processed or NotRecorded; lost counts messages with
+// none, duplicate_successes the ones beyond the first. uncommitted_effects counts side
+// effects of runs that never succeeded: a consumer SIGKILLed after its side effect and
+// before its DONE write leaves one, and the message rightly runs again. That is the
+// crash window of any at-least-once consumer, so it is reported and does not fail the
+// soak. Nor is an ack dropped after NotRecorded: a lost DONE write and a lost ack
+// together make the duplicate the README's Limits name, not one dedup claims to stop.
+//
 // Servers: the dedup Redis and the ledger Redis are redis-server processes it spawns
 // (redis-server must be on PATH) in a temp dir. NATS is an in-process server
 // (internal/embedded), unless -nats names one: NATS is not a fault target here, and
