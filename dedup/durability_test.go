@@ -217,7 +217,7 @@ func TestAppendfsyncAlwaysSurvivesKill9(t *testing.T) {
 			}
 		})
 	}
-	poll(t, 30*time.Second, "300 keys processed", func() bool { return n.Load() >= 300 })
+	testenv.Eventually(t, 30*time.Second, "300 keys processed", func() bool { return n.Load() >= 300 })
 	srv.Kill() // kill -9 while the workers run
 	killed.Store(true)
 	wg.Wait()
@@ -268,7 +268,7 @@ func TestEvictionPolicy(t *testing.T) {
 			if res, err := first.h.Do(ctx, "warm-up", ok); res.Outcome != Processed { // scripts loaded, connections open
 				t.Fatal(res.Outcome, err)
 			}
-			used, err := strconv.ParseInt(infoField(t, c, "memory", "used_memory"), 10, 64)
+			used, err := strconv.ParseInt(testenv.InfoField(t, c, "memory", "used_memory"), 10, 64)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -294,7 +294,7 @@ func TestEvictionPolicy(t *testing.T) {
 			processAll(t, other.h, keys, replay, 1)
 			// every eviction, the replay's own included: an evicted record lets at most
 			// one extra run through
-			evicted, _ := strconv.Atoi(infoField(t, c, "stats", "evicted_keys"))
+			evicted, _ := strconv.Atoi(testenv.InfoField(t, c, "stats", "evicted_keys"))
 			// duplicates of processed messages; a NotRecorded one (fn ran, DONE refused at
 			// the memory limit) is the README's NotRecorded window, not eviction's
 			extra := extraRuns(runs, replay, keysWith(out, Processed))

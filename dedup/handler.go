@@ -170,6 +170,13 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 		f, lead := h.flights.join(k)
 		if lead {
 			f.fp = fp
+			if h.local != nil && h.local.Contains(lk) {
+				// a leader that left between our look and our join made it DONE
+				res := Result{Outcome: Duplicate, Tier: TierLocal}
+				f.answer(res, nil, false)
+				h.flights.leave(k, f)
+				return nil, h.count(res), nil
+			}
 			return f, Result{}, nil
 		}
 		if err := wait(ctx, f.ready); err != nil {

@@ -48,9 +48,9 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 	primary := testenv.SpawnRedis(t, "--repl-diskless-sync-delay", "0")
 	replica := testenv.SpawnRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
 	pc, rc := clientOf(t, primary), clientOf(t, replica)
-	poll(t, 10*time.Second, "the replica to sync", func() bool {
-		return infoField(t, rc, "replication", "master_link_status") == "up" &&
-			infoField(t, pc, "replication", "connected_slaves") == "1"
+	testenv.Eventually(t, 10*time.Second, "the replica to sync", func() bool {
+		return testenv.InfoField(t, rc, "replication", "master_link_status") == "up" &&
+			testenv.InfoField(t, pc, "replication", "connected_slaves") == "1"
 	})
 
 	const waitFor = 500 * time.Millisecond
@@ -119,12 +119,12 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 	// acknowledged waits until the primary knows the replica has everything written
 	// so far (replicas report their offset every second).
 	acknowledged := func(t *testing.T) {
-		want, err := strconv.ParseInt(infoField(t, pc, "replication", "master_repl_offset"), 10, 64)
+		want, err := strconv.ParseInt(testenv.InfoField(t, pc, "replication", "master_repl_offset"), 10, 64)
 		if err != nil {
 			t.Fatal(err)
 		}
-		poll(t, 10*time.Second, "the replica's acknowledgement", func() bool {
-			for _, kv := range strings.Split(infoField(t, pc, "replication", "slave0"), ",") {
+		testenv.Eventually(t, 10*time.Second, "the replica's acknowledgement", func() bool {
+			for _, kv := range strings.Split(testenv.InfoField(t, pc, "replication", "slave0"), ",") {
 				if v, ok := strings.CutPrefix(kv, "offset="); ok {
 					got, _ := strconv.ParseInt(v, 10, 64)
 					return got >= want
@@ -193,7 +193,7 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 			t.Fatal(err)
 		}
 		// once it has caught up, writes are acknowledged again
-		poll(t, 10*time.Second, "the resumed replica to acknowledge", func() bool {
+		testenv.Eventually(t, 10*time.Second, "the resumed replica to acknowledge", func() bool {
 			e := claimed(fmt.Sprintf("resumed-%d", time.Now().UnixNano()))[0]
 			return store.Complete(ctx, e.Key, e.Token, time.Hour) == nil
 		})

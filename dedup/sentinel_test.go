@@ -2,10 +2,8 @@ package dedup
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,19 +13,6 @@ import (
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
-
-func spawnServer(t *testing.T, start func() (*embedded.RedisServer, error)) *embedded.RedisServer {
-	t.Helper()
-	s, err := start()
-	if errors.Is(err, exec.ErrNotFound) {
-		testenv.SkipNoServer(t, "redis-server is not on PATH")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Stop)
-	return s
-}
 
 // waitFor polls cond until it holds; the deadline only stops a hung test.
 func waitFor(t *testing.T, what string, cond func() (bool, string)) {
@@ -45,20 +30,6 @@ func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 	}
 }
 
-// infoFieldOrErr is infoField for polls that ride out errors: an error reads as its text.
-func infoFieldOrErr(ctx context.Context, c *redis.Client, section, field string) string {
-	info, err := c.Info(ctx, section).Result()
-	if err != nil {
-		return err.Error()
-	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 // A Deduper works through a Sentinel-managed failover client (NewUniversalClient with
 // MasterName), and its records survive a failover: after the replica is promoted,
 // the same client finds the DONE record (Duplicate) and writes new ones on the new
@@ -67,23 +38,20 @@ func TestSentinelFailover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const master = "dedupkit"
-	primary := spawnServer(t, func() (*embedded.RedisServer, error) { return embedded.StartRedisServer("") })
-	replica := spawnServer(t, func() (*embedded.RedisServer, error) {
-		host, port, _ := net.SplitHostPort(primary.Addr)
-		return embedded.StartRedisServer("", "--replicaof", host, port)
-	})
-	pc := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	primary := testenv.SpawnRedis(t)
+	replica := testenv.SpawnRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
+	pc := redis.NewClient(&redis.Options{Addr: primary.Addr()})
 	defer pc.Close()
-	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr()})
 	defer rc.Close()
 	waitFor(t, "replica linked", func() (bool, string) {
-		s := infoFieldOrErr(ctx, rc, "replication", "master_link_status")
-		return s == "up", s
+		s, err := testenv.ReadInfoField(ctx, rc, "replication", "master_link_status")
+		return err == nil && s == "up", fmt.Sprint(s, err)
 	})
-	sentinel := spawnServer(t, func() (*embedded.RedisServer, error) {
-		return embedded.StartRedisSentinel("", master, primary.Addr, 1, time.Second)
+	sentinel := testenv.Spawn(t, func(dir string) (*embedded.Proc, error) {
+		return embedded.StartRedisSentinel(dir, master, primary.Addr(), 1, time.Second)
 	})
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr()})
 	defer sc.Close()
 	waitFor(t, "sentinel knows the replica, linked and up", func() (bool, string) {
 		rs, err := sc.Replicas(ctx, master).Result()
@@ -97,7 +65,7 @@ func TestSentinelFailover(t *testing.T) {
 	// What the README shows.
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{
 		MasterName: master,
-		Addrs:      []string{sentinel.Addr},
+		Addrs:      []string{sentinel.Addr()},
 	})
 	defer rdb.Close()
 	if _, ok := rdb.(*redis.Client); !ok {
@@ -139,11 +107,11 @@ func TestSentinelFailover(t *testing.T) {
 	waitFor(t, "the sentinel names the replica as primary", func() (bool, string) {
 		addr, err := sc.GetMasterAddrByName(ctx, master).Result()
 		got := strings.Join(addr, ":")
-		return err == nil && got == replica.Addr, got
+		return err == nil && got == replica.Addr(), got
 	})
 	waitFor(t, "the replica is primary", func() (bool, string) {
-		r := infoFieldOrErr(ctx, rc, "replication", "role")
-		return r == "master", r
+		r, err := testenv.ReadInfoField(ctx, rc, "replication", "role")
+		return err == nil && r == "master", fmt.Sprint(r, err)
 	})
 	// The failover client follows the sentinel (+switch-master); until it has, a
 	// write may reach the demoted primary and be refused.

@@ -2,7 +2,6 @@ package dedup
 
 import (
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"sync"
@@ -23,66 +22,37 @@ func newMiniredis(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
 	return m, c
 }
 
-// spawnRedis starts a redis-server of our own on a free loopback port with extra
-// arguments, and stops it (by its PID) at cleanup.
+// spawnRedis starts a redis-server of our own (testenv.SpawnRedis) with extra
+// arguments, and returns its address.
 func spawnRedis(t testing.TB, args ...string) string {
 	t.Helper()
-	addr, stop, err := startRedis(args...)
-	if errors.Is(err, exec.ErrNotFound) {
-		testenv.SkipNoServer(t, "redis-server is not on PATH")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
-	return addr
-}
-
-// startRedis starts a redis-server (embedded.StartRedisServer) in a temporary
-// directory of its own; stop kills it by its PID and removes the directory.
-func startRedis(args ...string) (addr string, stop func(), err error) {
-	srv, err := embedded.StartRedisServer("", args...)
-	if err != nil {
-		return "", nil, err
-	}
-	return srv.Addr, srv.Stop, nil
+	return testenv.SpawnRedis(t, args...).Addr()
 }
 
 // One spawned redis-server serves every test in the process that needs a plain real
 // server and has no DEDUP_REDIS_ADDR; TestMain stops it.
 var shared struct {
 	once sync.Once
-	addr string
-	stop func()
+	srv  *embedded.Proc
 	err  error
 }
 
 func sharedRedisAddr(t testing.TB) string {
 	t.Helper()
-	shared.once.Do(func() { shared.addr, shared.stop, shared.err = startRedis() })
+	shared.once.Do(func() { shared.srv, shared.err = embedded.StartRedisServer("") })
 	if errors.Is(shared.err, exec.ErrNotFound) {
 		testenv.SkipNoServer(t, "redis-server is not on PATH and DEDUP_REDIS_ADDR is not set")
 	}
 	if shared.err != nil {
 		t.Fatal(shared.err)
 	}
-	return shared.addr
+	return shared.srv.Addr()
 }
 
 func stopSharedRedis() {
-	if shared.stop != nil {
-		shared.stop()
+	if shared.srv != nil {
+		shared.srv.Stop()
 	}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // realRedis returns a client for the real server the suite should use:

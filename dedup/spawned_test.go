@@ -2,14 +2,13 @@ package dedup
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dedupkit/dedupkit/internal/testenv"
+	"github.com/dedupkit/dedupkit/internal/embedded"
 )
 
 // Helpers for the tests that run their own redis-server processes (kill, restart,
@@ -17,7 +16,7 @@ import (
 
 // clientOf returns a client for a spawned server, closed at cleanup. Its retries and
 // timeouts are go-redis's defaults unless mod changes them.
-func clientOf(t *testing.T, p *testenv.Proc, mod ...func(*redis.Options)) *redis.Client {
+func clientOf(t *testing.T, p *embedded.Proc, mod ...func(*redis.Options)) *redis.Client {
 	t.Helper()
 	o := &redis.Options{Addr: p.Addr()}
 	for _, m := range mod {
@@ -53,35 +52,6 @@ func recordCounts(t *testing.T, c *redis.Client, prefix string) (done, inProgres
 		t.Fatal(err)
 	}
 	return done, inProgress
-}
-
-// infoField reads one field of INFO section from a server, "" when absent.
-func infoField(t *testing.T, c *redis.Client, section, field string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	info, err := c.Info(ctx, section).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return v
-		}
-	}
-	return ""
-}
-
-// poll checks cond every 20ms until it holds; the test fails after timeout.
-func poll(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // tally counts fn runs per key, safe for concurrent use.

@@ -45,15 +45,19 @@ func TestWaitForRunning(t *testing.T) {
 				res, _ := h.Do(ctx, "k", func(context.Context) error { runs++; return nil })
 				got <- res
 			}()
+			var res Result
 			if tc.wait {
 				select {
 				case res := <-got:
 					t.Fatalf("answered %v while the key was still running", res.Outcome)
 				case <-time.After(50 * time.Millisecond):
 				}
+				close(release)
+				res = <-got
+			} else {
+				res = <-got // answered while the leader still runs
+				close(release)
 			}
-			close(release)
-			res := <-got
 			<-leader
 			if res.Outcome != tc.want || runs != tc.runs {
 				t.Fatalf("%v with %d runs, want %v with %d", res.Outcome, runs, tc.want, tc.runs)

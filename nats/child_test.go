@@ -22,7 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
-	"github.com/dedupkit/dedupkit/internal/testenv"
+	"github.com/dedupkit/dedupkit/internal/embedded"
 )
 
 // The process-level tests run consumers as child processes: the test binary runs
@@ -253,7 +253,7 @@ func startChild(t *testing.T, name string, cfg childConfig) *child {
 	c.cmd = exec.Command(exe, "-test.run=^TestHelperConsumer$", "-test.count=1", "-test.timeout=2m")
 	c.cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
 	c.cmd.Stderr = c
-	testenv.DieWithParent(c.cmd)
+	embedded.DieWithParent(c.cmd)
 	out, err := c.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

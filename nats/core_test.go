@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // Core NATS in filter mode: the same Nats-Msg-Id twice runs once, a message without a
@@ -48,7 +49,7 @@ func TestCoreFilterMode(t *testing.T) {
 		send("a", "again")
 		send("", "no key")
 		send("b", "other")
-		eventually(t, 5*time.Second, "four messages handled", func() bool {
+		testenv.Eventually(t, 5*time.Second, "four messages handled", func() bool {
 			s := h.Stats()
 			return s.Count(dedup.Processed)+s.Count(dedup.Duplicate)+s.Count(dedup.NoKey) == 4
 		})
@@ -106,7 +107,7 @@ func TestLegacyPushSubscription(t *testing.T) {
 		e.publish("new", "p-1", "fails once")
 		e.publish("new", "p-2", "always fails")
 		e.republish("new", "p-1", "fails once") // a duplicate
-		eventually(t, 10*time.Second, "every message acked or terminated", func() bool {
+		testenv.Eventually(t, 10*time.Second, "every message acked or terminated", func() bool {
 			ci, err := sub.ConsumerInfo()
 			return err == nil && ci.NumAckPending == 0 && ci.NumPending == 0 && ci.AckFloor.Stream == 3
 		})

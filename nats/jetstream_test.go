@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -101,7 +102,7 @@ func TestInProgressElsewhereNaksThenAcksAsDuplicate(t *testing.T) {
 		ack := e.publish("new", "order-1", "one")
 
 		// the message comes back after the nak's delay, and is nakked again
-		eventually(t, 10*time.Second, "two naks while the other owner runs", func() bool {
+		testenv.Eventually(t, 10*time.Second, "two naks while the other owner runs", func() bool {
 			return j.Stats().Count(ActNakWithDelay) >= 2
 		})
 		if ci := e.info(c); ci.Delivered.Consumer < 2 || ci.NumAckPending != 1 {
@@ -317,7 +318,7 @@ func TestStoreDownFailClosed(t *testing.T) {
 		consume(t, c, j.Handler(context.Background(), func(_ context.Context, m *Msg) error { r.add(m); return nil }))
 		ack := e.publish("new", "order-1", "one")
 
-		eventually(t, 10*time.Second, "redeliveries while the store is down", func() bool {
+		testenv.Eventually(t, 10*time.Second, "redeliveries while the store is down", func() bool {
 			return j.Stats().Count(ActNakWithDelay) >= 2 // AckWait is 5s: these came from the naks
 		})
 		if r.n.Load() != 0 {
@@ -423,7 +424,7 @@ func TestShutdownLeavesMessageForRedelivery(t *testing.T) {
 		ack := e.publish("new", "order-1", "one")
 		<-started
 		shutdown()
-		eventually(t, 5*time.Second, "the first instance to give up the message", func() bool {
+		testenv.Eventually(t, 5*time.Second, "the first instance to give up the message", func() bool {
 			return j1.Stats().Count(ActNone) == 1
 		})
 		stopConsume(t, cc)

@@ -57,8 +57,9 @@ func TestKeyStrategies(t *testing.T) {
 		d := newDeduper(t, store)
 		hh := register(t, d, "by-handler", dedup.WithKeyStrategy(keys.Header("Order-Id")))
 		ho := register(t, d, "by-option", dedup.WithKeyStrategy(keys.Header("Order-Id")))
-		jh := newJS(t, hh, byHandler)
-		jo := newJS(t, ho, byOption, WithKeyStrategy(keys.Payload()))
+		// one at a time: which of two messages with one key runs is then decided by order
+		jh := newJS(t, hh, byHandler, WithConcurrency(1))
+		jo := newJS(t, ho, byOption, WithKeyStrategy(keys.Payload()), WithConcurrency(1))
 		var rh, ro runs
 		consume(t, byHandler, jh.Handler(context.Background(), func(_ context.Context, m *Msg) error { rh.add(m); return nil }))
 		consume(t, byOption, jo.Handler(context.Background(), func(_ context.Context, m *Msg) error { ro.add(m); return nil }))

@@ -169,14 +169,14 @@ func runOutage(t *testing.T, policy dedup.StoreFailurePolicy) {
 	}()
 
 	processed := func() int { return o.count(dedup.Processed) }
-	eventually(t, 20*time.Second, "load before the outage", func() bool { return processed() >= 50 })
+	testenv.Eventually(t, 20*time.Second, "load before the outage", func() bool { return processed() >= 50 })
 	rs.Kill()
 	time.Sleep(outageFor) // the outage itself, under load
 	during := processed()
 	if err := rs.Start(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "load after the restart", func() bool { return processed() >= during+50 })
+	testenv.Eventually(t, 20*time.Second, "load after the restart", func() bool { return processed() >= during+50 })
 	close(stop)
 	<-stopped
 

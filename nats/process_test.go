@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -22,7 +23,7 @@ import (
 // procEnv is one process-level test's servers, stream and consumer.
 type procEnv struct {
 	*env
-	redis  *testenv.Proc
+	redis  *embedded.Proc
 	rdb    *redis.Client
 	prefix string
 	cons   jetstream.Consumer
@@ -195,7 +196,7 @@ func TestProcessPausedPastLease(t *testing.T) {
 			pz.waitFor(10*time.Second, "order-1 started", func(e event) bool { return e.kind == "started" })
 			pz.signal(syscall.SIGSTOP)
 			t.Cleanup(func() { _ = pz.cmd.Process.Signal(syscall.SIGCONT) }) // should the test stop half way
-			eventually(t, 10*time.Second, "P's claim to expire", func() bool { return p.record("order-1") == "" })
+			testenv.Eventually(t, 10*time.Second, "P's claim to expire", func() bool { return p.record("order-1") == "" })
 
 			r := p.child("R", "consume", "work", lease)
 			r.waitFor(20*time.Second, "R to process order-1", func(e event) bool {

@@ -50,7 +50,7 @@ func TestFullRedisNaks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	used, err := strconv.ParseInt(redisInfo(t, rdb, "memory", "used_memory"), 10, 64)
+	used, err := strconv.ParseInt(testenv.InfoField(t, rdb, "memory", "used_memory"), 10, 64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestFullRedisNaks(t *testing.T) {
 		t.Fatalf("a claim on the full Redis: %v; want ErrStoreUnavailable with Redis's OOM error", err)
 	}
 	ack := e.publish("new", "order-1", "one")
-	eventually(t, 10*time.Second, "three deliveries answered", func() bool {
+	testenv.Eventually(t, 10*time.Second, "three deliveries answered", func() bool {
 		res, _ := seen()
 		return len(res) >= 3
 	})
@@ -105,19 +105,4 @@ func TestFullRedisNaks(t *testing.T) {
 	if n := r.of("order-1"); n != 1 {
 		t.Fatalf("fn ran %d times, want 1", n)
 	}
-}
-
-// redisInfo reads one field of an INFO section.
-func redisInfo(t *testing.T, c *redis.Client, section, field string) string {
-	t.Helper()
-	info, err := c.Info(context.Background(), section).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return v
-		}
-	}
-	return ""
 }

@@ -196,7 +196,7 @@ func (e *env) info(c jetstream.Consumer) *jetstream.ConsumerInfo {
 func (e *env) settled(c jetstream.Consumer, seq uint64) *jetstream.ConsumerInfo {
 	e.t.Helper()
 	var ci *jetstream.ConsumerInfo
-	eventually(e.t, 15*time.Second, fmt.Sprintf("consumer acks up to stream seq %d", seq), func() bool {
+	testenv.Eventually(e.t, 15*time.Second, fmt.Sprintf("consumer acks up to stream seq %d", seq), func() bool {
 		ci = e.info(c)
 		return ci.NumAckPending == 0 && ci.NumPending == 0 && ci.AckFloor.Stream >= seq
 	})
@@ -234,18 +234,6 @@ func stopConsume(t *testing.T, cc jetstream.ConsumeContext) {
 	case <-cc.Closed():
 	case <-time.After(10 * time.Second):
 		t.Errorf("consume did not stop within 10s")
-	}
-}
-
-// eventually polls cond until it holds, failing the test after timeout.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -35,7 +35,7 @@ func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), er
 			return nil, nil, err
 		}
 	}
-	var nodes []*RedisServer
+	var nodes []*Proc
 	var once sync.Once
 	stopAll := func() {
 		once.Do(func() {
@@ -58,14 +58,14 @@ func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), er
 			return nil, nil, err
 		}
 		nodes = append(nodes, n)
-		addrs = append(addrs, n.Addr)
+		addrs = append(addrs, n.Addr())
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	clients := make([]*redis.Client, masters)
 	for i, n := range nodes {
-		clients[i] = redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1, DisableIdentity: true})
+		clients[i] = redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1, DisableIdentity: true})
 		defer clients[i].Close()
 	}
 	for i, c := range clients {
@@ -76,12 +76,12 @@ func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), er
 			return nil, nil, fmt.Errorf("embedded redis cluster: set-config-epoch: %w", err)
 		}
 		if err := addSlots(ctx, c, lo, hi); err != nil {
-			return nil, nil, fmt.Errorf("embedded redis cluster: addslots on %s: %w", nodes[i].Addr, err)
+			return nil, nil, fmt.Errorf("embedded redis cluster: addslots on %s: %w", nodes[i].Addr(), err)
 		}
 	}
 	for i := 1; i < masters; i++ {
-		if err := clients[0].Do(ctx, "cluster", "meet", "127.0.0.1", nodes[i].Port, buses[i]).Err(); err != nil {
-			return nil, nil, fmt.Errorf("embedded redis cluster: meet %s: %w", nodes[i].Addr, err)
+		if err := clients[0].Do(ctx, "cluster", "meet", "127.0.0.1", nodes[i].Port(), buses[i]).Err(); err != nil {
+			return nil, nil, fmt.Errorf("embedded redis cluster: meet %s: %w", nodes[i].Addr(), err)
 		}
 	}
 	if err := waitClusterOK(ctx, clients); err != nil {
@@ -95,11 +95,8 @@ func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), er
 // 65535 or taken; *bus receives it. The node timeout is short enough that the
 // cluster turns ok in about 2.5 s (5 s takes twice that) and long enough that a
 // loaded test machine does not get a node marked failing.
-func startClusterNode(dir string, bus *int) (*RedisServer, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	return startRedisProcess(dir, "", func() (int, []string, error) {
+func startClusterNode(dir string, bus *int) (*Proc, error) {
+	return startProc("redis-server", dir, redisReady, func(dir string) (int, []string, error) {
 		port, err := freePort()
 		if err != nil {
 			return 0, nil, err
@@ -107,11 +104,9 @@ func startClusterNode(dir string, bus *int) (*RedisServer, error) {
 		if *bus, err = freePort(); err != nil {
 			return 0, nil, err
 		}
-		return port, []string{
-			"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		return port, append(redisArgv(port, dir, false),
 			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-port", strconv.Itoa(*bus), "--cluster-node-timeout", "3000",
-		}, nil
+			"--cluster-port", strconv.Itoa(*bus), "--cluster-node-timeout", "3000"), nil
 	})
 }
 

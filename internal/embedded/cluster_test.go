@@ -1,25 +1,29 @@
-package embedded
+package embedded_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m, nil) }
 
-func skipNoRedisServer(t *testing.T, err error) {
+// skipNoBinary skips the test when err says the server's binary is not on PATH,
+// and fails it on any other error.
+func skipNoBinary(t *testing.T, err error) {
 	t.Helper()
 	if errors.Is(err, exec.ErrNotFound) {
-		testenv.SkipNoServer(t, "redis-server is not on PATH")
+		testenv.SkipNoServer(t, "%v", err)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -29,8 +33,8 @@ func skipNoRedisServer(t *testing.T, err error) {
 // The spawned cluster serves every slot, spreads keys over all its masters, and its
 // processes are gone after stop.
 func TestStartRedisCluster(t *testing.T) {
-	addrs, stop, err := StartRedisCluster(t.TempDir(), 3)
-	skipNoRedisServer(t, err)
+	addrs, stop, err := embedded.StartRedisCluster(t.TempDir(), 3)
+	skipNoBinary(t, err)
 	defer stop()
 	if len(addrs) != 3 {
 		t.Fatalf("addrs %v, want 3", addrs)
@@ -77,11 +81,11 @@ func TestStartRedisCluster(t *testing.T) {
 
 // A spawned server's port is its own; arguments reach it; Stop ends it.
 func TestStartRedisServer(t *testing.T) {
-	s, err := StartRedisServer("", "--maxmemory-policy", "noeviction", "--maxmemory-policy", "allkeys-lru")
-	skipNoRedisServer(t, err)
+	s, err := embedded.StartRedisServer("", "--maxmemory-policy", "noeviction", "--maxmemory-policy", "allkeys-lru")
+	skipNoBinary(t, err)
 	defer s.Stop()
 	ctx := context.Background()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer c.Close()
 	got, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil || got["maxmemory-policy"] != "allkeys-lru" {
@@ -95,12 +99,15 @@ func TestStartRedisServer(t *testing.T) {
 
 // A server that cannot start reports why, from its own log.
 func TestStartRedisServerBadArgument(t *testing.T) {
-	_, err := StartRedisServer("", "--no-such-directive", "x")
+	_, err := embedded.StartRedisServer("", "--no-such-directive", "x")
 	if errors.Is(err, exec.ErrNotFound) {
 		testenv.SkipNoServer(t, "redis-server is not on PATH")
 	}
 	if err == nil {
 		t.Fatal("no error")
+	}
+	if !strings.Contains(err.Error(), "FATAL CONFIG FILE ERROR") {
+		t.Fatalf("the error does not hold the server's log: %v", err)
 	}
 	t.Log(err)
 }

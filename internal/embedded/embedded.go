@@ -1,7 +1,8 @@
-// Package embedded starts the servers that the examples and tests use when no real
-// server is given: in process, a NATS server with JetStream and miniredis; as child
-// processes of redis-server (from PATH), a server, a sentinel, or a Redis Cluster,
-// each stopped by its own PID.
+// Package embedded starts the servers that the examples, the bench program and the
+// tests use when no real server is given: in process, a NATS server with JetStream
+// and miniredis; as child processes (Proc) of binaries on PATH, a redis-server, a
+// sentinel, a Redis Cluster, or a nats-server, each signalled by its own PID. It
+// must not import testing; internal/testenv wraps it for tests.
 package embedded
 
 import (

@@ -5,9 +5,9 @@ import (
 	"syscall"
 )
 
-// dieWithParent has the kernel kill the server should this process die without
-// stopping it (a test binary that times out, a SIGKILL), so that no spawned
-// redis-server outlives its owner.
-func dieWithParent(cmd *exec.Cmd) {
+// DieWithParent has the kernel kill cmd's process (SIGKILL) should this process die
+// first (a test binary that times out, a SIGKILL), so that no spawned server or
+// child process outlives its owner.
+func DieWithParent(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }

@@ -4,6 +4,6 @@ package embedded
 
 import "os/exec"
 
-// dieWithParent does nothing here: only Linux has a parent-death signal. A server
-// outlives its owner only when the owner dies without calling Stop.
-func dieWithParent(*exec.Cmd) {}
+// DieWithParent does nothing here: only Linux has a parent-death signal. A process
+// outlives its owner only when the owner dies without killing it.
+func DieWithParent(*exec.Cmd) {}

@@ -1,0 +1,8 @@
+//go:build !unix
+
+package embedded
+
+import "os"
+
+// No SIGSTOP here: Proc.Pause and Proc.Resume return errors.ErrUnsupported.
+var sigStop, sigCont os.Signal
