@@ -258,8 +258,8 @@ type soakRun struct {
 	rng    *rand.Rand
 
 	dir        string
-	dedupRedis *embedded.RestartableRedis
-	ledgerSrv  *embedded.RedisServer
+	dedupRedis *embedded.Proc
+	ledgerSrv  *embedded.Proc
 	nats       *embedded.NATS
 	natsURL    string
 	nc         *natsgo.Conn
@@ -290,7 +290,7 @@ func (s *soakRun) setUp(ctx context.Context) error {
 	id := runID()
 	s.stream, s.prefix = "DKSOAK_"+strings.ToUpper(id), "dksoak-"+id
 
-	if s.dedupRedis, err = embedded.StartRestartableRedis(filepath.Join(s.dir, "redis"),
+	if s.dedupRedis, err = embedded.StartRedisServer(filepath.Join(s.dir, "redis"),
 		"--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction"); err != nil {
 		return fmt.Errorf("dedup redis: %w", err)
 	}
@@ -299,7 +299,7 @@ func (s *soakRun) setUp(ctx context.Context) error {
 		return fmt.Errorf("ledger redis: %w", err)
 	}
 	s.closers = append(s.closers, s.ledgerSrv.Stop)
-	s.ledger = redis.NewClient(&redis.Options{Addr: s.ledgerSrv.Addr})
+	s.ledger = redis.NewClient(&redis.Options{Addr: s.ledgerSrv.Addr()})
 	s.closers = append(s.closers, func() { s.ledger.Close() })
 	s.dedupRDB = redis.NewClient(&redis.Options{Addr: s.dedupRedis.Addr()})
 	s.closers = append(s.closers, func() { s.dedupRDB.Close() })
@@ -406,7 +406,7 @@ func (p *consumerProc) exited() bool {
 // startConsumer starts one more consumer process.
 func (s *soakRun) startConsumer() error {
 	cc := consumerConfig{
-		natsURL: s.natsURL, redisAddr: s.dedupRedis.Addr(), ledgerAddr: s.ledgerSrv.Addr,
+		natsURL: s.natsURL, redisAddr: s.dedupRedis.Addr(), ledgerAddr: s.ledgerSrv.Addr(),
 		stream: s.stream, durable: soakDurable, prefix: s.prefix,
 		concurrency: s.cfg.concurrency, buffer: soakBuffer, lease: soakLease, retention: soakRetention,
 		nakRate: s.cfg.nakRate, dropRate: s.cfg.dropRate, verbose: s.cfg.verbose,
@@ -423,7 +423,7 @@ func (s *soakRun) startConsumer() error {
 	if f, ok := s.stderr.(*os.File); ok {
 		cmd.Stderr = f // a file: no copying goroutine to wait for
 	}
-	dieWithParent(cmd)
+	embedded.DieWithParent(cmd) // none outlives the soak, should it die without stopping them
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start a consumer: %w", err)
 	}
