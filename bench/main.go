@@ -24,6 +24,10 @@
 //
 //	go run ./bench
 //	go run ./bench -redis 127.0.0.1:6379 -nats nats://127.0.0.1:4222 -json out.json -svg out.svg
+//
+// `go run ./bench soak` is the chaos soak instead (soak.go): consumer processes, faults
+// injected throughout, one JSON line, and a non-zero exit unless no message was lost
+// and none succeeded twice.
 package main
 
 import (
@@ -150,6 +154,14 @@ type servers struct {
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "soak":
+			return runSoak(ctx, args[1:], stdout, os.Stderr)
+		case "soak-consumer": // a consumer process the soak starts
+			return runSoakConsumer(ctx, args[1:], os.Stderr)
+		}
+	}
 	cfg, err := parseFlags(args, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
