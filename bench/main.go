@@ -40,6 +40,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,6 +73,7 @@ type config struct {
 	jsMessages         int
 	jsTimeout          time.Duration
 	jsonPath, svgPath  string
+	cpuProfile         string
 }
 
 // scenarioLetters are the scenarios, in the order each round runs them.
@@ -93,6 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.jsTimeout, "js-timeout", 2*time.Minute, "give up on a JetStream variant that has not acked every message by then")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results to this file as JSON")
 	fs.StringVar(&c.svgPath, "svg", "", "draw the throughput chart to this file")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -174,6 +177,17 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer stop()
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	return runBench(ctx, cfg, srv, stdout)
 }
 

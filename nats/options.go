@@ -24,8 +24,11 @@ const (
 	DefaultStoreRetryDelay = time.Second
 	// DefaultMinDelay is the shortest NakWithDelay the adapter sends.
 	DefaultMinDelay = 50 * time.Millisecond
-	// DefaultConcurrency is how many messages a Handler runs at once.
-	DefaultConcurrency = 32
+	// DefaultConcurrency is how many messages a Handler runs at once. On the 2-core
+	// benchmark machine, JetStream filter-mode throughput rose from 34k to 54k msg/s
+	// going from 32 to 128 (deeper Redis pipelines, fewer syscalls per message), and
+	// little beyond.
+	DefaultConcurrency = 128
 	// MaxConcurrency bounds WithConcurrency.
 	MaxConcurrency = 4096
 )
