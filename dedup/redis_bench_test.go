@@ -20,16 +20,7 @@ import (
 //
 //	DEDUP_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench RedisStore -benchmem ./dedup
 func BenchmarkRedisStore(b *testing.B) {
-	addr := os.Getenv("DEDUP_REDIS_ADDR")
-	if addr == "" {
-		b.Skip("DEDUP_REDIS_ADDR is not set: no Redis to measure")
-	}
-	prefix := testenv.Prefix()
-	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 512})
-	b.Cleanup(func() {
-		testenv.DeletePrefix(b, c, prefix)
-		c.Close()
-	})
+	c, prefix := benchRedis(b)
 	auto, _ := NewRedisStore(c)
 	direct, _ := NewRedisStore(c, WithoutAutoPipeline())
 	ops := []struct {
@@ -86,16 +77,7 @@ func BenchmarkRedisStore(b *testing.B) {
 //
 //	DEDUP_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench RedisDo -benchmem ./dedup
 func BenchmarkRedisDo(b *testing.B) {
-	addr := os.Getenv("DEDUP_REDIS_ADDR")
-	if addr == "" {
-		b.Skip("DEDUP_REDIS_ADDR is not set: no Redis to measure")
-	}
-	prefix := testenv.Prefix()
-	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 512})
-	b.Cleanup(func() {
-		testenv.DeletePrefix(b, c, prefix)
-		c.Close()
-	})
+	c, prefix := benchRedis(b)
 	tc := &testenv.TripCounter{}
 	c.AddHook(tc)
 	var opts []RedisOption
@@ -143,4 +125,20 @@ func BenchmarkRedisDo(b *testing.B) {
 			})
 		}
 	}
+}
+
+// benchRedis returns a client of DEDUP_REDIS_ADDR and a key prefix whose keys are
+// deleted at cleanup; without the variable the benchmark is skipped.
+func benchRedis(b *testing.B) (*redis.Client, string) {
+	addr := os.Getenv("DEDUP_REDIS_ADDR")
+	if addr == "" {
+		b.Skip("DEDUP_REDIS_ADDR is not set: no Redis to measure")
+	}
+	prefix := testenv.Prefix()
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 512})
+	b.Cleanup(func() {
+		testenv.DeletePrefix(b, c, prefix)
+		c.Close()
+	})
+	return c, prefix
 }
