@@ -188,9 +188,15 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
 			// the caller asked to wait: once the run is over, the local tier or a
-			// claim of our own answers
-			if err := wait(ctx, f.left); err != nil {
+			// claim of our own answers. A run that outlasts what is left of its lease
+			// (as this process knows it) is slow: answer InProgress then, so that
+			// waiters do not hold their callers (the adapter's slots) for long.
+			done, err := waitUpTo(ctx, f.left, f.retryAfter(h.cfg.lease))
+			if err != nil {
 				return nil, h.count(Result{Outcome: Cancelled}), err
+			}
+			if !done {
+				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
 			continue
 		}
@@ -221,7 +227,9 @@ type waitForRunningKey struct{}
 // WaitForRunning returns a context under which Do and Handle, finding their key being
 // run by a concurrent call in this process, wait for that run to end instead of
 // answering InProgress at once: then the key is DONE (Duplicate, from the local tier
-// or the store) or free again (the caller claims it and runs). The wait ends with ctx.
+// or the store) or free again (the caller claims it and runs). The wait ends with ctx,
+// and after what is left of the run's lease, with InProgress. It does not reach fn's
+// own context, so calls fn makes never wait (two runs could wait for each other).
 // A key held by another process still answers InProgress. The NATS adapter uses it,
 // since it runs several messages at once and a message's wait is cheaper than a
 // redelivery.
@@ -229,9 +237,32 @@ func WaitForRunning(ctx context.Context) context.Context {
 	return context.WithValue(ctx, waitForRunningKey{}, true)
 }
 
+// noWait keeps WaitForRunning from reaching fn: a call fn makes for a key that
+// another run holds must not wait for a run that may be waiting for fn's own.
+func noWait(ctx context.Context) context.Context {
+	if !waitsForRunning(ctx) {
+		return ctx
+	}
+	return context.WithValue(ctx, waitForRunningKey{}, false)
+}
+
 func waitsForRunning(ctx context.Context) bool {
 	w, _ := ctx.Value(waitForRunningKey{}).(bool)
 	return w
+}
+
+// waitUpTo waits for ch to close, for at most d; done is false when d ran out.
+func waitUpTo(ctx context.Context, ch <-chan struct{}, d time.Duration) (done bool, err error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true, nil
+	case <-t.C:
+		return false, nil
+	case <-ctx.Done():
+		return false, context.Cause(ctx)
+	}
 }
 
 func wait(ctx context.Context, ch <-chan struct{}) error {
@@ -594,7 +625,7 @@ func invoke(ctx context.Context, fn func(context.Context) error) (panicked bool,
 			panicked, err = true, fmt.Errorf("%w: %v", ErrPanic, r)
 		}
 	}()
-	return false, fn(ctx)
+	return false, fn(noWait(ctx))
 }
 
 // keyHash names a key in log lines without revealing it.

@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -64,11 +65,13 @@ type autoPipe struct {
 }
 
 // pcall is one queued command. done receives once, when cmd holds its reply (or the
-// call was skipped because its context ended first).
+// call was skipped because its context ended first). sent, under autoPipe.mu, says a
+// flusher has taken it into a round trip: from then on its caller waits for the reply.
 type pcall struct {
 	ctx  context.Context
 	cmd  redis.Cmder
 	done chan struct{}
+	sent bool
 }
 
 var pcallPool = sync.Pool{New: func() any { return &pcall{done: make(chan struct{}, 1)} }}
@@ -77,16 +80,19 @@ func newAutoPipe(c redis.UniversalClient, batch, inFlight int) *autoPipe {
 	return &autoPipe{c: c, batch: batch, inFlight: inFlight}
 }
 
-// do sends cmd and returns once it has its reply, or ctx has ended. After an early
-// return on ctx the command may still be sent (as with any command whose reply is
-// abandoned), and cmd must not be read.
+// do sends cmd and returns its reply. A call still queued when ctx ends returns at
+// once with ctx's cause, and its command is never sent (cmd must not be read then).
+// A call already in a round trip waits for its reply, whatever ctx says, as a direct
+// call would: returning early would report a failure for a command that may still
+// land (a Mark that lands after its caller reported StoreUnavailable would turn the
+// redelivery into a duplicate). The client's own timeouts bound that wait.
 func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
 	p.mu.Lock()
 	if len(p.queue) == 0 && p.flushers < p.inFlight {
 		p.flushers++
 		p.mu.Unlock()
+		defer p.release() // also when Process panics: the slot must come back
 		_ = p.c.Process(ctx, cmd)
-		p.release()
 		return cmd.Err()
 	}
 	c := pcallPool.Get().(*pcall)
@@ -102,13 +108,30 @@ func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
 	}
 	select {
 	case <-c.done:
-		c.ctx, c.cmd = nil, nil
-		pcallPool.Put(c)
-		return cmd.Err()
 	case <-ctx.Done():
-		// c stays with the flusher, which still signals done (buffered): not pooled.
-		return context.Cause(ctx)
+		if p.unqueue(c) {
+			c.ctx, c.cmd = nil, nil
+			pcallPool.Put(c)
+			return context.Cause(ctx)
+		}
+		<-c.done // in a round trip already: its reply decides
 	}
+	c.ctx, c.cmd, c.sent = nil, nil, false
+	pcallPool.Put(c)
+	return cmd.Err()
+}
+
+// unqueue takes c out of the queue if no flusher has taken it yet.
+func (p *autoPipe) unqueue(c *pcall) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c.sent {
+		return false
+	}
+	if i := slices.Index(p.queue, c); i >= 0 {
+		p.queue = slices.Delete(p.queue, i, i+1)
+	}
+	return true
 }
 
 // release gives back an inline sender's slot, or turns it into a flusher when calls
@@ -148,6 +171,9 @@ func (p *autoPipe) flush() {
 			k := copy(p.queue, p.queue[p.batch:])
 			clear(p.queue[k:])
 			p.queue = p.queue[:k]
+		}
+		for _, c := range batch {
+			c.sent = true
 		}
 		p.mu.Unlock()
 		p.send(batch)

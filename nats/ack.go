@@ -127,8 +127,8 @@ func (a *adapter) dispatcher() func(handle func()) {
 	}
 	slots := make(chan struct{}, a.cfg.concurrency)
 	return func(handle func()) {
+		a.running.Add(1) // before the wait for a slot, so that Wait covers it
 		slots <- struct{}{}
-		a.running.Add(1)
 		go func() {
 			defer func() {
 				a.running.Done()
