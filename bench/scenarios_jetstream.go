@@ -195,7 +195,7 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (float64, error
 		defer dcancel()
 		_ = st.js.DeleteConsumer(dctx, st.stream, durable) // the stream's deletion would do it too
 	}()
-	handle, err := b.jsHandler(cctx, r, v, cons)
+	handle, wait, err := b.jsHandler(cctx, r, v, cons)
 	if err != nil {
 		return 0, err
 	}
@@ -223,6 +223,7 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (float64, error
 	case <-cc.Closed():
 	case <-time.After(5 * time.Second):
 	}
+	wait() // the adapter's messages in hand
 	if n := consumeErrs.Load(); n > 0 {
 		b.note("JetStream %s, round %d: %d Consume errors (first: %v)", v, r+1, n, firstErr.Load())
 	}
@@ -241,8 +242,10 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (float64, error
 	return float64(t.want) / elapsed.Seconds(), nil
 }
 
-// jsHandler returns variant v's Consume callback.
-func (b *bench) jsHandler(ctx context.Context, r int, v string, cons jetstream.Consumer) (func(jetstream.Msg), error) {
+// jsHandler returns variant v's Consume callback, and what waits for the messages it
+// still has in hand once Consume has stopped.
+func (b *bench) jsHandler(ctx context.Context, r int, v string, cons jetstream.Consumer) (func(jetstream.Msg), func(), error) {
+	none := func() {}
 	switch v {
 	case varFilter, varDo:
 		mode := dedup.ModeFilter
@@ -251,13 +254,13 @@ func (b *bench) jsHandler(ctx context.Context, r int, v string, cons jetstream.C
 		}
 		h, err := b.dd.Register(fmt.Sprintf("js-%s-r%d", v, r), dedup.WithMode(mode), dedup.WithRetention(retention))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		a, err := dnats.NewJetStream(h, cons)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return a.Handler(ctx, func(context.Context, *dnats.Msg) error { return nil }), nil
+		return a.Handler(ctx, func(context.Context, *dnats.Msg) error { return nil }), a.Wait, nil
 	case varNaive:
 		head := fmt.Sprintf("%s:jsnaive-r%d:", b.prefix, r)
 		return func(msg jetstream.Msg) {
@@ -267,9 +270,9 @@ func (b *bench) jsHandler(ctx context.Context, r int, v string, cons jetstream.C
 				return
 			}
 			_ = msg.Ack() // first sighting or not, the (empty) work is done
-		}, nil
+		}, none, nil
 	default:
-		return func(msg jetstream.Msg) { _ = msg.Ack() }, nil
+		return func(msg jetstream.Msg) { _ = msg.Ack() }, none, nil
 	}
 }
 

@@ -51,7 +51,9 @@ import (
 //
 // What counts (soak_ledger.go has the rules): a successful run of a message is one
 // dedup took as its processing, Processed or NotRecorded; lost counts messages with
-// none, duplicate_successes the ones beyond the first. uncommitted_effects counts side
+// none, duplicate_successes the ones beyond the first, less those that follow a
+// NotRecorded success (acked, no DONE; if a SIGKILL loses that ack too, the message
+// rightly runs again: not_recorded_repeats). uncommitted_effects counts side
 // effects of runs that never succeeded: a consumer SIGKILLed after its side effect and
 // before its DONE write leaves one, and the message rightly runs again. That is the
 // crash window of any at-least-once consumer, so it is reported and does not fail the
@@ -150,6 +152,7 @@ type soakReport struct {
 	DuplicateSuccesses int     `json:"duplicate_successes"`
 	PhantomSuccesses   int     `json:"phantom_successes"`
 	UncommittedEffects int     `json:"uncommitted_effects"`
+	NotRecordedRepeats int     `json:"not_recorded_repeats"`
 	ConsumerKills      int     `json:"consumer_kills"`
 	RedisRestarts      int     `json:"redis_restarts"`
 	RedisDownS         float64 `json:"redis_down_s"`
@@ -627,6 +630,7 @@ func (s *soakRun) finish(ctx context.Context) error {
 	t := l.count(s.cfg.messages)
 	s.rep.Lost, s.rep.DuplicateSuccesses = t.Lost, t.DuplicateSuccesses
 	s.rep.PhantomSuccesses, s.rep.UncommittedEffects = t.Phantoms, t.Uncommitted
+	s.rep.NotRecordedRepeats = t.NotRecordedRepeats
 	return errors.Join(errs...)
 }
 

@@ -129,6 +129,9 @@ func (s *soakStore) Complete(ctx context.Context, key, token string, retention t
 	defer cancel()
 	if _, lerr := s.ledger.Pipelined(lctx, func(p redis.Pipeliner) error {
 		p.SAdd(lctx, commitKey(i), token)
+		if err != nil {
+			p.SAdd(lctx, notRecordedKey(i), token)
+		}
 		p.Incr(lctx, ledgerProgress)
 		return nil
 	}); lerr != nil {

@@ -43,8 +43,11 @@ const (
 
 func effectKey(i int) string { return ledgerPrefix + ":fx:" + strconv.Itoa(i) }
 func commitKey(i int) string { return ledgerPrefix + ":ok:" + strconv.Itoa(i) }
-func procKey(pid int) string { return ledgerPrefix + ":proc:" + strconv.Itoa(pid) }
-func soakMsgID(i int) string { return soakIDPrefix + strconv.Itoa(i) }
+
+// notRecordedKey holds the tokens of message i's commits whose DONE write failed.
+func notRecordedKey(i int) string { return ledgerPrefix + ":nr:" + strconv.Itoa(i) }
+func procKey(pid int) string      { return ledgerPrefix + ":proc:" + strconv.Itoa(pid) }
+func soakMsgID(i int) string      { return soakIDPrefix + strconv.Itoa(i) }
 
 // soakIndex reads the message number back from a Nats-Msg-Id; -1 if it is not one
 // of the soak's.
@@ -69,6 +72,7 @@ func recordIndex(recordKey string) int {
 // committed, and the token of the DONE record in the dedup Redis ("" for none).
 type ledgerState struct {
 	effects, commits [][]string
+	notRecorded      [][]string // the commits whose DONE write failed
 	done             []string
 }
 
@@ -80,7 +84,12 @@ type ledgerState struct {
 // soak:ok). Then:
 //
 //   - Lost: messages with no successful run that also made the side effect.
-//   - DuplicateSuccesses: successful runs beyond the first, summed over messages.
+//   - DuplicateSuccesses: successful runs beyond the first, summed over messages,
+//     less one for each NotRecorded success among them. A NotRecorded run is acked
+//     but leaves no DONE record: if its ack is lost too (a consumer SIGKILLed before
+//     its connection flushed the ack), the redelivery runs the message again. That is
+//     the NotRecorded window the README's Limits name, counted in
+//     NotRecordedRepeats, not a duplicate dedup claims to stop.
 //   - Phantoms: successful runs without the side effect (a DONE or a commit for a run
 //     that never made it): always a bug, and they do not save a message from Lost.
 //   - Uncommitted: side effects of runs that never became successful. A consumer
@@ -89,7 +98,7 @@ type ledgerState struct {
 //     must. This is the crash window the README's Limits describe, not a duplicate
 //     success, so it is reported and does not fail the soak.
 type soakTally struct {
-	Lost, DuplicateSuccesses, Phantoms, Uncommitted int
+	Lost, DuplicateSuccesses, NotRecordedRepeats, Phantoms, Uncommitted int
 }
 
 // count computes the tally of l for messages 0..n-1.
@@ -103,10 +112,13 @@ func (l ledgerState) count(n int) soakTally {
 		}
 		slices.Sort(success)
 		success = slices.Compact(success)
-		real := 0
+		real, notRecorded := 0, 0
 		for _, tok := range success {
 			if slices.Contains(effects, tok) {
 				real++
+				if slices.Contains(soakAt(l.notRecorded, i), tok) {
+					notRecorded++
+				}
 			} else {
 				t.Phantoms++
 			}
@@ -114,7 +126,10 @@ func (l ledgerState) count(n int) soakTally {
 		if real == 0 {
 			t.Lost++
 		} else {
-			t.DuplicateSuccesses += real - 1
+			extra := real - 1
+			explained := min(extra, notRecorded)
+			t.NotRecordedRepeats += explained
+			t.DuplicateSuccesses += extra - explained
 		}
 		seen := map[string]bool{}
 		for _, tok := range effects {
@@ -138,15 +153,18 @@ func soakAt(s [][]string, i int) []string {
 // the dedup Redis (prefix is the Deduper's), in pipelines of readBatch.
 func readLedger(ctx context.Context, ledger, dedupRedis *redis.Client, prefix string, n int) (ledgerState, error) {
 	const readBatch = 1000
-	l := ledgerState{effects: make([][]string, n), commits: make([][]string, n), done: make([]string, n)}
+	l := ledgerState{effects: make([][]string, n), commits: make([][]string, n),
+		notRecorded: make([][]string, n), done: make([]string, n)}
 	for lo := 0; lo < n; lo += readBatch {
 		hi := min(lo+readBatch, n)
 		fx := make([]*redis.StringSliceCmd, hi-lo)
 		ok := make([]*redis.StringSliceCmd, hi-lo)
+		nr := make([]*redis.StringSliceCmd, hi-lo)
 		if _, err := ledger.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := lo; i < hi; i++ {
 				fx[i-lo] = p.SMembers(ctx, effectKey(i))
 				ok[i-lo] = p.SMembers(ctx, commitKey(i))
+				nr[i-lo] = p.SMembers(ctx, notRecordedKey(i))
 			}
 			return nil
 		}); err != nil {
@@ -164,6 +182,7 @@ func readLedger(ctx context.Context, ledger, dedupRedis *redis.Client, prefix st
 		for i := lo; i < hi; i++ {
 			l.effects[i] = fx[i-lo].Val()
 			l.commits[i] = ok[i-lo].Val()
+			l.notRecorded[i] = nr[i-lo].Val()
 			l.done[i] = doneToken(recs[i-lo].Val())
 		}
 	}

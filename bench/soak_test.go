@@ -126,32 +126,40 @@ func TestSoakTally(t *testing.T) {
 		effects, commits []string
 		done             string
 		want             soakTally
+		notRecorded      []string
 	}{
-		{"processed once", []string{"a"}, []string{"a"}, "a", soakTally{}},
-		{"killed between completing and the commit", []string{"a"}, nil, "a", soakTally{}},
-		{"NotRecorded, acked", []string{"a"}, []string{"a"}, "", soakTally{}},
-		{"killed before completing, run again", []string{"k", "b"}, []string{"b"}, "b", soakTally{Uncommitted: 1}},
-		{"ran twice, both committed", []string{"a", "b"}, []string{"a", "b"}, "b", soakTally{DuplicateSuccesses: 1}},
-		{"record lost, run again", []string{"a", "b"}, []string{"a"}, "b", soakTally{DuplicateSuccesses: 1}},
-		{"three successes", []string{"a", "b", "c"}, []string{"a", "c"}, "b", soakTally{DuplicateSuccesses: 2}},
-		{"never ran", nil, nil, "", soakTally{Lost: 1}},
-		{"only a killed run", []string{"k"}, nil, "", soakTally{Lost: 1, Uncommitted: 1}},
-		{"DONE without the effect", nil, nil, "x", soakTally{Lost: 1, Phantoms: 1}},
-		{"commit without the effect", []string{"k"}, []string{"x"}, "", soakTally{Lost: 1, Phantoms: 1, Uncommitted: 1}},
-		{"a phantom next to a success", []string{"a"}, []string{"a", "x"}, "a", soakTally{Phantoms: 1}},
+		{"processed once", []string{"a"}, []string{"a"}, "a", soakTally{}, nil},
+		{"killed between completing and the commit", []string{"a"}, nil, "a", soakTally{}, nil},
+		{"NotRecorded, acked", []string{"a"}, []string{"a"}, "", soakTally{}, nil},
+		{"killed before completing, run again", []string{"k", "b"}, []string{"b"}, "b", soakTally{Uncommitted: 1}, nil},
+		{"ran twice, both committed", []string{"a", "b"}, []string{"a", "b"}, "b", soakTally{DuplicateSuccesses: 1}, nil},
+		{"record lost, run again", []string{"a", "b"}, []string{"a"}, "b", soakTally{DuplicateSuccesses: 1}, nil},
+		{"three successes", []string{"a", "b", "c"}, []string{"a", "c"}, "b", soakTally{DuplicateSuccesses: 2}, nil},
+		{"never ran", nil, nil, "", soakTally{Lost: 1}, nil},
+		{"only a killed run", []string{"k"}, nil, "", soakTally{Lost: 1, Uncommitted: 1}, nil},
+		{"DONE without the effect", nil, nil, "x", soakTally{Lost: 1, Phantoms: 1}, nil},
+		{"commit without the effect", []string{"k"}, []string{"x"}, "", soakTally{Lost: 1, Phantoms: 1, Uncommitted: 1}, nil},
+		{"a phantom next to a success", []string{"a"}, []string{"a", "x"}, "a", soakTally{Phantoms: 1}, nil},
+		// NotRecorded, its ack lost with a killed consumer, run again: the README's window
+		{"NotRecorded, then run again", []string{"a", "b"}, []string{"a", "b"}, "b", soakTally{NotRecordedRepeats: 1}, []string{"a"}},
+		{"NotRecorded explains one repeat, not two", []string{"a", "b", "c"}, []string{"a", "b", "c"}, "c",
+			soakTally{NotRecordedRepeats: 1, DuplicateSuccesses: 1}, []string{"a"}},
 	}
 	var all ledgerState
 	var sum soakTally
 	for _, c := range cases {
-		l := ledgerState{effects: [][]string{c.effects}, commits: [][]string{c.commits}, done: []string{c.done}}
+		l := ledgerState{effects: [][]string{c.effects}, commits: [][]string{c.commits},
+			notRecorded: [][]string{c.notRecorded}, done: []string{c.done}}
 		if got := l.count(1); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 		all.effects = append(all.effects, c.effects)
 		all.commits = append(all.commits, c.commits)
+		all.notRecorded = append(all.notRecorded, c.notRecorded)
 		all.done = append(all.done, c.done)
 		sum.Lost += c.want.Lost
 		sum.DuplicateSuccesses += c.want.DuplicateSuccesses
+		sum.NotRecordedRepeats += c.want.NotRecordedRepeats
 		sum.Phantoms += c.want.Phantoms
 		sum.Uncommitted += c.want.Uncommitted
 	}
