@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/embedded"
 )
 
 // retention is the TTL of every record and naive key the run writes: long enough for
@@ -178,23 +179,7 @@ func (b *bench) close() error {
 func (b *bench) deleteKeys() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	iter := b.plainRDB.Scan(ctx, 0, b.prefix+":*", 1000).Iterator()
-	var batch []string
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		err := b.plainRDB.Unlink(ctx, batch...).Err()
-		batch = batch[:0]
-		return err
-	}
-	var err error
-	for err == nil && iter.Next(ctx) {
-		if batch = append(batch, iter.Val()); len(batch) == 1000 {
-			err = flush()
-		}
-	}
-	if err = errors.Join(err, iter.Err(), flush()); err != nil {
+	if err := embedded.DeleteKeys(ctx, b.plainRDB, b.prefix); err != nil {
 		return fmt.Errorf("delete keys under %s: %w", b.prefix, err)
 	}
 	return nil

@@ -10,18 +10,26 @@ import (
 
 // BenchmarkDo measures a check answered by the local tier (a duplicate: no store call,
 // no allocation) and one that goes through the memory store (claim, run, complete).
-func BenchmarkDo(b *testing.B) {
+func BenchmarkDo(b *testing.B) { benchDo(b, "") }
+
+// benchDo runs BenchmarkDo's two cases on Dedupers built with opts; suffix ends each
+// case's name (";metrics:on").
+func benchDo(b *testing.B, suffix string, opts ...Option) {
 	ctx := context.Background()
 	const n = 1 << 14
 	trace := make([]string, n)
 	for i := range trace {
 		trace[i] = fmt.Sprintf("order-%d", i)
 	}
-	b.Run("tier:local", func(b *testing.B) {
+	newHandler := func(b *testing.B, mem *MemoryStore, local int) *Handler {
+		d, _ := New(mem, append([]Option{WithLogger(quiet)}, opts...)...)
+		b.Cleanup(func() { d.Close() })
+		h, _ := d.Register("bench", WithLocalCache(local, 0))
+		return h
+	}
+	b.Run("tier:local"+suffix, func(b *testing.B) {
 		mem, _ := NewMemoryStore()
-		d, _ := New(mem, WithLogger(quiet))
-		defer d.Close()
-		h, _ := d.Register("bench", WithLocalCache(2*n, 0)) // room for uneven shards
+		h := newHandler(b, mem, 2*n) // room for uneven shards
 		for _, k := range trace {
 			h.Do(ctx, k, ok)
 		}
@@ -37,11 +45,9 @@ func BenchmarkDo(b *testing.B) {
 			}
 		})
 	})
-	b.Run("tier:memory-store", func(b *testing.B) {
+	b.Run("tier:memory-store"+suffix, func(b *testing.B) {
 		mem, _ := NewMemoryStore(WithMemoryLimit(1 << 24))
-		d, _ := New(mem, WithLogger(quiet))
-		defer d.Close()
-		h, _ := d.Register("bench", WithLocalCache(0, 0))
+		h := newHandler(b, mem, 0)
 		b.ReportAllocs()
 		b.ResetTimer()
 		var seq atomic.Int64

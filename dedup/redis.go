@@ -105,7 +105,7 @@ func (s *RedisStore) Claim(ctx context.Context, key, token, fingerprint string, 
 	if err := checkEntry(Entry{Token: token, TTL: lease}, "lease"); err != nil {
 		return Answer{}, err
 	}
-	cmd := redis.NewStatusCmd(ctx, claimSetArgs(key, token, fingerprint, lease)...)
+	cmd := redis.NewStatusCmd(ctx, setNXGet(stateInProgress, key, token, fingerprint, lease)...)
 	err := s.send(ctx, cmd)
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return Answer{}, storeErr("claim", err)
@@ -120,10 +120,11 @@ func (s *RedisStore) Claim(ctx context.Context, key, token, fingerprint string, 
 	return claimAnswer(v.Val())
 }
 
-// claimSetArgs is the fast claim: SET the IN PROGRESS record if the key is free, and
-// return what was there.
-func claimSetArgs(key, token, fingerprint string, lease time.Duration) []any {
-	return []any{"set", key, encodeRecord(stateInProgress, token, fingerprint), "px", ms(lease), "nx", "get"}
+// setNXGet is the command behind the fast claim (state IN PROGRESS, ttl the lease) and
+// Mark (DONE, the retention): SET the record if the key is free, and return what was
+// there.
+func setNXGet(state byte, key, token, fingerprint string, ttl time.Duration) []any {
+	return []any{"set", key, encodeRecord(state, token, fingerprint), "px", ms(ttl), "nx", "get"}
 }
 
 // claimSetAnswer settles a fast claim from its reply (err is nil or redis.Nil): a free
@@ -206,16 +207,12 @@ func (s *RedisStore) Mark(ctx context.Context, key, token, fingerprint string, r
 	if s.wait != nil {
 		return s.markWaiting(ctx, key, token, fingerprint, retention)
 	}
-	cmd := redis.NewStatusCmd(ctx, markArgs(key, token, fingerprint, retention)...)
+	cmd := redis.NewStatusCmd(ctx, setNXGet(stateDone, key, token, fingerprint, retention)...)
 	err := s.send(ctx, cmd)
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return Answer{}, storeErr("mark", err)
 	}
 	return markAnswer(cmd.Val(), err, token, fingerprint)
-}
-
-func markArgs(key, token, fingerprint string, retention time.Duration) []any {
-	return []any{"set", key, encodeRecord(stateDone, token, fingerprint), "px", ms(retention), "nx", "get"}
 }
 
 // markAnswer reads a Mark's reply: err is nil (old is the previous value) or redis.Nil
@@ -306,7 +303,7 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(entries))
 	for i, e := range entries {
-		cmds[i] = redis.NewStatusCmd(ctx, markArgs(e.Key, e.Token, e.Fingerprint, e.TTL)...)
+		cmds[i] = redis.NewStatusCmd(ctx, setNXGet(stateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 		_ = pipe.Process(ctx, cmds[i])
 	}
 	if _, err := pipe.Exec(ctx); failedRoundTrip(err) {

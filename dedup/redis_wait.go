@@ -163,7 +163,7 @@ func (s *RedisStore) markManyWaiting(ctx context.Context, entries []Entry) ([]An
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(entries))
 	for i, e := range entries {
-		cmds[i] = redis.NewStatusCmd(ctx, markArgs(e.Key, e.Token, e.Fingerprint, e.TTL)...)
+		cmds[i] = redis.NewStatusCmd(ctx, setNXGet(stateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 		_ = pipe.Process(ctx, cmds[i])
 	}
 	wait := s.wait.queue(ctx, pipe)

@@ -383,23 +383,7 @@ func deletePrefix(addr, prefix string) {
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-	var batch []string
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		err := rdb.Unlink(ctx, batch...).Err()
-		batch = batch[:0]
-		return err
-	}
-	var err error
-	for iter.Next(ctx) && err == nil {
-		if batch = append(batch, iter.Val()); len(batch) == 1000 {
-			err = flush()
-		}
-	}
-	if err = errors.Join(err, iter.Err(), flush()); err != nil {
+	if err := embedded.DeleteKeys(ctx, rdb, prefix); err != nil {
 		fmt.Fprintln(os.Stderr, "core-nats: delete redis records:", err)
 	}
 }

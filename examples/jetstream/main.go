@@ -380,44 +380,9 @@ func deletePrefix(rt redisTarget, prefix string) {
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var err error
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			return unlinkScanned(ctx, node, prefix)
-		})
-	} else {
-		err = unlinkScanned(ctx, rdb, prefix)
-	}
-	if err != nil {
+	if err := embedded.DeleteKeys(ctx, rdb, prefix); err != nil {
 		fmt.Fprintln(os.Stderr, "jetstream: delete redis records:", err)
 	}
-}
-
-// unlinkScanned unlinks one node's keys under prefix, key by key in pipelines of
-// 1000 (a multi-key UNLINK is refused on a cluster node when the keys' slots differ).
-func unlinkScanned(ctx context.Context, rdb redis.Cmdable, prefix string) error {
-	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-	var batch []string
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, k := range batch {
-				p.Unlink(ctx, k)
-			}
-			return nil
-		})
-		batch = batch[:0]
-		return err
-	}
-	var err error
-	for iter.Next(ctx) && err == nil {
-		if batch = append(batch, iter.Val()); len(batch) == 1000 {
-			err = flush()
-		}
-	}
-	return errors.Join(err, iter.Err(), flush())
 }
 
 // order is the message payload.

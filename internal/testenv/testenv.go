@@ -20,6 +20,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/dedupkit/dedupkit/internal/embedded"
 )
 
 // Required reports whether a test that would skip for want of a server must fail
@@ -65,41 +67,14 @@ func ExternalRedis(t testing.TB, prefix string) *redis.Client {
 	return c
 }
 
-// DeletePrefix deletes the keys under prefix+":" with SCAN and DEL: the server is
-// shared, so never FLUSHDB. On a Redis Cluster it scans every master and deletes key
-// by key (a DEL of keys in several slots is refused).
+// DeletePrefix deletes the keys under prefix+":" (embedded.DeleteKeys: SCAN and
+// UNLINK, every master of a cluster, never FLUSHDB), logging a failure.
 func DeletePrefix(t testing.TB, c redis.UniversalClient, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var err error
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			return deleteScanned(ctx, node, prefix)
-		})
-	} else {
-		err = deleteScanned(ctx, c, prefix)
-	}
-	if err != nil {
+	if err := embedded.DeleteKeys(ctx, c, prefix); err != nil {
 		t.Logf("cleanup of %s: %v", prefix, err)
 	}
-}
-
-func deleteScanned(ctx context.Context, c redis.Cmdable, prefix string) error {
-	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-	var ks []string
-	for iter.Next(ctx) {
-		ks = append(ks, iter.Val())
-	}
-	if err := iter.Err(); err != nil || len(ks) == 0 {
-		return err
-	}
-	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, k := range ks {
-			p.Del(ctx, k)
-		}
-		return nil
-	})
-	return err
 }
 
 // TripCounter is a go-redis hook counting round trips (single commands and

@@ -1,0 +1,46 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DeleteKeys unlinks every key under prefix+":" with SCAN and UNLINK, never FLUSHDB:
+// the server may be shared. On a Redis Cluster it scans every master. Keys go key by
+// key in pipelines of 1000, since a multi-key UNLINK is refused on a cluster node when
+// the keys' slots differ. ctx bounds the whole clean-up.
+func DeleteKeys(ctx context.Context, c redis.UniversalClient, prefix string) error {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return unlinkScanned(ctx, node, prefix)
+		})
+	}
+	return unlinkScanned(ctx, c, prefix)
+}
+
+func unlinkScanned(ctx context.Context, c redis.Cmdable, prefix string) error {
+	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	var batch []string
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range batch {
+				p.Unlink(ctx, k)
+			}
+			return nil
+		})
+		batch = batch[:0]
+		return err
+	}
+	var err error
+	for err == nil && iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 1000 {
+			err = flush()
+		}
+	}
+	return errors.Join(err, iter.Err(), flush())
+}
