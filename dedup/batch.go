@@ -112,8 +112,7 @@ type batchItem struct {
 	k, lk, fp, rk, token string
 	f                    *flight
 	answered             bool        // f has been answered
-	lost                 atomic.Bool // the heartbeat found the lease gone
-	validUntil           time.Time   // see Handler.extend; the heartbeat goroutine owns it once started
+	lost                 atomic.Bool // the heartbeat found the lease gone, or judged it may be
 }
 
 func (b *batchItem) settleFlight(res Result, err error) {
@@ -233,8 +232,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 		}
 		switch a.Status {
 		case StatusAcquired:
-			b.validUntil = sent.Add(h.cfg.lease)
-			b.f.leaseEnd.Store(b.validUntil.UnixNano())
+			b.f.leaseEnd.Store(sent.Add(h.cfg.lease).UnixNano())
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
 			claimed = append(claimed, b)
@@ -298,10 +296,16 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries 
 	}()
 	for _, b := range claimed {
 		fctx, cancel := context.WithCancelCause(ctx)
-		if !hb.setRunning(b, cancel) { // its lease is gone, or may be
+		// Its lease is gone, or may be: a starved process can reach an item after the
+		// heartbeat fell behind. The item has not run, so a claim that still holds its
+		// token is as good as a new one; otherwise it is given up, and given back.
+		if !hb.setRunning(b, cancel) && (!hb.renew(ctx, b) || !hb.setRunning(b, cancel)) {
 			cancel(nil)
 			hb.forget(b)
 			finished++
+			bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+			h.release(bg, b.k, b.rk, b.token) // a no-op unless the claim is still ours
+			bgDone()
 			h.settle(out, b, Result{Outcome: LeaseLost}, ErrLeaseLost)
 			continue
 		}
@@ -392,6 +396,30 @@ func (hb *batchBeat) setRunning(b *batchItem, cancel context.CancelCauseFunc) bo
 	return true
 }
 
+// renew extends the claim of an item that has not run yet, after the heartbeat lost
+// track of it (its lease ran out as far as this process knows). The store's Extend
+// succeeds only while the record still holds b's token: then no other owner has
+// claimed or completed the key, and b may run under a fresh lease. It reports
+// whether it did.
+func (hb *batchBeat) renew(ctx context.Context, b *batchItem) bool {
+	h := hb.h
+	if ctx.Err() != nil {
+		return false
+	}
+	ectx, done := context.WithTimeout(ctx, h.cfg.lease/3)
+	defer done()
+	sent := time.Now()
+	if err := h.d.store.Extend(ectx, b.rk, b.token, h.cfg.lease); err != nil {
+		return false
+	}
+	hb.mu.Lock()
+	b.f.leaseEnd.Store(sent.Add(h.cfg.lease).UnixNano())
+	b.lost.Store(false)
+	hb.live[b] = struct{}{}
+	hb.mu.Unlock()
+	return true
+}
+
 func (hb *batchBeat) forget(b *batchItem) {
 	hb.mu.Lock()
 	delete(hb.live, b)
@@ -428,9 +456,9 @@ func (hb *batchBeat) run() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				var lost bool
-				if b.validUntil, lost = h.extend(b.rk, b.token, b.validUntil); !lost {
-					b.f.leaseEnd.Store(b.validUntil.UnixNano())
+				until, lost := h.extend(b.rk, b.token, time.Unix(0, b.f.leaseEnd.Load()))
+				if !lost {
+					b.f.leaseEnd.Store(until.UnixNano())
 					return
 				}
 				h.stats.leaseLost.Add(1)

@@ -85,6 +85,7 @@ const (
 	consumeBuffer = 50  // messages Consume keeps buffered per instance
 	fetchBatch    = 100 // messages per Fetch
 	fetchWait     = 250 * time.Millisecond
+	leaseTime     = 5 * time.Second // each handler's dedup lease
 )
 
 // What is injected, as shares of the orders (per handler for failures, panics and
@@ -677,7 +678,12 @@ func (f *fleet) start(ctx context.Context, i, instances int, natsURL string, rt 
 	}
 	for h, spec := range handlerSpecs {
 		t := tallies[h]
-		dh, err := d.Register(spec.name, dedup.WithRetention(spec.retention), dedup.WithLease(2*time.Second))
+		// The lease bounds how long a stalled instance can hold an order before another
+		// may run it; a rival told InProgress retries after what is left of it. The
+		// example never crashes an instance, so the lease only has to outlast a stall:
+		// 5s kept each order to one run with four race-built copies on two cores, where
+		// 2s did not; longer would hold up draining behind the rare InProgress answer.
+		dh, err := d.Register(spec.name, dedup.WithRetention(spec.retention), dedup.WithLease(leaseTime))
 		if err != nil {
 			return err
 		}

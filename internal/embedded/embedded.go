@@ -7,6 +7,7 @@ package embedded
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -49,7 +50,56 @@ func (n *NATS) Close() {
 	n.srv.WaitForShutdown()
 }
 
-// StartRedis starts miniredis on a free loopback port.
-func StartRedis() (*miniredis.Miniredis, error) {
-	return miniredis.Run()
+// Redis is miniredis on a free loopback port whose TTLs run on the wall clock, as a
+// real Redis's do. Left to itself miniredis never expires a key: a lease whose owner
+// died, or whose release was lost, would then hold its key for ever, and every later
+// delivery of that message would be InProgress until the broker gave up on it.
+type Redis struct {
+	*miniredis.Miniredis
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+// ttlTick is how often the embedded Redis moves its TTLs on: a key outlives its TTL
+// by at most about this much (more when the process is starved of CPU).
+const ttlTick = 20 * time.Millisecond
+
+// StartRedis starts miniredis and a goroutine that moves its TTLs on by the time
+// that has really passed, every ttlTick, until Close. (miniredis's own ClockTTL does
+// the same on every command, walking every key each time: too slow for the main job.)
+func StartRedis() (*Redis, error) {
+	m, err := miniredis.Run()
+	if err != nil {
+		return nil, err
+	}
+	r := &Redis{Miniredis: m, stop: make(chan struct{}), done: make(chan struct{})}
+	go r.tick()
+	return r, nil
+}
+
+func (r *Redis) tick() {
+	defer close(r.done)
+	t := time.NewTicker(ttlTick)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case now := <-t.C:
+			// by what has passed, not by ticks: a starved process loses ticks
+			if d := now.Sub(last); d > 0 {
+				r.FastForward(d)
+				last = now
+			}
+		}
+	}
+}
+
+// Close stops the clock and the server. It is safe to call more than once.
+func (r *Redis) Close() {
+	r.once.Do(func() { close(r.stop) })
+	<-r.done
+	r.Miniredis.Close()
 }

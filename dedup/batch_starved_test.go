@@ -1,0 +1,126 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lateClaimMany makes the reply to ClaimMany arrive after the lease as the batch
+// reckons it (from when it sent the claims) has run out, while the records themselves
+// are fresh: what a starved process sees when its reply sits unread. after, when set,
+// runs on the records once they are claimed.
+type lateClaimMany struct {
+	Store
+	delay time.Duration
+	after func(entries []Entry)
+}
+
+func (s *lateClaimMany) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+	time.Sleep(s.delay)
+	a, err := s.Store.ClaimMany(ctx, entries)
+	if err == nil && s.after != nil {
+		s.after(entries)
+	}
+	return a, err
+}
+
+// starvedBatch runs a batch of keys a, b, c through store with a 300ms lease, the
+// claims' reply arriving 400ms late. It returns the results and the items fn ran.
+func starvedBatch(t *testing.T, store Store) (*Handler, []ItemResult, []int) {
+	t.Helper()
+	d, err := New(store, WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	h, err := d.Register("starved", WithLease(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var ran []int
+	res := h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, func(ctx context.Context, i int) error {
+		mu.Lock()
+		ran = append(ran, i)
+		mu.Unlock()
+		return nil
+	})
+	return h, res, ran
+}
+
+// An item whose turn comes after the lease ran out as the process reckons it, but
+// whose claim still holds its token, renews the claim and runs: nobody else can have
+// claimed or completed the key. Before, every item of such a batch was LeaseLost and
+// its claim left to expire, and each redelivery was InProgress meanwhile.
+func TestBatchRenewsClaimsTheHeartbeatLostTrackOf(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	_, res, ran := starvedBatch(t, &lateClaimMany{Store: mem, delay: 400 * time.Millisecond})
+	for i, r := range res {
+		if r.Outcome != Processed || r.Err != nil {
+			t.Errorf("item %d: %v, %v; want Processed", i, r.Outcome, r.Err)
+		}
+	}
+	if len(ran) != 3 {
+		t.Errorf("fn ran for items %v, want all 3", ran)
+	}
+}
+
+// A renewal never takes a key another owner holds: the item is LeaseLost, fn does not
+// run for it, and the other owner's claim is left alone.
+func TestBatchRenewalRefusedForAnotherOwner(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	ctx := context.Background()
+	store := &lateClaimMany{Store: mem, delay: 400 * time.Millisecond, after: func(e []Entry) {
+		// b's lease ended and a rival claimed it
+		if err := mem.Release(ctx, e[1].Key, e[1].Token); err != nil {
+			t.Error(err)
+		}
+		if a, err := mem.Claim(ctx, e[1].Key, "rival", "", time.Minute); err != nil || a.Status != StatusAcquired {
+			t.Errorf("rival's claim: %v, %v", a.Status, err)
+		}
+	}}
+	h, res, ran := starvedBatch(t, store)
+	if res[1].Outcome != LeaseLost || !errors.Is(res[1].Err, ErrLeaseLost) {
+		t.Errorf("item b: %v, %v; want LeaseLost", res[1].Outcome, res[1].Err)
+	}
+	for _, i := range ran {
+		if i == 1 {
+			t.Error("fn ran for b, which another owner holds")
+		}
+	}
+	if res[0].Outcome != Processed || res[2].Outcome != Processed {
+		t.Errorf("items a, c: %v, %v; want Processed", res[0].Outcome, res[2].Outcome)
+	}
+	if a, _ := mem.Claim(ctx, h.RecordKey("b"), "third", "", time.Minute); a.Status != StatusInProgress {
+		t.Errorf("b after the batch: %v, want still the rival's (InProgress)", a.Status)
+	}
+}
+
+// When the renewal itself fails (the store errs), the item is LeaseLost and its claim,
+// still ours, is given back at once rather than left for a rival to wait out.
+func TestBatchReleasesAClaimItCouldNotRenew(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	hs := &hookStore{Store: mem}
+	hs.onFail(func(op string) error {
+		if op == "extend" {
+			return ErrStoreUnavailable
+		}
+		return nil
+	})
+	h, res, ran := starvedBatch(t, &lateClaimMany{Store: hs, delay: 400 * time.Millisecond})
+	if len(ran) != 0 {
+		t.Errorf("fn ran for %v with no lease", ran)
+	}
+	for i, r := range res {
+		if r.Outcome != LeaseLost {
+			t.Errorf("item %d: %v, want LeaseLost", i, r.Outcome)
+		}
+		a, _ := mem.Claim(context.Background(), h.RecordKey(string(rune('a'+i))), "rival", "", time.Minute)
+		if a.Status != StatusAcquired {
+			t.Errorf("item %d: a rival's claim got %v (ttl %v), want the claim released", i, a.Status, a.TTL)
+		}
+	}
+}

@@ -1,0 +1,46 @@
+package embedded
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A lease set by PX must end on its own in the embedded Redis, as in a real one:
+// dedup's leases rely on it when an owner dies or its release is lost.
+func TestStartRedisExpiresKeysOnTheClock(t *testing.T) {
+	m, err := StartRedis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Set(ctx, "lease", "owner", 50*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Exists(ctx, "lease").Result(); err != nil || n != 1 {
+		t.Fatalf("just set: exists %d, %v", n, err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if n, err := c.Exists(ctx, "lease").Result(); err != nil || n != 0 {
+		t.Fatalf("150ms after a 50ms PX: exists %d, %v; want the key gone", n, err)
+	}
+	// SET NX, as a rival's claim, succeeds once the lease has run out
+	if ok, err := c.SetNX(ctx, "lease", "rival", time.Second).Result(); err != nil || !ok {
+		t.Fatalf("claim after expiry: %v, %v", ok, err)
+	}
+}
+
+// Close stops the clock goroutine (goleak in TestMain checks) and may be repeated.
+func TestStartRedisCloseTwice(t *testing.T) {
+	m, err := StartRedis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	m.Close()
+}
