@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -99,7 +100,8 @@ func BenchmarkRedisDo(b *testing.B) {
 		name string
 		m    Mode
 	}{{"do", ModeDo}, {"filter", ModeFilter}} {
-		h, err := d.Register("bench-"+mode.name, WithMode(mode.m))
+		// records a cleanup missed expire soon rather than sit a day in a shared Redis
+		h, err := d.Register("bench-"+mode.name, WithMode(mode.m), WithRetention(2*time.Minute))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -137,7 +139,12 @@ func benchRedis(b *testing.B) (*redis.Client, string) {
 	prefix := testenv.Prefix()
 	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 512})
 	b.Cleanup(func() {
-		testenv.DeletePrefix(b, c, prefix)
+		// a run leaves hundreds of thousands of keys: more than DeletePrefix's 5s
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := embedded.DeleteKeys(ctx, c, prefix); err != nil {
+			b.Errorf("cleanup of %s: %v", prefix, err)
+		}
 		c.Close()
 	})
 	return c, prefix
