@@ -303,10 +303,15 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries 
 			cancel(nil)
 			hb.forget(b)
 			finished++
-			bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
-			h.release(bg, b.k, b.rk, b.token) // a no-op unless the claim is still ours
-			bgDone()
-			h.settle(out, b, Result{Outcome: LeaseLost}, ErrLeaseLost)
+			h.releaseUnanswered(ctx, b.k, b.rk, b.token) // a no-op unless the claim is still ours
+			switch {
+			case h.d.ctx.Err() != nil:
+				h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
+			case ctx.Err() != nil:
+				h.settle(out, b, Result{Outcome: Cancelled}, context.Cause(ctx))
+			default:
+				h.settle(out, b, Result{Outcome: LeaseLost}, ErrLeaseLost)
+			}
 			continue
 		}
 		if h.d.ctx.Err() != nil {
@@ -370,6 +375,7 @@ type batchBeat struct {
 	quit     chan struct{}
 	finished chan struct{}
 	once     sync.Once
+	noRenew  bool // a renewal failed for want of the store: the rest are not tried
 }
 
 func (h *Handler) startBatchBeat(items []*batchItem) *batchBeat {
@@ -401,15 +407,18 @@ func (hb *batchBeat) setRunning(b *batchItem, cancel context.CancelCauseFunc) bo
 // succeeds only while the record still holds b's token: then no other owner has
 // claimed or completed the key, and b may run under a fresh lease. It reports
 // whether it did.
+// Once a renewal fails for want of the store, the batch tries no more: each would
+// wait as long, one after the other.
 func (hb *batchBeat) renew(ctx context.Context, b *batchItem) bool {
 	h := hb.h
-	if ctx.Err() != nil {
+	if hb.noRenew || ctx.Err() != nil || h.d.ctx.Err() != nil {
 		return false
 	}
 	ectx, done := context.WithTimeout(ctx, h.cfg.lease/3)
 	defer done()
 	sent := time.Now()
-	if err := h.d.store.Extend(ectx, b.rk, b.token, h.cfg.lease); err != nil {
+	if err := h.storeExtend(ectx, b.rk, b.token); err != nil {
+		hb.noRenew = !errors.Is(err, ErrLeaseLost)
 		return false
 	}
 	hb.mu.Lock()
@@ -456,14 +465,19 @@ func (hb *batchBeat) run() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				until, lost := h.extend(b.rk, b.token, time.Unix(0, b.f.leaseEnd.Load()))
+				end := b.f.leaseEnd.Load()
+				until, lost := h.extend(b.rk, b.token, time.Unix(0, end))
 				if !lost {
-					b.f.leaseEnd.Store(until.UnixNano())
+					b.f.leaseEnd.CompareAndSwap(end, until.UnixNano()) // unless renewed since
+					return
+				}
+				hb.mu.Lock()
+				if b.f.leaseEnd.Load() != end { // renewed while this verdict was out: stale
+					hb.mu.Unlock()
 					return
 				}
 				h.stats.leaseLost.Add(1)
 				h.met.leaseLost(opExtend)
-				hb.mu.Lock()
 				b.lost.Store(true)
 				delete(hb.live, b)
 				if hb.cur == b {

@@ -111,9 +111,14 @@ func TestBatchReleasesAClaimItCouldNotRenew(t *testing.T) {
 		return nil
 	})
 	h, res, ran := starvedBatch(t, &lateClaimMany{Store: hs, delay: 400 * time.Millisecond})
+	// the first renewal's failure stops the rest: each would wait as long, in turn
+	if n := hs.extends.Load(); n != 1 {
+		t.Errorf("%d extends for 3 items, want 1: renewals go on after the store failed", n)
+	}
 	if len(ran) != 0 {
 		t.Errorf("fn ran for %v with no lease", ran)
 	}
+	h.d.Close() // the releases go in the background; Close waits for them
 	for i, r := range res {
 		if r.Outcome != LeaseLost {
 			t.Errorf("item %d: %v, want LeaseLost", i, r.Outcome)
@@ -121,6 +126,45 @@ func TestBatchReleasesAClaimItCouldNotRenew(t *testing.T) {
 		a, _ := mem.Claim(context.Background(), h.RecordKey(string(rune('a'+i))), "rival", "", time.Minute)
 		if a.Status != StatusAcquired {
 			t.Errorf("item %d: a rival's claim got %v (ttl %v), want the claim released", i, a.Status, a.TTL)
+		}
+	}
+}
+
+// Once Close has begun, a batch renews nothing: its remaining items are Cancelled and
+// their claims given back, without a round trip each.
+func TestBatchDoesNotRenewWhileClosing(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	hs := &hookStore{Store: mem}
+	var d *Deduper
+	closed := make(chan struct{})
+	store := &lateClaimMany{Store: hs, delay: 400 * time.Millisecond, after: func([]Entry) {
+		go func() { d.Close(); close(closed) }() // waits for this batch and its releases
+		for d.ctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+	}}
+	d, _ = New(store, WithLogger(quiet))
+	h, _ := d.Register("closing", WithLease(300*time.Millisecond))
+	ran := 0
+	res := h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(context.Context, int) error {
+		ran++
+		return nil
+	})
+	if ran != 0 {
+		t.Errorf("fn ran %d times after Close began", ran)
+	}
+	for i, r := range res {
+		if r.Outcome != Cancelled || !errors.Is(r.Err, ErrClosed) {
+			t.Errorf("item %d: %v, %v; want Cancelled, ErrClosed", i, r.Outcome, r.Err)
+		}
+	}
+	if n := hs.extends.Load(); n != 0 {
+		t.Errorf("%d extends while closing, want none", n)
+	}
+	<-closed
+	for _, k := range []string{"a", "b"} {
+		if a, _ := mem.Claim(context.Background(), h.RecordKey(k), "rival", "", time.Minute); a.Status != StatusAcquired {
+			t.Errorf("%s after the batch: %v, want its claim released", k, a.Status)
 		}
 	}
 }

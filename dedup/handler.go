@@ -515,21 +515,7 @@ func (h *Handler) extend(rk, token string, validUntil time.Time) (time.Time, boo
 	}
 	ctx, done := context.WithTimeout(context.Background(), min(every, left))
 	defer done()
-	// Wait no longer than the deadline even if the store does not honour it (go-redis
-	// applies context deadlines to the socket only with ContextTimeoutEnabled). The
-	// call runs inside an entered Do or batch, so Close waits for it.
-	errc := make(chan error, 1)
-	h.d.running.Add(1)
-	go func() {
-		defer h.d.running.Done()
-		errc <- h.d.store.Extend(ctx, rk, token, h.cfg.lease)
-	}()
-	var err error
-	select {
-	case err = <-errc:
-	case <-ctx.Done():
-		err = ctx.Err()
-	}
+	err := h.storeExtend(ctx, rk, token)
 	switch {
 	case err == nil:
 		return sent.Add(h.cfg.lease), false
@@ -538,6 +524,24 @@ func (h *Handler) extend(rk, token string, validUntil time.Time) (time.Time, boo
 	default:
 		h.log.Debug("dedup: lease extension failed", "err", err)
 		return validUntil, !time.Now().Add(every + margin).Before(validUntil)
+	}
+}
+
+// storeExtend is the store's Extend, waiting no longer than ctx even if the store does
+// not honour it (go-redis applies context deadlines to the socket only with
+// ContextTimeoutEnabled). It runs inside an entered Do or batch, so Close waits for it.
+func (h *Handler) storeExtend(ctx context.Context, rk, token string) error {
+	errc := make(chan error, 1)
+	h.d.running.Add(1)
+	go func() {
+		defer h.d.running.Done()
+		errc <- h.d.store.Extend(ctx, rk, token, h.cfg.lease)
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

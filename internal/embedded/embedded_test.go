@@ -44,3 +44,27 @@ func TestStartRedisCloseTwice(t *testing.T) {
 	m.Close()
 	m.Close()
 }
+
+// A key is never more than about one tick early: a 300ms key is still there 200ms on.
+func TestStartRedisDoesNotExpireEarly(t *testing.T) {
+	m, err := StartRedis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Set(ctx, "lease", "owner", 300*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	set := time.Now()
+	time.Sleep(200 * time.Millisecond)
+	n, err := c.Exists(ctx, "lease").Result()
+	if el := time.Since(set); el > 250*time.Millisecond {
+		t.Skipf("the check came %v after the SET: too late to tell early from on time", el)
+	}
+	if err != nil || n != 1 {
+		t.Fatalf("200ms into a 300ms PX: exists %d, %v; want the key still there", n, err)
+	}
+}
