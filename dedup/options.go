@@ -40,7 +40,8 @@ type config struct {
 }
 
 // WithPrefix sets the first segment of every record key (default DefaultPrefix). It
-// isolates tenants sharing one Redis. 1 to 64 printable ASCII bytes, no spaces.
+// isolates tenants sharing one Redis. 1 to 64 printable ASCII bytes, without spaces,
+// ':' or the glob characters * ? [ ] \ (see keys.ValidatePrefix).
 func WithPrefix(prefix string) Option {
 	return func(c *config) error {
 		if err := keys.ValidatePrefix(prefix); err != nil {

@@ -126,7 +126,8 @@ func ValidateName(name string) error {
 }
 
 // ValidatePrefix checks a record key prefix: 1..[MaxNameLen] bytes of
-// printable ASCII other than space (0x21..0x7e) and ':'. ':' separates the
+// printable ASCII other than space (0x21..0x7e), ':' and the glob characters
+// * ? [ ] \ (see globBytes). ':' separates the
 // prefix from the handler name, so a prefix holding one could reproduce another
 // tenant's keys ("acme" + "eu" + "orders:1" against "acme:eu" + "orders" + "1").
 // '{' and '}' are allowed, so a prefix may carry a Redis Cluster hash tag such
@@ -148,6 +149,15 @@ func ValidatePrefix(prefix string) error {
 			return invalidf("key prefix %s: ':' at offset %d separates prefix and handler; it may not appear in a prefix",
 				quote(prefix), i)
 		}
+		if strings.IndexByte(globBytes, prefix[i]) >= 0 {
+			return invalidf("key prefix %s: %s at offset %d is a Redis glob character (%s); it may not appear in a prefix",
+				quote(prefix), quote(prefix[i:i+1]), i, globBytes)
+		}
 	}
 	return nil
 }
+
+// globBytes are the bytes special in Redis's glob patterns. A prefix is matched as
+// "<prefix>:*" by an ACL key pattern (~<prefix>:*) and by a SCAN that deletes a
+// prefix's records; a prefix holding one of them would match other prefixes' keys.
+const globBytes = `*?[]\`
