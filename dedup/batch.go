@@ -31,6 +31,23 @@ type ItemResult struct {
 // earlier in the same batch follows that item: Duplicate if it succeeded, InProgress
 // (to be retried) if not. The results are in item order.
 func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error) []ItemResult {
+	return h.handleBatch(ctx, items, 1, fn)
+}
+
+// HandleBatchParallel is HandleBatch for handlers whose fn may run for several items
+// at once. In ModeFilter, once the one MarkMany round trip has answered, fn runs for
+// up to parallel of the items seen first at a time: the caller's goroutine runs them
+// in turn, and if it is not done within a millisecond (spawnAfter), other goroutines
+// join it, so that fast fns cost no goroutine each and slow ones run side by side. It
+// returns when all have run. An fn that calls runtime.Goexit on the caller's goroutine
+// ends the call, as in HandleBatch; on another goroutine its item is Panicked
+// (ErrPanic). In ModeDo it is HandleBatch: the claimed items run one at a time, under
+// one heartbeat. parallel < 1 counts as 1.
+func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error) []ItemResult {
+	return h.handleBatch(ctx, items, max(parallel, 1), fn)
+}
+
+func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error) []ItemResult {
 	out := make([]ItemResult, len(items))
 	var leads []*batchItem
 	first := make(map[string]*batchItem)
@@ -69,7 +86,7 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 		leads = append(leads, b)
 	}
 	if len(leads) > 0 {
-		h.runLeads(ctx, leads, fn, out)
+		h.runLeads(ctx, leads, parallel, fn, out)
 	}
 	for _, i := range keyless {
 		res, err := h.noKey(ctx, func(c context.Context) error { return fn(c, i) })
@@ -91,7 +108,7 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 	return out
 }
 
-func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, fn func(context.Context, int) error, out []ItemResult) {
+func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out []ItemResult) {
 	if !h.d.enter() {
 		for _, b := range leads {
 			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
@@ -100,7 +117,7 @@ func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, fn func(cont
 	}
 	defer h.d.running.Done() // deferred: fn may end its goroutine (runtime.Goexit)
 	if h.cfg.mode == ModeFilter {
-		h.markBatch(ctx, leads, fn, out)
+		h.markBatch(ctx, leads, parallel, fn, out)
 	} else {
 		h.claimBatch(ctx, leads, fn, out)
 	}
@@ -155,7 +172,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out []ItemResult, b *batc
 	h.settle(out, b, Result{Outcome: StoreUnavailable}, err)
 }
 
-func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, fn func(context.Context, int) error, out []ItemResult) {
+func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out []ItemResult) {
 	entries := make([]Entry, len(leads))
 	for j, b := range leads {
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.retention}
@@ -191,15 +208,77 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, fn func(con
 		b.settleFlight(res, nil)
 		runs = append(runs, pending{b: b})
 	}
-	for _, p := range runs {
+	runOne := func(p pending) {
 		if p.err != nil {
 			h.storeItemFailed(ctx, out, p.b, p.err, fn)
-			continue
+			return
 		}
 		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, p.b.i) }, false, true)
 		out[p.b.i] = ItemResult{res, ferr}
 	}
+	if parallel <= 1 || len(runs) <= 1 {
+		for _, p := range runs {
+			runOne(p)
+		}
+		return
+	}
+	h.runParallel(len(runs), parallel, func(k int) {
+		p := runs[k]
+		ran := false
+		defer func() {
+			if !ran { // fn called runtime.Goexit: it did not finish
+				out[p.b.i] = ItemResult{h.count(Result{Outcome: Panicked}), errGoexit}
+			}
+		}()
+		runOne(p)
+		ran = true
+	})
 }
+
+// spawnAfter is how long a parallel batch runs its items one after the other on the
+// caller's goroutine before it starts more: fast fns then cost no goroutine each,
+// and slow ones wait at most this long for their turn.
+var spawnAfter = time.Millisecond // a var for tests
+
+// runParallel calls run(k) for k in 0..n-1, up to parallel at once. The caller's
+// goroutine takes the items in turn; if it is still at it after spawnAfter, up to
+// parallel-1 goroutines join it. It returns when every item has run (also when run
+// ends the caller's goroutine with runtime.Goexit, for the items the others took).
+func (h *Handler) runParallel(n, parallel int, run func(k int)) {
+	var next atomic.Int64
+	work := func() {
+		for {
+			k := int(next.Add(1) - 1)
+			if k >= n {
+				return
+			}
+			run(k)
+		}
+	}
+	var wg sync.WaitGroup
+	spawned := make(chan struct{})
+	t := time.AfterFunc(spawnAfter, func() {
+		defer close(spawned)
+		for range min(parallel-1, n-int(next.Load())) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				work()
+			}()
+		}
+	})
+	defer func() {
+		if !t.Stop() {
+			<-spawned // its goroutines are counted in wg before this returns
+		}
+		wg.Wait()
+	}()
+	work()
+}
+
+// errGoexit is the error of an item whose fn, run on a goroutine of its own
+// (HandleBatchParallel), ended that goroutine with runtime.Goexit.
+var errGoexit = fmt.Errorf("%w: fn called runtime.Goexit", ErrPanic)
 
 func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(context.Context, int) error, out []ItemResult) {
 	entries := make([]Entry, len(leads))

@@ -14,124 +14,141 @@ import (
 	"github.com/dedupkit/dedupkit/dedup"
 )
 
+// forModes runs f for a ModeDo and a ModeFilter handler: Handler takes a path of its
+// own for each (one message at a time through the store, or batches).
+func forModes(t *testing.T, f func(t *testing.T, mode dedup.Mode)) {
+	for _, m := range []struct {
+		name string
+		mode dedup.Mode
+	}{{"do", dedup.ModeDo}, {"filter", dedup.ModeFilter}} {
+		t.Run(m.name, func(t *testing.T) { f(t, m.mode) })
+	}
+}
+
 // Consume's handler runs up to WithConcurrency messages at once: n handlers meet at a
 // barrier that a one-at-a-time handler could never pass, and every message is then
 // acknowledged once.
 func TestHandlerRunsMessagesConcurrently(t *testing.T) {
 	const n = 8
-	eachServer(t, func(t *testing.T, e *env) {
-		e.newStream()
-		c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
-		h := register(t, newDeduper(t, memStore(t)), "orders")
-		j := newJS(t, h, c, WithConcurrency(n))
-		var inside, most atomic.Int32
-		barrier := make(chan struct{})
-		var once sync.Once
-		consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
-			now := inside.Add(1)
-			defer inside.Add(-1)
-			for {
-				if old := most.Load(); now <= old || most.CompareAndSwap(old, now) {
-					break
+	forModes(t, func(t *testing.T, mode dedup.Mode) {
+		eachServer(t, func(t *testing.T, e *env) {
+			e.newStream()
+			c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+			h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithMode(mode))
+			j := newJS(t, h, c, WithConcurrency(n))
+			var inside, most atomic.Int32
+			barrier := make(chan struct{})
+			var once sync.Once
+			consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
+				now := inside.Add(1)
+				defer inside.Add(-1)
+				for {
+					if old := most.Load(); now <= old || most.CompareAndSwap(old, now) {
+						break
+					}
 				}
+				if now == n {
+					once.Do(func() { close(barrier) })
+				}
+				select {
+				case <-barrier:
+					return nil
+				case <-time.After(5 * time.Second):
+					return errors.New("the other handlers never arrived")
+				}
+			}))
+			var last *jetstream.PubAck
+			for i := range n {
+				last = e.publish("new", fmt.Sprint("order-", i), "x")
 			}
-			if now == n {
-				once.Do(func() { close(barrier) })
+			e.settled(c, last.Sequence)
+			j.Wait()
+			if got := most.Load(); got != n {
+				t.Fatalf("at most %d handlers ran at once, want %d", got, n)
 			}
-			select {
-			case <-barrier:
-				return nil
-			case <-time.After(5 * time.Second):
-				return errors.New("the other handlers never arrived")
+			if s := j.Stats(); s.Count(ActAck) != n {
+				t.Fatalf("actions %+v, want %d acks", s, n)
 			}
-		}))
-		var last *jetstream.PubAck
-		for i := range n {
-			last = e.publish("new", fmt.Sprint("order-", i), "x")
-		}
-		e.settled(c, last.Sequence)
-		j.Wait()
-		if got := most.Load(); got != n {
-			t.Fatalf("at most %d handlers ran at once, want %d", got, n)
-		}
-		if s := j.Stats(); s.Count(ActAck) != n {
-			t.Fatalf("actions %+v, want %d acks", s, n)
-		}
+		})
 	})
 }
 
 // WithConcurrency(1) runs messages one at a time, in delivery order.
 func TestHandlerConcurrencyOneKeepsOrder(t *testing.T) {
 	const n = 30
-	eachServer(t, func(t *testing.T, e *env) {
-		e.newStream()
-		c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
-		h := register(t, newDeduper(t, memStore(t)), "orders")
-		j := newJS(t, h, c, WithConcurrency(1))
-		var mu sync.Mutex
-		var seen []uint64
-		var inside atomic.Int32
-		consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
-			if inside.Add(1) != 1 {
-				t.Error("two handlers ran at once")
+	forModes(t, func(t *testing.T, mode dedup.Mode) {
+		eachServer(t, func(t *testing.T, e *env) {
+			e.newStream()
+			c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+			h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithMode(mode))
+			j := newJS(t, h, c, WithConcurrency(1))
+			var mu sync.Mutex
+			var seen []uint64
+			var inside atomic.Int32
+			consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
+				if inside.Add(1) != 1 {
+					t.Error("two handlers ran at once")
+				}
+				defer inside.Add(-1)
+				time.Sleep(time.Millisecond) // give a second message the chance to overlap
+				mu.Lock()
+				seen = append(seen, m.Metadata().Sequence.Stream)
+				mu.Unlock()
+				return nil
+			}))
+			var last *jetstream.PubAck
+			for i := range n {
+				last = e.publish("new", fmt.Sprint("order-", i), "x")
 			}
-			defer inside.Add(-1)
-			time.Sleep(time.Millisecond) // give a second message the chance to overlap
+			e.settled(c, last.Sequence)
+			j.Wait()
 			mu.Lock()
-			seen = append(seen, m.Metadata().Sequence.Stream)
-			mu.Unlock()
-			return nil
-		}))
-		var last *jetstream.PubAck
-		for i := range n {
-			last = e.publish("new", fmt.Sprint("order-", i), "x")
-		}
-		e.settled(c, last.Sequence)
-		j.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		if len(seen) != n {
-			t.Fatalf("%d messages handled, want %d", len(seen), n)
-		}
-		for i := 1; i < n; i++ {
-			if seen[i] <= seen[i-1] {
-				t.Fatalf("handled out of order: %v", seen)
+			defer mu.Unlock()
+			if len(seen) != n {
+				t.Fatalf("%d messages handled, want %d", len(seen), n)
 			}
-		}
+			for i := 1; i < n; i++ {
+				if seen[i] <= seen[i-1] {
+					t.Fatalf("handled out of order: %v", seen)
+				}
+			}
+		})
 	})
 }
 
 // Wait returns only once every message handed to the Handler has been acknowledged.
 func TestWaitCoversMessagesInHand(t *testing.T) {
-	eachServer(t, func(t *testing.T, e *env) {
-		e.newStream()
-		c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
-		h := register(t, newDeduper(t, memStore(t)), "orders")
-		j := newJS(t, h, c)
-		started := make(chan struct{})
-		release := make(chan struct{})
-		cc := consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
-			close(started)
-			<-release
-			return nil
-		}))
-		free := sync.OnceFunc(func() { close(release) })
-		t.Cleanup(free) // runs first: a failing test must not leave the handler blocked
-		e.publish("new", "order-1", "x")
-		<-started
-		stopConsume(t, cc)
-		waited := make(chan struct{})
-		go func() { j.Wait(); close(waited) }()
-		select {
-		case <-waited:
-			t.Fatal("Wait returned while a handler was running")
-		case <-time.After(50 * time.Millisecond):
-		}
-		free()
-		<-waited
-		if s := j.Stats(); s.Count(ActAck) != 1 {
-			t.Fatalf("actions %+v after Wait, want the ack", s)
-		}
+	forModes(t, func(t *testing.T, mode dedup.Mode) {
+		eachServer(t, func(t *testing.T, e *env) {
+			e.newStream()
+			c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+			h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithMode(mode))
+			j := newJS(t, h, c)
+			started := make(chan struct{})
+			release := make(chan struct{})
+			cc := consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
+				close(started)
+				<-release
+				return nil
+			}))
+			free := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(free) // runs first: a failing test must not leave the handler blocked
+			e.publish("new", "order-1", "x")
+			<-started
+			stopConsume(t, cc)
+			waited := make(chan struct{})
+			go func() { j.Wait(); close(waited) }()
+			select {
+			case <-waited:
+				t.Fatal("Wait returned while a handler was running")
+			case <-time.After(50 * time.Millisecond):
+			}
+			free()
+			<-waited
+			if s := j.Stats(); s.Count(ActAck) != 1 {
+				t.Fatalf("actions %+v after Wait, want the ack", s)
+			}
+		})
 	})
 }
 
@@ -145,4 +162,66 @@ func TestWithConcurrencyBounds(t *testing.T) {
 	if _, err := NewCore(h, WithConcurrency(1)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// markCounter counts a Store's single marks and batch marks; each MarkMany is slowed
+// by delay, as a round trip would be, so that messages queue behind it.
+type markCounter struct {
+	dedup.Store
+	delay       time.Duration
+	marks, many atomic.Int64
+}
+
+func (s *markCounter) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (dedup.Answer, error) {
+	s.marks.Add(1)
+	return s.Store.Mark(ctx, key, token, fp, retention)
+}
+
+func (s *markCounter) MarkMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+	s.many.Add(1)
+	time.Sleep(s.delay)
+	return s.Store.MarkMany(ctx, entries)
+}
+
+// A ModeFilter Handler marks the messages that arrive while earlier marks are out as
+// batches (MarkMany), never one by one: 300 messages in a handful of round trips,
+// each acknowledged once and run once.
+func TestFilterHandlerBatchesMarks(t *testing.T) {
+	const n = 300
+	eachServer(t, func(t *testing.T, e *env) {
+		e.newStream()
+		c := e.consumer("metrics", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+		store := &markCounter{Store: memStore(t), delay: 20 * time.Millisecond}
+		h := register(t, newDeduper(t, store), "metrics", dedup.WithMode(dedup.ModeFilter))
+		j := newJS(t, h, c)
+		var last *jetstream.PubAck
+		for i := range n {
+			last = e.publish("new", fmt.Sprint("m-", i), "x")
+		}
+		var mu sync.Mutex
+		runs := map[string]int{}
+		consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
+			mu.Lock()
+			runs[m.Header(jetstream.MsgIDHeader)]++
+			mu.Unlock()
+			return nil
+		}))
+		e.settled(c, last.Sequence)
+		j.Wait()
+		if s := j.Stats(); s.Count(ActAck) != n {
+			t.Fatalf("actions %+v, want %d acks", s, n)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range n {
+			if r := runs[fmt.Sprint("m-", i)]; r != 1 {
+				t.Errorf("m-%d ran %d times, want once", i, r)
+			}
+		}
+		marks, many := store.marks.Load(), store.many.Load()
+		t.Logf("%d messages: %d MarkMany calls, %d single marks", n, many, marks)
+		if marks != 0 || many == 0 || many > n/6 {
+			t.Fatalf("%d single marks and %d MarkMany calls for %d messages; want none single and batches (at most %d)", marks, many, n, n/6)
+		}
+	})
 }

@@ -3,6 +3,9 @@ package nats
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -65,10 +68,107 @@ const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 // (dedup.WaitForRunning) rather than being Nak'ed for the rest of the lease. ctx
 // is the handlers' parent: cancel it to shut down, and a running handler's message is
 // left for redelivery. After stopping the consumer, Wait for the messages in hand.
+//
+// A ModeFilter handler (with concurrency above 1) batches: the messages that arrive
+// while earlier ones are being marked are marked together, with one store round trip
+// (dedup.Handler.HandleBatchParallel), and their fns then run at once; each batch is
+// acknowledged when its last fn returns. A message whose key a batch in flight holds is
+// answered InProgress (NakWithDelay) rather than waited for.
 func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
+	if j.h.Mode() == dedup.ModeFilter && j.cfg.concurrency > 1 {
+		return j.batcher(ctx, fn)
+	}
 	dispatch := j.dispatcher()
 	ctx = dedup.WaitForRunning(ctx)
 	return func(msg jetstream.Msg) { dispatch(func() { j.Handle(ctx, msg, fn) }) }
+}
+
+// Micro-batching of Handler in ModeFilter: at most batchesInFlight batches are being
+// taken from the queue and marked at once, of at most maxBatch messages each.
+const (
+	batchesInFlight = 4
+	maxBatch        = 128
+)
+
+// batcher is Handler for a ModeFilter handler. Each message takes one of the
+// concurrency slots and joins a queue. While fewer than batchesInFlight batches are
+// being marked, a goroutine is started that takes the queue (up to maxBatch messages)
+// and handles it as one batch. As soon as the batch's marks are in and its first fn
+// starts, the goroutine hands its turn on (another takes what has queued meanwhile),
+// so slow fns hold only their slots; a batch with nothing to run keeps its turn and
+// takes the next. There is no timer: a lone message goes out at once.
+func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandler {
+	slots := make(chan struct{}, j.cfg.concurrency)
+	var mu sync.Mutex
+	var queue []jetstream.Msg
+	marking := 0 // goroutines holding a turn: taking the queue or waiting for marks
+	var drain func()
+	// handOver gives up a turn; if messages wait, another goroutine takes it.
+	handOver := func() {
+		mu.Lock()
+		marking--
+		more := len(queue) > 0 && marking < batchesInFlight
+		if more {
+			marking++
+		}
+		mu.Unlock()
+		if more {
+			go drain()
+		}
+	}
+	drain = func() {
+		var holding atomic.Bool // this goroutine holds a turn
+		holding.Store(true)
+		give := func() {
+			if holding.CompareAndSwap(true, false) {
+				handOver()
+			}
+		}
+		defer give() // also when an fn ends this goroutine (runtime.Goexit)
+		run := func(ctx context.Context, m *Msg) error {
+			give()
+			return fn(ctx, m)
+		}
+		for {
+			mu.Lock()
+			n := min(len(queue), maxBatch)
+			if n == 0 {
+				marking--
+				holding.Store(false)
+				mu.Unlock()
+				return
+			}
+			msgs := slices.Clone(queue[:n])
+			queue = slices.Delete(queue, 0, n)
+			mu.Unlock()
+			func() {
+				defer func() { // also on Goexit
+					for range msgs {
+						<-slots
+						j.running.Done()
+					}
+				}()
+				j.handleMsgs(ctx, msgs, len(msgs), run)
+			}()
+			if !holding.Load() {
+				return // the turn went on while the fns ran
+			}
+		}
+	}
+	return func(msg jetstream.Msg) {
+		j.running.Add(1) // before the wait for a slot, so that Wait covers it
+		slots <- struct{}{}
+		mu.Lock()
+		queue = append(queue, msg)
+		start := marking < batchesInFlight
+		if start {
+			marking++
+		}
+		mu.Unlock()
+		if start {
+			go drain()
+		}
+	}
 }
 
 // Handle runs fn for one message (from Consumer.Messages, Next or a Fetch batch read
@@ -95,6 +195,13 @@ func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatc
 	if len(msgs) == 0 {
 		return nil, batch.Error()
 	}
+	return j.handleMsgs(ctx, msgs, 1, fn), batch.Error()
+}
+
+// handleMsgs handles msgs as one batch (dedup.Handler.HandleBatchParallel, fn for up
+// to parallel of them at once in ModeFilter), keeping them in progress meanwhile, then
+// acknowledges each.
+func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parallel int, fn Func) []dedup.ItemResult {
 	views := make([]*Msg, len(msgs))
 	items := make([]dedup.Item, len(msgs))
 	acks := make(map[int]acker, len(msgs))
@@ -105,10 +212,10 @@ func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatc
 	}
 	p := j.startProgress(j.cfg.progressEvery, acks)
 	defer p.stop() // also when fn ends its goroutine
-	results := j.h.HandleBatch(ctx, items, func(ctx context.Context, i int) error { return fn(ctx, views[i]) })
+	results := j.h.HandleBatchParallel(ctx, items, parallel, func(ctx context.Context, i int) error { return fn(ctx, views[i]) })
 	p.stop()
 	for i, r := range results {
 		j.settle(ctx, msgs[i], views[i], r.Result, r.Err)
 	}
-	return results, batch.Error()
+	return results
 }
