@@ -31,7 +31,7 @@ type ItemResult struct {
 // earlier in the same batch follows that item: Duplicate if it succeeded, InProgress
 // (to be retried) if not. The results are in item order.
 func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error) []ItemResult {
-	return h.handleBatch(ctx, items, 1, fn)
+	return h.handleBatch(ctx, items, 1, fn, nil)
 }
 
 // HandleBatchParallel is HandleBatch for handlers whose fn may run for several items
@@ -40,15 +40,37 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 // in turn, and if it is not done within a millisecond (spawnAfter), other goroutines
 // join it, so that fast fns cost no goroutine each and slow ones run side by side. It
 // returns when all have run. An fn that calls runtime.Goexit on the caller's goroutine
-// ends the call, as in HandleBatch; on another goroutine its item is Panicked
-// (ErrPanic). In ModeDo it is HandleBatch: the claimed items run one at a time, under
-// one heartbeat. parallel < 1 counts as 1.
-func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error) []ItemResult {
-	return h.handleBatch(ctx, items, max(parallel, 1), fn)
+// ends the call, as in HandleBatch (the items it had not reached are run by another
+// goroutine first); on another goroutine its item is Panicked (ErrPanic). In ModeDo
+// it is HandleBatch: the claimed items run one at a time, under one heartbeat.
+// parallel < 1 counts as 1. An item whose key another call in this process holds
+// waits for that call's store answer, as Do does.
+//
+// done, when not nil, is called once per item as soon as its result is final (from
+// the goroutine that made it, so several at once), before HandleBatchParallel
+// returns: a caller can acknowledge each message without waiting for the batch's
+// slowest fn.
+func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(i int, r ItemResult)) []ItemResult {
+	return h.handleBatch(ctx, items, max(parallel, 1), fn, done)
 }
 
-func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error) []ItemResult {
-	out := make([]ItemResult, len(items))
+// batchOut holds a batch's results: set records item i's and hands it to done.
+type batchOut struct {
+	r    []ItemResult
+	done func(i int, r ItemResult)
+}
+
+func (o *batchOut) set(i int, r ItemResult) {
+	o.r[i] = r
+	if o.done != nil {
+		o.done(i, r)
+	}
+}
+
+func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(int, ItemResult)) []ItemResult {
+	out := &batchOut{r: make([]ItemResult, len(items)), done: done}
+	var joiners sync.WaitGroup
+	defer joiners.Wait() // after the leads' flights are answered (the defer below)
 	var leads []*batchItem
 	first := make(map[string]*batchItem)
 	follows := make(map[int]*batchItem)
@@ -68,7 +90,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		fp := h.fingerprint(it.Payload)
 		lk := localKey(k, fp)
 		if h.local != nil && h.local.Contains(lk) {
-			out[i] = ItemResult{Result: h.count(Result{Outcome: Duplicate, Tier: TierLocal})}
+			out.set(i, ItemResult{Result: h.count(Result{Outcome: Duplicate, Tier: TierLocal})})
 			continue
 		}
 		if b, ok := first[k]; ok {
@@ -76,8 +98,12 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			continue
 		}
 		f, lead := h.flights.join(k)
-		if !lead { // another call in this process has the key: do not wait for it
-			out[i] = ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)})}
+		if !lead { // another call in this process has the key: its answer decides
+			joiners.Add(1)
+			go func() {
+				defer joiners.Done()
+				out.set(i, h.joined(ctx, f, fp))
+			}()
 			continue
 		}
 		f.fp = fp
@@ -90,11 +116,11 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 	}
 	for _, i := range keyless {
 		res, err := h.noKey(ctx, func(c context.Context) error { return fn(c, i) })
-		out[i] = ItemResult{res, err}
+		out.set(i, ItemResult{res, err})
 	}
 	for i, b := range follows {
 		res := Result{Outcome: InProgress, RetryAfter: min(h.cfg.lease, time.Second)}
-		switch out[b.i].Outcome {
+		switch out.r[b.i].Outcome {
 		case Processed, Duplicate, NotRecorded:
 			res = Result{Outcome: Duplicate, Tier: TierLocal}
 			if fingerprintsDiffer(b.fp, h.fingerprint(items[i].Payload)) {
@@ -103,12 +129,32 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		case KeyReuse:
 			res = Result{Outcome: KeyReuse}
 		}
-		out[i] = ItemResult{Result: h.count(res)}
+		out.set(i, ItemResult{Result: h.count(res)})
 	}
-	return out
+	joiners.Wait()
+	return out.r
 }
 
-func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out []ItemResult) {
+// joined is the result of a batch item whose key another call in this process leads:
+// once that call has the store's answer, a DONE key is a Duplicate; a key being run
+// (a claim) is InProgress for what is left of its lease; a failure is the leader's.
+func (h *Handler) joined(ctx context.Context, f *flight, fp string) ItemResult {
+	if err := wait(ctx, f.ready); err != nil {
+		return ItemResult{h.count(Result{Outcome: Cancelled}), err}
+	}
+	switch {
+	case f.running:
+		return ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)})}
+	case (f.res.Outcome == First || f.res.Outcome == Duplicate || f.res.Outcome == Processed) && f.fp == fp:
+		return ItemResult{Result: h.count(Result{Outcome: Duplicate, Tier: TierLocal})}
+	case f.res.Outcome == KeyReuse && f.fp == fp, f.res.Outcome == StoreUnavailable:
+		return ItemResult{h.count(f.res), f.err}
+	}
+	// another fingerprint, or the leader gave up: to be retried
+	return ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: min(h.cfg.lease, time.Second)})}
+}
+
+func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
 	if !h.d.enter() {
 		for _, b := range leads {
 			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
@@ -140,16 +186,16 @@ func (b *batchItem) settleFlight(res Result, err error) {
 }
 
 // settle answers b's flight and records (and counts) its final result.
-func (h *Handler) settle(out []ItemResult, b *batchItem, res Result, err error) {
+func (h *Handler) settle(out *batchOut, b *batchItem, res Result, err error) {
 	b.settleFlight(res, err)
 	if res.Outcome != First {
 		h.count(res)
 	}
-	out[b.i] = ItemResult{res, err}
+	out.set(b.i, ItemResult{res, err})
 }
 
 // storeItemFailed is storeFailed for one item of a batch.
-func (h *Handler) storeItemFailed(ctx context.Context, out []ItemResult, b *batchItem, err error, fn func(context.Context, int) error) {
+func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchItem, err error, fn func(context.Context, int) error) {
 	switch {
 	case ctx.Err() != nil:
 		h.settle(out, b, Result{Outcome: Cancelled}, errors.Join(err, context.Cause(ctx)))
@@ -165,14 +211,14 @@ func (h *Handler) storeItemFailed(ctx context.Context, out []ItemResult, b *batc
 			b.f.answer(Result{}, nil, true)
 		}
 		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, b.i) }, true, false)
-		out[b.i] = ItemResult{res, ferr}
+		out.set(b.i, ItemResult{res, ferr})
 		return
 	}
 	h.log.Warn("dedup: store unavailable, failing closed", "key_hash", keyHash(b.k), "err", err)
 	h.settle(out, b, Result{Outcome: StoreUnavailable}, err)
 }
 
-func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out []ItemResult) {
+func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
 	entries := make([]Entry, len(leads))
 	for j, b := range leads {
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.retention}
@@ -214,7 +260,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 			return
 		}
 		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, p.b.i) }, false, true)
-		out[p.b.i] = ItemResult{res, ferr}
+		out.set(p.b.i, ItemResult{res, ferr})
 	}
 	if parallel <= 1 || len(runs) <= 1 {
 		for _, p := range runs {
@@ -227,7 +273,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 		ran := false
 		defer func() {
 			if !ran { // fn called runtime.Goexit: it did not finish
-				out[p.b.i] = ItemResult{h.count(Result{Outcome: Panicked}), errGoexit}
+				out.set(p.b.i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
 			}
 		}()
 		runOne(p)
@@ -242,10 +288,12 @@ var spawnAfter = time.Millisecond // a var for tests
 
 // runParallel calls run(k) for k in 0..n-1, up to parallel at once. The caller's
 // goroutine takes the items in turn; if it is still at it after spawnAfter, up to
-// parallel-1 goroutines join it. It returns when every item has run (also when run
-// ends the caller's goroutine with runtime.Goexit, for the items the others took).
+// parallel-1 goroutines join it. A goroutine that run ends (runtime.Goexit) hands the
+// items left to a new one. It returns when every item has run, also when it is the
+// caller's goroutine that ends.
 func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 	var next atomic.Int64
+	var wg sync.WaitGroup
 	work := func() {
 		for {
 			k := int(next.Add(1) - 1)
@@ -255,7 +303,17 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 			run(k)
 		}
 	}
-	var wg sync.WaitGroup
+	var more func()
+	more = func() { // after work, normal or not: a no-op unless items are left
+		if int(next.Load()) < n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer more()
+				work()
+			}()
+		}
+	}
 	spawned := make(chan struct{})
 	t := time.AfterFunc(spawnAfter, func() {
 		defer close(spawned)
@@ -263,6 +321,7 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				defer more()
 				work()
 			}()
 		}
@@ -271,6 +330,7 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 		if !t.Stop() {
 			<-spawned // its goroutines are counted in wg before this returns
 		}
+		more()
 		wg.Wait()
 	}()
 	work()
@@ -280,7 +340,7 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 // (HandleBatchParallel), ended that goroutine with runtime.Goexit.
 var errGoexit = fmt.Errorf("%w: fn called runtime.Goexit", ErrPanic)
 
-func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(context.Context, int) error, out []ItemResult) {
+func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(context.Context, int) error, out *batchOut) {
 	entries := make([]Entry, len(leads))
 	for j, b := range leads {
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
@@ -337,7 +397,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 	}
 }
 
-func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries []Entry, fn func(context.Context, int) error, out []ItemResult) {
+func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries []Entry, fn func(context.Context, int) error, out *batchOut) {
 	hb := h.startBatchBeat(claimed)
 	finished := 0         // claimed[:finished] are released, lost or in done
 	var done []*batchItem // fn succeeded: to complete
@@ -417,7 +477,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries 
 			bgDone()
 			finished++
 			res, err := h.failed(b.k, panicked, ferr, cause)
-			out[b.i] = ItemResult{res, err}
+			out.set(b.i, ItemResult{res, err})
 			continue
 		}
 		finished++
@@ -440,7 +500,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries 
 			cerr = errs[j]
 		}
 		res, rerr := h.completed(b.k, b.lk, cerr)
-		out[b.i] = ItemResult{res, rerr}
+		out.set(b.i, ItemResult{res, rerr})
 	}
 }
 

@@ -44,7 +44,7 @@ func TestHandleBatchParallelRunsFilterItemsAtOnce(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				return errors.New("the other fns never started")
 			}
-		})
+		}, nil)
 	}()
 	var res []ItemResult
 	select {
@@ -65,43 +65,52 @@ func TestHandleBatchParallelRunsFilterItemsAtOnce(t *testing.T) {
 	}
 }
 
-// An fn that calls runtime.Goexit on the caller's goroutine ends the call, as in
-// HandleBatch, without leaving the Deduper unable to Close; one that does so on a
-// goroutine of the batch's own is reported as Panicked, wrapping ErrPanic.
+// An fn that calls runtime.Goexit ends its own goroutine only: every item still gets
+// a result through done (Panicked, wrapping ErrPanic, for the one that ended), and the
+// Deduper can still Close. Whether the caller's goroutine or a helper took it does
+// not matter here.
 func TestHandleBatchParallelGoexit(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	d, _ := New(mem, WithLogger(quiet))
 	h, _ := d.Register("par-goexit", WithMode(ModeFilter))
-	exited := make(chan struct{})
-	returned := false
+	started := make(chan struct{}, 2)
+	var mu sync.Mutex
+	got := map[int]ItemResult{}
+	finished := make(chan struct{})
 	go func() {
-		defer close(exited)
-		h.HandleBatchParallel(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, 2, func(ctx context.Context, i int) error {
+		defer close(finished)
+		h.HandleBatchParallel(context.Background(), []Item{{Key: "c"}, {Key: "d"}, {Key: "e"}}, 3, func(ctx context.Context, i int) error {
+			if i == 0 { // holds its goroutine until the other two have started elsewhere
+				for range 2 {
+					select {
+					case <-started:
+					case <-time.After(10 * time.Second):
+						return errors.New("the other items never started")
+					}
+				}
+				return nil
+			}
+			started <- struct{}{}
 			runtime.Goexit()
 			return nil
+		}, func(i int, r ItemResult) {
+			mu.Lock()
+			got[i] = r
+			mu.Unlock()
 		})
-		returned = true
 	}()
-	<-exited
-	if returned {
-		t.Error("HandleBatchParallel returned after its fn ended the caller's goroutine")
+	<-finished
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 3 {
+		t.Fatalf("done was called for %d of 3 items", len(got))
 	}
-	// a slow first item lets the others start on goroutines of their own
-	res := h.HandleBatchParallel(context.Background(), []Item{{Key: "c"}, {Key: "d"}, {Key: "e"}}, 3, func(ctx context.Context, i int) error {
-		switch i {
-		case 0:
-			time.Sleep(50 * time.Millisecond)
-		case 1, 2:
-			runtime.Goexit()
-		}
-		return nil
-	})
-	if res[0].Outcome != Processed {
-		t.Errorf("item c: %v, want Processed", res[0].Outcome)
+	if got[0].Outcome != Processed {
+		t.Errorf("item c: %v, %v; want Processed", got[0].Outcome, got[0].Err)
 	}
 	for i := 1; i < 3; i++ {
-		if res[i].Outcome != Panicked || !errors.Is(res[i].Err, ErrPanic) {
-			t.Errorf("item %d: %v, %v; want Panicked wrapping ErrPanic", i, res[i].Outcome, res[i].Err)
+		if got[i].Outcome != Panicked || !errors.Is(got[i].Err, ErrPanic) {
+			t.Errorf("item %d: %v, %v; want Panicked wrapping ErrPanic", i, got[i].Outcome, got[i].Err)
 		}
 	}
 	closed := make(chan struct{})
@@ -110,6 +119,73 @@ func TestHandleBatchParallelGoexit(t *testing.T) {
 	case <-closed:
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close still blocked after the Goexits")
+	}
+}
+
+// done reports an item as soon as its own result is final: a fast item's result does
+// not wait for a slow one of the same batch.
+func TestHandleBatchParallelReportsEachItemWhenDone(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(mem, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("par-done", WithMode(ModeFilter))
+	release := make(chan struct{})
+	reported := make(chan int, 2)
+	go h.HandleBatchParallel(context.Background(), []Item{{Key: "slow"}, {Key: "fast"}}, 2, func(ctx context.Context, i int) error {
+		if i == 0 {
+			<-release
+		}
+		return nil
+	}, func(i int, r ItemResult) { reported <- i })
+	select {
+	case i := <-reported:
+		if i != 1 {
+			t.Fatalf("item %d reported first, want the fast one (1)", i)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fast item was not reported while the slow one ran")
+	}
+	close(release)
+	if i := <-reported; i != 0 {
+		t.Fatalf("item %d reported second, want 0", i)
+	}
+}
+
+// slowMark delays single Marks, so that a batch meets the key while its mark is out.
+type slowMark struct {
+	Store
+	delay time.Duration
+}
+
+func (s *slowMark) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (Answer, error) {
+	time.Sleep(s.delay)
+	return s.Store.Mark(ctx, key, token, fp, retention)
+}
+
+// A batch item whose key another call in this process is marking waits for that
+// call's answer and is a Duplicate, as the per-message path is; it used to be
+// answered InProgress (a Nak, and a Term on the last delivery).
+func TestBatchItemWaitsForAnotherCallsMark(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(&slowMark{Store: mem, delay: 200 * time.Millisecond}, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("joined", WithMode(ModeFilter))
+	first := make(chan Result, 1)
+	go func() {
+		r, _ := h.Mark(context.Background(), "x")
+		first <- r
+	}()
+	time.Sleep(50 * time.Millisecond) // the Mark is out
+	ran := false
+	res := h.HandleBatchParallel(context.Background(), []Item{{Key: "x"}}, 2, func(context.Context, int) error {
+		ran = true
+		return nil
+	}, nil)
+	if r := <-first; r.Outcome != First {
+		t.Fatalf("the lone Mark: %v, want First", r.Outcome)
+	}
+	if res[0].Outcome != Duplicate || ran {
+		t.Errorf("the batch's copy: %v (ran %v), want Duplicate, unrun", res[0].Outcome, ran)
 	}
 }
 
@@ -134,7 +210,7 @@ func TestHandleBatchParallelFastFnsStayOnTheCaller(t *testing.T) {
 			others++ // only the caller's goroutine runs them: no race
 		}
 		return nil
-	})
+	}, nil)
 	if others != 0 {
 		t.Errorf("%d of %d fast fns ran off the caller's goroutine", others, len(items))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // forModes runs f for a ModeDo and a ModeFilter handler: Handler takes a path of its
@@ -222,6 +224,93 @@ func TestFilterHandlerBatchesMarks(t *testing.T) {
 		t.Logf("%d messages: %d MarkMany calls, %d single marks", n, many, marks)
 		if marks != 0 || many == 0 || many > n/6 {
 			t.Fatalf("%d single marks and %d MarkMany calls for %d messages; want none single and batches (at most %d)", marks, many, n, n/6)
+		}
+	})
+}
+
+// In a ModeFilter batch, a message is acknowledged, and its slot freed, as soon as its
+// own fn returns: four fast messages are acked while the fifth, slow one of the same
+// batch still runs.
+func TestFilterBatchAcksEachMessageWhenDone(t *testing.T) {
+	eachServer(t, func(t *testing.T, e *env) {
+		e.newStream()
+		c := e.consumer("metrics", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+		h := register(t, newDeduper(t, memStore(t)), "metrics", dedup.WithMode(dedup.ModeFilter))
+		j := newJS(t, h, c)
+		var last *jetstream.PubAck
+		for i := range 5 {
+			last = e.publish("new", fmt.Sprint("m-", i), "x")
+		}
+		batch, err := c.Fetch(5, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var msgs []jetstream.Msg
+		for m := range batch.Messages() {
+			msgs = append(msgs, m)
+		}
+		if len(msgs) != 5 {
+			t.Fatalf("fetched %d messages, want 5", len(msgs))
+		}
+		release := make(chan struct{})
+		free := sync.OnceFunc(func() { close(release) })
+		t.Cleanup(free)
+		var freed atomic.Int32
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			j.handleMsgs(context.Background(), msgs, 5, func(ctx context.Context, m *Msg) error {
+				if m.Header(jetstream.MsgIDHeader) == "m-0" {
+					<-release
+				}
+				return nil
+			}, func(int) { freed.Add(1) })
+		}()
+		testenv.Eventually(t, 10*time.Second, "the four fast messages acked and freed", func() bool {
+			return j.Stats().Count(ActAck) == 4 && freed.Load() == 4
+		})
+		free()
+		<-done
+		e.settled(c, last.Sequence)
+		if s := j.Stats(); s.Count(ActAck) != 5 || freed.Load() != 5 {
+			t.Fatalf("actions %+v, %d freed; want 5 acks, 5 freed", s, freed.Load())
+		}
+	})
+}
+
+// A ModeFilter Handler's fn that panics or ends its goroutine (runtime.Goexit) costs
+// its own message a Nak and nothing else: the others are acked, no slot is lost (the
+// consumer goes on), and Wait returns.
+func TestFilterHandlerPanicAndGoexit(t *testing.T) {
+	eachServer(t, func(t *testing.T, e *env) {
+		e.newStream()
+		c := e.consumer("metrics", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+		h := register(t, newDeduper(t, memStore(t)), "metrics", dedup.WithMode(dedup.ModeFilter))
+		j := newJS(t, h, c, WithConcurrency(2)) // a lost slot would soon stop it
+		var last *jetstream.PubAck
+		for i := range 20 {
+			last = e.publish("new", fmt.Sprint("m-", i), "x")
+		}
+		consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
+			if m.Metadata().NumDelivered == 1 {
+				switch m.Header(jetstream.MsgIDHeader) {
+				case "m-3":
+					panic("boom")
+				case "m-7", "m-8":
+					runtime.Goexit()
+				}
+			}
+			return nil
+		}))
+		e.settled(c, last.Sequence)
+		j.Wait()
+		s := j.Stats()
+		if s.Count(ActNak) != 3 {
+			t.Fatalf("actions %+v, want 3 Naks (a panic, two Goexits)", s)
+		}
+		// a Nak'ed filter message was marked: its redelivery is a duplicate, acked
+		if s.Count(ActAck) != 20 {
+			t.Fatalf("actions %+v, want 20 acks", s)
 		}
 	})
 }

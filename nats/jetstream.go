@@ -71,9 +71,10 @@ const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 //
 // A ModeFilter handler (with concurrency above 1) batches: the messages that arrive
 // while earlier ones are being marked are marked together, with one store round trip
-// (dedup.Handler.HandleBatchParallel), and their fns then run at once; each batch is
-// acknowledged when its last fn returns. A message whose key a batch in flight holds is
-// answered InProgress (NakWithDelay) rather than waited for.
+// (dedup.Handler.HandleBatchParallel), and their fns then run, side by side once one
+// takes over a millisecond. Each message is acknowledged, and its slot freed, as soon
+// as its own result is final. A message whose key an earlier one is being marked for
+// waits for that mark's answer (a Duplicate, then).
 func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
 	if j.h.Mode() == dedup.ModeFilter && j.cfg.concurrency > 1 {
 		return j.batcher(ctx, fn)
@@ -96,12 +97,17 @@ const (
 // and handles it as one batch. As soon as the batch's marks are in and its first fn
 // starts, the goroutine hands its turn on (another takes what has queued meanwhile),
 // so slow fns hold only their slots; a batch with nothing to run keeps its turn and
-// takes the next. There is no timer: a lone message goes out at once.
+// takes the next. Each message is acknowledged, and its slot freed, as soon as its own
+// result is final. There is no timer: a lone message goes out at once.
 func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandler {
 	slots := make(chan struct{}, j.cfg.concurrency)
 	var mu sync.Mutex
 	var queue []jetstream.Msg
 	marking := 0 // goroutines holding a turn: taking the queue or waiting for marks
+	free := func(int) {
+		<-slots
+		j.running.Done()
+	}
 	var drain func()
 	// handOver gives up a turn; if messages wait, another goroutine takes it.
 	handOver := func() {
@@ -141,15 +147,7 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 			msgs := slices.Clone(queue[:n])
 			queue = slices.Delete(queue, 0, n)
 			mu.Unlock()
-			func() {
-				defer func() { // also on Goexit
-					for range msgs {
-						<-slots
-						j.running.Done()
-					}
-				}()
-				j.handleMsgs(ctx, msgs, len(msgs), run)
-			}()
+			j.handleMsgs(ctx, msgs, len(msgs), run, free) // each message's slot as it is settled
 			if !holding.Load() {
 				return // the turn went on while the fns ran
 			}
@@ -195,13 +193,15 @@ func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatc
 	if len(msgs) == 0 {
 		return nil, batch.Error()
 	}
-	return j.handleMsgs(ctx, msgs, 1, fn), batch.Error()
+	return j.handleMsgs(ctx, msgs, 1, fn, nil), batch.Error()
 }
 
 // handleMsgs handles msgs as one batch (dedup.Handler.HandleBatchParallel, fn for up
-// to parallel of them at once in ModeFilter), keeping them in progress meanwhile, then
-// acknowledges each.
-func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parallel int, fn Func) []dedup.ItemResult {
+// to parallel of them at once in ModeFilter), keeping them in progress meanwhile, and
+// acknowledges each as soon as its result is final; then it calls settled(i), if not
+// nil. A message left without a result because an fn ended the goroutine
+// (runtime.Goexit) is Nak'ed, as after a panic.
+func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parallel int, fn Func, settled func(i int)) []dedup.ItemResult {
 	views := make([]*Msg, len(msgs))
 	items := make([]dedup.Item, len(msgs))
 	acks := make(map[int]acker, len(msgs))
@@ -211,11 +211,32 @@ func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parall
 		acks[i] = msg
 	}
 	p := j.startProgress(j.cfg.progressEvery, acks)
-	defer p.stop() // also when fn ends its goroutine
-	results := j.h.HandleBatchParallel(ctx, items, parallel, func(ctx context.Context, i int) error { return fn(ctx, views[i]) })
-	p.stop()
-	for i, r := range results {
-		j.settle(ctx, msgs[i], views[i], r.Result, r.Err)
+	var mu sync.Mutex
+	answered := make([]bool, len(msgs))
+	finish := func(i int, r dedup.Result, err error) {
+		mu.Lock()
+		if answered[i] {
+			mu.Unlock()
+			return
+		}
+		answered[i] = true
+		mu.Unlock()
+		p.finish(i)
+		j.settle(ctx, msgs[i], views[i], r, err)
+		if settled != nil {
+			settled(i)
+		}
 	}
-	return results
+	defer func() { // also when an fn ends this goroutine
+		p.stop()
+		for i := range msgs {
+			finish(i, dedup.Result{Outcome: dedup.Panicked}, errGoexit)
+		}
+	}()
+	return j.h.HandleBatchParallel(ctx, items, parallel, func(ctx context.Context, i int) error { return fn(ctx, views[i]) },
+		func(i int, r dedup.ItemResult) { finish(i, r.Result, r.Err) })
 }
+
+// errGoexit is what a message whose fn ended its goroutine (runtime.Goexit) before
+// it had a result is settled with.
+var errGoexit = fmt.Errorf("%w: the handler ended its goroutine (runtime.Goexit)", dedup.ErrPanic)
