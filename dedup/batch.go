@@ -40,8 +40,10 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 // in turn, and if it is not done within a millisecond (spawnAfter), other goroutines
 // join it, so that fast fns cost no goroutine each and slow ones run side by side. It
 // returns when all have run. An fn that calls runtime.Goexit on the caller's goroutine
-// ends the call, as in HandleBatch (the items it had not reached are run by another
-// goroutine first); on another goroutine its item is Panicked (ErrPanic). In ModeDo
+// ends the call, as in HandleBatch, and its item is Panicked (ErrPanic), as is an
+// item whose fn does so on another goroutine. The batch's other items still get their
+// results through done: those the fns had not reached run on other goroutines when
+// they run side by side, and are Panicked too otherwise. In ModeDo
 // it is HandleBatch: the claimed items run one at a time, under one heartbeat.
 // parallel < 1 counts as 1. An item whose key another call in this process holds
 // waits for that call's store answer, as Do does.
@@ -54,21 +56,71 @@ func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, paralle
 	return h.handleBatch(ctx, items, max(parallel, 1), fn, done)
 }
 
-// batchOut holds a batch's results: set records item i's and hands it to done.
+// batchOut holds a batch's results: set records item i's and hands it to done. Until
+// flush, results are held back: done may be slow (an ack with a round trip), and the
+// results known early (local hits, duplicates) must not delay answering the other
+// keys' flights, starting the heartbeat or running the fns.
 type batchOut struct {
 	r    []ItemResult
 	done func(i int, r ItemResult)
+
+	mu      sync.Mutex
+	isSet   []bool
+	holding bool
+	held    []int
+}
+
+func newBatchOut(n int, done func(int, ItemResult)) *batchOut {
+	return &batchOut{r: make([]ItemResult, n), done: done, isSet: make([]bool, n), holding: true}
 }
 
 func (o *batchOut) set(i int, r ItemResult) {
-	o.r[i] = r
+	o.mu.Lock()
+	o.r[i], o.isSet[i] = r, true
+	if o.holding {
+		o.held = append(o.held, i)
+		o.mu.Unlock()
+		return
+	}
+	o.mu.Unlock()
 	if o.done != nil {
 		o.done(i, r)
 	}
 }
 
+// flush hands the results held back to done; from then on set hands them at once.
+func (o *batchOut) flush() {
+	o.mu.Lock()
+	held := o.held
+	o.holding, o.held = false, nil
+	o.mu.Unlock()
+	if o.done != nil {
+		for _, i := range held {
+			o.done(i, o.r[i])
+		}
+	}
+}
+
+// sweep gives every item still without a result one: an fn ended the caller's
+// goroutine (runtime.Goexit) before the batch reached them.
+func (o *batchOut) sweep(h *Handler) {
+	var missing []int
+	o.mu.Lock()
+	for i, ok := range o.isSet {
+		if !ok {
+			missing = append(missing, i)
+		}
+	}
+	o.mu.Unlock()
+	for _, i := range missing {
+		o.set(i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
+	}
+	o.flush()
+}
+
 func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(int, ItemResult)) []ItemResult {
-	out := &batchOut{r: make([]ItemResult, len(items)), done: done}
+	out := newBatchOut(len(items), done)
+	defer out.sweep(h) // last: also when an fn ends this goroutine (runtime.Goexit)
 	var joiners sync.WaitGroup
 	defer joiners.Wait() // after the leads' flights are answered (the defer below)
 	var leads []*batchItem
@@ -114,6 +166,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 	if len(leads) > 0 {
 		h.runLeads(ctx, leads, parallel, fn, out)
 	}
+	out.flush()
 	for _, i := range keyless {
 		res, err := h.noKey(ctx, func(c context.Context) error { return fn(c, i) })
 		out.set(i, ItemResult{res, err})
@@ -132,6 +185,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		out.set(i, ItemResult{Result: h.count(res)})
 	}
 	joiners.Wait()
+	out.flush()
 	return out.r
 }
 
@@ -142,12 +196,17 @@ func (h *Handler) joined(ctx context.Context, f *flight, fp string) ItemResult {
 	if err := wait(ctx, f.ready); err != nil {
 		return ItemResult{h.count(Result{Outcome: Cancelled}), err}
 	}
+	if err := ctx.Err(); err != nil { // both were ready: shutting down wins
+		return ItemResult{h.count(Result{Outcome: Cancelled}), context.Cause(ctx)}
+	}
 	switch {
 	case f.running:
 		return ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)})}
 	case (f.res.Outcome == First || f.res.Outcome == Duplicate || f.res.Outcome == Processed) && f.fp == fp:
 		return ItemResult{Result: h.count(Result{Outcome: Duplicate, Tier: TierLocal})}
-	case f.res.Outcome == KeyReuse && f.fp == fp, f.res.Outcome == StoreUnavailable:
+	case f.res.Outcome == KeyReuse && f.fp == fp,
+		f.res.Outcome == StoreUnavailable, f.res.Outcome == InProgress,
+		f.res.Outcome == Cancelled && errors.Is(f.err, ErrClosed):
 		return ItemResult{h.count(f.res), f.err}
 	}
 	// another fingerprint, or the leader gave up: to be retried
@@ -254,6 +313,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 		b.settleFlight(res, nil)
 		runs = append(runs, pending{b: b})
 	}
+	out.flush() // every flight is answered: now the results known so far
 	runOne := func(p pending) {
 		if p.err != nil {
 			h.storeItemFailed(ctx, out, p.b, p.err, fn)
@@ -329,6 +389,11 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 	defer func() {
 		if !t.Stop() {
 			<-spawned // its goroutines are counted in wg before this returns
+		} else if left := n - int(next.Load()); left > 0 {
+			// the caller's goroutine ended (Goexit) before the others were due
+			for range min(parallel, left) - 1 {
+				more()
+			}
 		}
 		more()
 		wg.Wait()
@@ -399,6 +464,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 
 func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries []Entry, fn func(context.Context, int) error, out *batchOut) {
 	hb := h.startBatchBeat(claimed)
+	out.flush()           // every flight is answered and the heartbeat runs: now the results known so far
 	finished := 0         // claimed[:finished] are released, lost or in done
 	var done []*batchItem // fn succeeded: to complete
 	var curStop func() bool

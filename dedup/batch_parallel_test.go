@@ -151,14 +151,16 @@ func TestHandleBatchParallelReportsEachItemWhenDone(t *testing.T) {
 	}
 }
 
-// slowMark delays single Marks, so that a batch meets the key while its mark is out.
+// slowMark holds single Marks until release, so that a batch meets the key while its
+// mark is out; entered says one has begun.
 type slowMark struct {
 	Store
-	delay time.Duration
+	entered, release chan struct{}
 }
 
 func (s *slowMark) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (Answer, error) {
-	time.Sleep(s.delay)
+	close(s.entered)
+	<-s.release
 	return s.Store.Mark(ctx, key, token, fp, retention)
 }
 
@@ -167,7 +169,8 @@ func (s *slowMark) Mark(ctx context.Context, key, token, fp string, retention ti
 // answered InProgress (a Nak, and a Term on the last delivery).
 func TestBatchItemWaitsForAnotherCallsMark(t *testing.T) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(&slowMark{Store: mem, delay: 200 * time.Millisecond}, WithLogger(quiet))
+	sm := &slowMark{Store: mem, entered: make(chan struct{}), release: make(chan struct{})}
+	d, _ := New(sm, WithLogger(quiet))
 	defer d.Close()
 	h, _ := d.Register("joined", WithMode(ModeFilter))
 	first := make(chan Result, 1)
@@ -175,7 +178,8 @@ func TestBatchItemWaitsForAnotherCallsMark(t *testing.T) {
 		r, _ := h.Mark(context.Background(), "x")
 		first <- r
 	}()
-	time.Sleep(50 * time.Millisecond) // the Mark is out
+	<-sm.entered // the Mark is out
+	time.AfterFunc(100*time.Millisecond, func() { close(sm.release) })
 	ran := false
 	res := h.HandleBatchParallel(context.Background(), []Item{{Key: "x"}}, 2, func(context.Context, int) error {
 		ran = true
@@ -186,6 +190,73 @@ func TestBatchItemWaitsForAnotherCallsMark(t *testing.T) {
 	}
 	if res[0].Outcome != Duplicate || ran {
 		t.Errorf("the batch's copy: %v (ran %v), want Duplicate, unrun", res[0].Outcome, ran)
+	}
+}
+
+// An fn that ends the caller's goroutine (runtime.Goexit) ends the call, and still
+// every item gets a result through done: side by side, the items not reached yet run
+// on other goroutines; one at a time (or keyless, or following a key earlier in the
+// batch), they are Panicked.
+func TestHandleBatchParallelCallerGoexit(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(mem, WithLogger(quiet), WithPrefix("cg"))
+	defer d.Close()
+	h, _ := d.Register("caller-goexit", WithMode(ModeFilter), WithMissingKey(ProcessMissingKey))
+	run := func(items []Item, parallel int) (map[int]ItemResult, bool) {
+		var mu sync.Mutex
+		got := map[int]ItemResult{}
+		returned := false
+		finished := make(chan struct{})
+		go func() {
+			defer close(finished)
+			h.HandleBatchParallel(context.Background(), items, parallel, func(ctx context.Context, i int) error {
+				if i == 0 {
+					runtime.Goexit() // on the caller's goroutine: item 0 is the first it takes
+				}
+				return nil
+			}, func(i int, r ItemResult) {
+				mu.Lock()
+				got[i] = r
+				mu.Unlock()
+			})
+			returned = true
+		}()
+		<-finished
+		mu.Lock()
+		defer mu.Unlock()
+		return got, returned
+	}
+	got, returned := run([]Item{{Key: "p0"}, {Key: "p1"}, {Key: "p2"}}, 3)
+	if returned || len(got) != 3 || got[0].Outcome != Panicked || got[1].Outcome != Processed || got[2].Outcome != Processed {
+		t.Errorf("side by side: returned %v, results %v; want no return, item 0 Panicked, 1 and 2 Processed", returned, got)
+	}
+	got, returned = run([]Item{{Key: "s0"}, {Key: "s0"}, {Key: ""}}, 1)
+	if returned || len(got) != 3 || got[0].Outcome != Panicked || got[1].Outcome != Panicked || got[2].Outcome != Panicked {
+		t.Errorf("one at a time: returned %v, results %v; want no return, all 3 Panicked", returned, got)
+	}
+}
+
+// A result known early (a local-tier hit) reaches done only once the batch's store
+// round trip has answered every other key: done may be slow (an ack), and must not
+// hold up the flights that other callers wait on.
+func TestHandleBatchParallelHoldsEarlyResults(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	hs := &hookStore{Store: mem}
+	d, _ := New(hs, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("early", WithMode(ModeFilter), WithLocalCache(100, time.Hour))
+	if r, err := h.Mark(context.Background(), "seen"); err != nil || r.Outcome != First {
+		t.Fatalf("mark: %v, %v", r.Outcome, err)
+	}
+	var batchesAtDone int64 = -1
+	h.HandleBatchParallel(context.Background(), []Item{{Key: "seen"}, {Key: "new"}}, 2, func(context.Context, int) error { return nil },
+		func(i int, r ItemResult) {
+			if i == 0 {
+				batchesAtDone = hs.batches.Load()
+			}
+		})
+	if batchesAtDone != 1 {
+		t.Fatalf("done for the local hit came with %d MarkMany calls made, want after the one", batchesAtDone)
 	}
 }
 
