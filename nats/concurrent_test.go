@@ -199,3 +199,98 @@ func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix
 	t.Logf("%d messages × %d consumers at a barrier: %s; deliveries %s", concurrentMsgs, concurrentConsumers,
 		strings.Join(counts, ", "), strings.Join(summary, ", "))
 }
+
+// TestConcurrentDuplicatesFilterBatches is the same race through a ModeFilter
+// Handler, which marks in batches (one MarkMany for the messages that queue up) and
+// makes a message whose key another batch of the same Deduper is marking wait for that
+// answer. Each message reaches the three consumers' handlers at the same moment; fn
+// must run once per message, and every delivery must be acknowledged at once.
+func TestConcurrentDuplicatesFilterBatches(t *testing.T) {
+	for _, rname := range []string{"miniredis", "redis-server"} {
+		for _, shared := range []bool{false, true} {
+			name := rname + "/three-dedupers"
+			if shared {
+				name = rname + "/one-deduper"
+			}
+			t.Run(name, func(t *testing.T) {
+				eachServer(t, func(t *testing.T, e *env) {
+					client, prefix := redisClients()[rname](t)
+					testConcurrentFilterBatches(t, e, client, prefix, shared)
+				})
+			})
+		}
+	}
+}
+
+func testConcurrentFilterBatches(t *testing.T, e *env, client *redis.Client, prefix string, shared bool) {
+	e.newStream()
+	store, err := dedup.NewRedisStore(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d *dedup.Deduper
+	var h *dedup.Handler
+	bar := newBarrier(concurrentConsumers)
+	var r runs
+	var missed atomic.Int64
+	fn := func(ctx context.Context, m *Msg) error {
+		r.add(m)
+		return nil
+	}
+	type member struct {
+		c jetstream.Consumer
+		j *JetStream
+	}
+	members := make([]member, concurrentConsumers)
+	for i := range members {
+		if d == nil || !shared {
+			d = newDeduper(t, store, dedup.WithPrefix(prefix))
+			h = register(t, d, "metrics", dedup.WithMode(dedup.ModeFilter))
+		}
+		c := e.consumer(fmt.Sprintf("f%d", i), func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+		j := newJS(t, h, c)
+		handle := j.Handler(context.Background(), fn)
+		cc, err := c.Consume(func(msg jetstream.Msg) {
+			if md, err := msg.Metadata(); err == nil && md.NumDelivered == 1 {
+				if !bar.wait(msg.Headers().Get(jetstream.MsgIDHeader), 5*time.Second) {
+					missed.Add(1)
+				}
+			}
+			handle(msg)
+		}, jetstream.PullMaxMessages(4), jetstream.PullExpiry(2*time.Second),
+			jetstream.ConsumeErrHandler(func(jetstream.ConsumeContext, error) {}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { stopConsume(t, cc); j.Wait() })
+		members[i] = member{c, j}
+	}
+	id := func(i int) string { return fmt.Sprintf("fb-%03d", i) }
+	var last *jetstream.PubAck
+	for i := range concurrentMsgs {
+		last = e.publish("new", id(i), "payload "+id(i))
+	}
+	for _, m := range members {
+		e.settled(m.c, last.Sequence)
+	}
+	if n := missed.Load(); n != 0 {
+		t.Errorf("%d first deliveries were not met by the other consumers within 5s: the race was not run for them", n)
+	}
+	for i := range concurrentMsgs {
+		if n := r.of(id(i)); n != 1 {
+			t.Errorf("fn ran %d times for %s", n, id(i))
+		}
+	}
+	var summary []string
+	for i, m := range members {
+		m.j.Wait()
+		s := m.j.Stats()
+		// a mark is DONE at once, so a copy is a duplicate, never in progress: no Naks,
+		// also for a copy that met another batch's mark in the shared Deduper
+		if s.Count(ActAck) != concurrentMsgs || s.Count(ActNakWithDelay) != 0 || s.Count(ActTerm) != 0 || s.Count(ActNone) != 0 || s.AckErrors != 0 {
+			t.Errorf("consumer f%d: actions %+v; want %d acks and nothing else", i, s, concurrentMsgs)
+		}
+		summary = append(summary, fmt.Sprintf("f%d %d ack + %d nak-with-delay", i, s.Count(ActAck), s.Count(ActNakWithDelay)))
+	}
+	t.Logf("%d messages × %d consumers at a barrier: %s", concurrentMsgs, concurrentConsumers, strings.Join(summary, ", "))
+}
