@@ -464,7 +464,8 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 
 func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries []Entry, fn func(context.Context, int) error, out *batchOut) {
 	hb := h.startBatchBeat(claimed)
-	out.flush()           // every flight is answered and the heartbeat runs: now the results known so far
+	// every flight is answered and the heartbeat runs: now the results known so far
+	out.flush()
 	finished := 0         // claimed[:finished] are released, lost or in done
 	var done []*batchItem // fn succeeded: to complete
 	var curStop func() bool
