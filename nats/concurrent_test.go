@@ -26,7 +26,11 @@ import (
 // before fn has succeeded. The handler instances are three Dedupers
 // sharing one Redis (the race is on the server), or one Deduper shared by the three
 // adapters (the race is in its in-flight table).
-func TestConcurrentDuplicates(t *testing.T) {
+func TestConcurrentDuplicates(t *testing.T) { concurrentCases(t, testConcurrentDuplicates) }
+
+// concurrentCases runs test on miniredis and redis-server, with three Dedupers and
+// with one shared by the three consumers, on each NATS server.
+func concurrentCases(t *testing.T, test func(t *testing.T, e *env, client *redis.Client, prefix string, shared bool)) {
 	for _, rname := range []string{"miniredis", "redis-server"} {
 		for _, shared := range []bool{false, true} {
 			name := rname + "/three-dedupers"
@@ -36,7 +40,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				eachServer(t, func(t *testing.T, e *env) {
 					client, prefix := redisClients()[rname](t)
-					testConcurrentDuplicates(t, e, client, prefix, shared)
+					test(t, e, client, prefix, shared)
 				})
 			})
 		}
@@ -87,14 +91,25 @@ func (b *barrier) wait(id string, timeout time.Duration) bool {
 	}
 }
 
-func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix string, shared bool) {
-	e.newStream()
+// handlerSource returns what gives each consumer its handler: from a Deduper of its
+// own, or (shared) from one Deduper for all.
+func handlerSource(t *testing.T, client *redis.Client, prefix string, shared bool, name string, opts ...dedup.HandlerOption) func() *dedup.Handler {
 	store, err := dedup.NewRedisStore(client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var d *dedup.Deduper
 	var h *dedup.Handler
+	return func() *dedup.Handler {
+		if h == nil || !shared {
+			h = register(t, newDeduper(t, store, dedup.WithPrefix(prefix)), name, opts...)
+		}
+		return h
+	}
+}
+
+func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix string, shared bool) {
+	e.newStream()
+	handler := handlerSource(t, client, prefix, shared, "charge", dedup.WithLease(concurrentLease))
 	bar := newBarrier(concurrentConsumers)
 	var r runs
 	var missed, early atomic.Int64
@@ -112,10 +127,7 @@ func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix
 	}
 	members := make([]member, concurrentConsumers)
 	for i := range members {
-		if d == nil || !shared {
-			d = newDeduper(t, store, dedup.WithPrefix(prefix))
-			h = register(t, d, "charge", dedup.WithLease(concurrentLease))
-		}
+		h := handler()
 		// AckWait well above the run, so every redelivery is one the adapter asked for;
 		// a small pull batch, so messages do not wait long in the client.
 		c := e.consumer(fmt.Sprintf("c%d", i), func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
@@ -141,28 +153,13 @@ func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix
 		members[i] = member{c, h, j}
 	}
 
-	id := func(i int) string { return fmt.Sprintf("cc-%03d", i) }
-	var last *jetstream.PubAck
-	for i := range concurrentMsgs {
-		last = e.publish("new", id(i), "payload "+id(i))
+	consumers := make([]jetstream.Consumer, len(members))
+	for i, m := range members {
+		consumers[i] = m.c
 	}
-	for _, m := range members {
-		e.settled(m.c, last.Sequence)
-	}
-
-	if n := missed.Load(); n != 0 {
-		t.Errorf("%d first deliveries were not met by the other consumers within 5s: the race was not run for them", n)
-	}
+	last := raceMessages(t, e, "cc", consumers, &missed, &r)
 	if n := early.Load(); n != 0 {
 		t.Errorf("%d deliveries were answered Duplicate before fn had succeeded", n)
-	}
-	if got := r.n.Load(); got != concurrentMsgs {
-		t.Errorf("fn ran %d times for %d messages", got, concurrentMsgs)
-	}
-	for i := range concurrentMsgs {
-		if n := r.of(id(i)); n != 1 {
-			t.Errorf("fn ran %d times for %s", n, id(i))
-		}
 	}
 	var summary []string
 	outcomes := map[dedup.Outcome]uint64{}
@@ -175,9 +172,9 @@ func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix
 				i, acks, concurrentMsgs, s.Count(ActTerm), s.Count(ActNone), s.AckErrors)
 		}
 		ci := e.info(m.c)
-		if ci.NumAckPending != 0 || ci.NumPending != 0 || ci.AckFloor.Stream != last.Sequence {
+		if ci.NumAckPending != 0 || ci.NumPending != 0 || ci.AckFloor.Stream != last {
 			t.Errorf("consumer c%d: %d pending ack, %d pending, ack floor %d (want %d)",
-				i, ci.NumAckPending, ci.NumPending, ci.AckFloor.Stream, last.Sequence)
+				i, ci.NumAckPending, ci.NumPending, ci.AckFloor.Stream, last)
 		}
 		summary = append(summary, fmt.Sprintf("c%d %d ack + %d nak-with-delay", i, acks, s.Count(ActNakWithDelay)))
 		if !seen[m.h] {
@@ -206,30 +203,12 @@ func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix
 // answer. Each message reaches the three consumers' handlers at the same moment; fn
 // must run once per message, and every delivery must be acknowledged at once.
 func TestConcurrentDuplicatesFilterBatches(t *testing.T) {
-	for _, rname := range []string{"miniredis", "redis-server"} {
-		for _, shared := range []bool{false, true} {
-			name := rname + "/three-dedupers"
-			if shared {
-				name = rname + "/one-deduper"
-			}
-			t.Run(name, func(t *testing.T) {
-				eachServer(t, func(t *testing.T, e *env) {
-					client, prefix := redisClients()[rname](t)
-					testConcurrentFilterBatches(t, e, client, prefix, shared)
-				})
-			})
-		}
-	}
+	concurrentCases(t, testConcurrentFilterBatches)
 }
 
 func testConcurrentFilterBatches(t *testing.T, e *env, client *redis.Client, prefix string, shared bool) {
 	e.newStream()
-	store, err := dedup.NewRedisStore(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d *dedup.Deduper
-	var h *dedup.Handler
+	handler := handlerSource(t, client, prefix, shared, "metrics", dedup.WithMode(dedup.ModeFilter))
 	bar := newBarrier(concurrentConsumers)
 	var r runs
 	var missed atomic.Int64
@@ -243,10 +222,7 @@ func testConcurrentFilterBatches(t *testing.T, e *env, client *redis.Client, pre
 	}
 	members := make([]member, concurrentConsumers)
 	for i := range members {
-		if d == nil || !shared {
-			d = newDeduper(t, store, dedup.WithPrefix(prefix))
-			h = register(t, d, "metrics", dedup.WithMode(dedup.ModeFilter))
-		}
+		h := handler()
 		c := e.consumer(fmt.Sprintf("f%d", i), func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
 		j := newJS(t, h, c)
 		handle := j.Handler(context.Background(), fn)
@@ -265,22 +241,11 @@ func testConcurrentFilterBatches(t *testing.T, e *env, client *redis.Client, pre
 		t.Cleanup(func() { stopConsume(t, cc); j.Wait() })
 		members[i] = member{c, j}
 	}
-	id := func(i int) string { return fmt.Sprintf("fb-%03d", i) }
-	var last *jetstream.PubAck
-	for i := range concurrentMsgs {
-		last = e.publish("new", id(i), "payload "+id(i))
+	consumers := make([]jetstream.Consumer, len(members))
+	for i, m := range members {
+		consumers[i] = m.c
 	}
-	for _, m := range members {
-		e.settled(m.c, last.Sequence)
-	}
-	if n := missed.Load(); n != 0 {
-		t.Errorf("%d first deliveries were not met by the other consumers within 5s: the race was not run for them", n)
-	}
-	for i := range concurrentMsgs {
-		if n := r.of(id(i)); n != 1 {
-			t.Errorf("fn ran %d times for %s", n, id(i))
-		}
-	}
+	raceMessages(t, e, "fb", consumers, &missed, &r)
 	var summary []string
 	for i, m := range members {
 		m.j.Wait()
@@ -293,4 +258,32 @@ func testConcurrentFilterBatches(t *testing.T, e *env, client *redis.Client, pre
 		summary = append(summary, fmt.Sprintf("f%d %d ack + %d nak-with-delay", i, s.Count(ActAck), s.Count(ActNakWithDelay)))
 	}
 	t.Logf("%d messages × %d consumers at a barrier: %s", concurrentMsgs, concurrentConsumers, strings.Join(summary, ", "))
+}
+
+// raceMessages publishes concurrentMsgs messages with ids head-NNN and waits until
+// every consumer has acknowledged them all. It checks that the barrier met every first
+// delivery (missed) and that fn ran once per message (r), and returns the last stream
+// sequence.
+func raceMessages(t *testing.T, e *env, head string, consumers []jetstream.Consumer, missed *atomic.Int64, r *runs) uint64 {
+	t.Helper()
+	id := func(i int) string { return fmt.Sprintf("%s-%03d", head, i) }
+	var last *jetstream.PubAck
+	for i := range concurrentMsgs {
+		last = e.publish("new", id(i), "payload "+id(i))
+	}
+	for _, c := range consumers {
+		e.settled(c, last.Sequence)
+	}
+	if n := missed.Load(); n != 0 {
+		t.Errorf("%d first deliveries were not met by the other consumers within 5s: the race was not run for them", n)
+	}
+	if got := r.n.Load(); got != concurrentMsgs {
+		t.Errorf("fn ran %d times for %d messages", got, concurrentMsgs)
+	}
+	for i := range concurrentMsgs {
+		if n := r.of(id(i)); n != 1 {
+			t.Errorf("fn ran %d times for %s", n, id(i))
+		}
+	}
+	return last.Sequence
 }

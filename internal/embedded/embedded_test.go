@@ -11,13 +11,7 @@ import (
 // A lease set by PX must end on its own in the embedded Redis, as in a real one:
 // dedup's leases rely on it when an owner dies or its release is lost.
 func TestStartRedisExpiresKeysOnTheClock(t *testing.T) {
-	m, err := StartRedis()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	defer c.Close()
+	c := startRedisClient(t)
 	ctx := context.Background()
 	if err := c.Set(ctx, "lease", "owner", 50*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
@@ -47,13 +41,7 @@ func TestStartRedisCloseTwice(t *testing.T) {
 
 // A key is never more than about one tick early: a 300ms key is still there 200ms on.
 func TestStartRedisDoesNotExpireEarly(t *testing.T) {
-	m, err := StartRedis()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	defer c.Close()
+	c := startRedisClient(t)
 	ctx := context.Background()
 	if err := c.Set(ctx, "lease", "owner", 300*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
@@ -67,4 +55,18 @@ func TestStartRedisDoesNotExpireEarly(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("200ms into a 300ms PX: exists %d, %v; want the key still there", n, err)
 	}
+}
+
+// startRedisClient starts an embedded Redis and returns a client of it; both are
+// closed at cleanup.
+func startRedisClient(t *testing.T) *redis.Client {
+	t.Helper()
+	m, err := StartRedis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return c
 }
