@@ -1,35 +1,16 @@
 package dedup
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
-
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of a slog handler.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // Secrets the logs must never hold: a key in each of keys.Normalize's forms (plain,
 // and hashed), and payloads.
@@ -110,7 +91,7 @@ func TestLogsHoldNoKeyOrPayload(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%s", sc.name, map[bool]string{true: "plain", false: "hashed"}[key == secretPlainKey]), func(t *testing.T) {
 				mem, _ := NewMemoryStore()
 				store := &hookStore{Store: mem}
-				logs := &syncBuffer{}
+				logs := &testenv.LogBuffer{}
 				d, err := New(store, WithLogger(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 				if err != nil {
 					t.Fatal(err)

@@ -1,7 +1,6 @@
 package nats
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -94,24 +94,6 @@ func consumerWith(ackWait time.Duration, maxDeliver int, backoff ...time.Duratio
 	return fakeConsumer{info: &jetstream.ConsumerInfo{Name: "c", Config: jetstream.ConsumerConfig{
 		Durable: "c", AckWait: ackWait, MaxDeliver: maxDeliver, BackOff: backoff,
 	}}}
-}
-
-// logBuffer is a slog.Logger writing into a buffer, safe for concurrent use.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func TestOutcomeActions(t *testing.T) {
@@ -236,7 +218,7 @@ func TestOutcomeActions(t *testing.T) {
 			store := &flakyStore{Store: memStore(t)}
 			h := register(t, newDeduper(t, store), "orders", c.hopts...)
 			var calls []exhaustedCall
-			logs := &logBuffer{}
+			logs := &testenv.LogBuffer{}
 			opts := append([]Option{
 				WithLogger(slog.New(slog.NewTextHandler(logs, nil))),
 				WithExhausted(func(_ context.Context, m *Msg, err error) {
@@ -328,7 +310,7 @@ func TestOutcomeActions(t *testing.T) {
 // terminated.
 func TestExhaustedWithoutHookIsLogged(t *testing.T) {
 	h := register(t, newDeduper(t, memStore(t)), "orders")
-	logs := &logBuffer{}
+	logs := &testenv.LogBuffer{}
 	j, err := NewJetStream(h, consumerWith(time.Second, 2), WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,15 @@ import (
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
+// handlerJS makes a new stream, a consumer name on it whose AckWait (10s) is well
+// above any run here, and an adapter over it for a new handler name in mode on store.
+func handlerJS(t *testing.T, e *env, name string, store dedup.Store, mode dedup.Mode, opts ...Option) (jetstream.Consumer, *JetStream) {
+	t.Helper()
+	e.newStream()
+	c := e.consumer(name, func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
+	return c, newJS(t, register(t, newDeduper(t, store), name, dedup.WithMode(mode)), c, opts...)
+}
+
 // forModes runs f for a ModeDo and a ModeFilter handler: Handler takes a path of its
 // own for each (one message at a time through the store, or batches).
 func forModes(t *testing.T, f func(t *testing.T, mode dedup.Mode)) {
@@ -34,10 +43,7 @@ func TestHandlerRunsMessagesConcurrently(t *testing.T) {
 	const n = 8
 	forModes(t, func(t *testing.T, mode dedup.Mode) {
 		eachServer(t, func(t *testing.T, e *env) {
-			e.newStream()
-			c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
-			h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithMode(mode))
-			j := newJS(t, h, c, WithConcurrency(n))
+			c, j := handlerJS(t, e, "orders", memStore(t), mode, WithConcurrency(n))
 			var inside, most atomic.Int32
 			barrier := make(chan struct{})
 			var once sync.Once
@@ -80,10 +86,7 @@ func TestHandlerConcurrencyOneKeepsOrder(t *testing.T) {
 	const n = 30
 	forModes(t, func(t *testing.T, mode dedup.Mode) {
 		eachServer(t, func(t *testing.T, e *env) {
-			e.newStream()
-			c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
-			h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithMode(mode))
-			j := newJS(t, h, c, WithConcurrency(1))
+			c, j := handlerJS(t, e, "orders", memStore(t), mode, WithConcurrency(1))
 			var mu sync.Mutex
 			var seen []uint64
 			var inside atomic.Int32
@@ -122,10 +125,7 @@ func TestHandlerConcurrencyOneKeepsOrder(t *testing.T) {
 func TestWaitCoversMessagesInHand(t *testing.T) {
 	forModes(t, func(t *testing.T, mode dedup.Mode) {
 		eachServer(t, func(t *testing.T, e *env) {
-			e.newStream()
-			c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
-			h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithMode(mode))
-			j := newJS(t, h, c)
+			c, j := handlerJS(t, e, "orders", memStore(t), mode)
 			started := make(chan struct{})
 			release := make(chan struct{})
 			cc := consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
@@ -191,11 +191,8 @@ func (s *markCounter) MarkMany(ctx context.Context, entries []dedup.Entry) ([]de
 func TestFilterHandlerBatchesMarks(t *testing.T) {
 	const n = 300
 	eachServer(t, func(t *testing.T, e *env) {
-		e.newStream()
-		c := e.consumer("metrics", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
 		store := &markCounter{Store: memStore(t), delay: 20 * time.Millisecond}
-		h := register(t, newDeduper(t, store), "metrics", dedup.WithMode(dedup.ModeFilter))
-		j := newJS(t, h, c)
+		c, j := handlerJS(t, e, "metrics", store, dedup.ModeFilter)
 		var last *jetstream.PubAck
 		for i := range n {
 			last = e.publish("new", fmt.Sprint("m-", i), "x")
@@ -233,10 +230,7 @@ func TestFilterHandlerBatchesMarks(t *testing.T) {
 // batch still runs.
 func TestFilterBatchAcksEachMessageWhenDone(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
-		e.newStream()
-		c := e.consumer("metrics", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
-		h := register(t, newDeduper(t, memStore(t)), "metrics", dedup.WithMode(dedup.ModeFilter))
-		j := newJS(t, h, c)
+		c, j := handlerJS(t, e, "metrics", memStore(t), dedup.ModeFilter)
 		var last *jetstream.PubAck
 		for i := range 5 {
 			last = e.publish("new", fmt.Sprint("m-", i), "x")
@@ -283,10 +277,7 @@ func TestFilterBatchAcksEachMessageWhenDone(t *testing.T) {
 // consumer goes on), and Wait returns.
 func TestFilterHandlerPanicAndGoexit(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
-		e.newStream()
-		c := e.consumer("metrics", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
-		h := register(t, newDeduper(t, memStore(t)), "metrics", dedup.WithMode(dedup.ModeFilter))
-		j := newJS(t, h, c, WithConcurrency(2)) // a lost slot would soon stop it
+		c, j := handlerJS(t, e, "metrics", memStore(t), dedup.ModeFilter, WithConcurrency(2)) // a lost slot would soon stop it
 		var last *jetstream.PubAck
 		for i := range 20 {
 			last = e.publish("new", fmt.Sprint("m-", i), "x")

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -70,7 +71,7 @@ func TestLogsHoldNoKeyOrPayload(t *testing.T) {
 	for _, key := range []string{"SECRET-KEY-42e1", "SECRET key, hashed: " + strings.Repeat("ü", 40)} {
 		for _, sc := range scenarios {
 			t.Run(fmt.Sprintf("%s/%d", sc.name, len(key)), func(t *testing.T) {
-				logs := &logBuffer{}
+				logs := &testenv.LogBuffer{}
 				logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 				store := &flakyStore{Store: memStore(t)}
 				d := newDeduper(t, store, dedup.WithLogger(logger))
