@@ -108,11 +108,41 @@ func (s *soakStore) Claim(ctx context.Context, key, token, fingerprint string, l
 	return a, err
 }
 
+// ClaimMany is Claim for a batch (the adapter's Handler batches its claims).
+func (s *soakStore) ClaimMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+	as, err := s.Store.ClaimMany(ctx, entries)
+	if err == nil {
+		for i, a := range as {
+			if a.Err == nil && a.Status == dedup.StatusAcquired {
+				s.tokens.Store(entries[i].Key, entries[i].Token)
+			}
+		}
+	}
+	return as, err
+}
+
 // Complete writes the commit to the ledger once dedup has taken the run as the
 // message's processing: Complete returned nil (Processed) or failed otherwise than
 // with ErrLeaseLost (NotRecorded; the adapter acks it all the same).
 func (s *soakStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	err := s.Store.Complete(ctx, key, token, retention)
+	return s.completed(key, token, s.Store.Complete(ctx, key, token, retention))
+}
+
+// CompleteMany is Complete for a batch.
+func (s *soakStore) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+	errs, err := s.Store.CompleteMany(ctx, entries)
+	for i, e := range entries {
+		ierr := err
+		if err == nil {
+			ierr = errs[i]
+		}
+		s.completed(e.Key, e.Token, ierr)
+	}
+	return errs, err
+}
+
+// completed records the answer err to the completion of token's claim on key.
+func (s *soakStore) completed(key, token string, err error) error {
 	s.tokens.Delete(key)
 	if errors.Is(err, dedup.ErrLeaseLost) {
 		return err

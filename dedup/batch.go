@@ -35,18 +35,21 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 }
 
 // HandleBatchParallel is HandleBatch for handlers whose fn may run for several items
-// at once. In ModeFilter, once the one MarkMany round trip has answered, fn runs for
-// up to parallel of the items seen first at a time: the caller's goroutine runs them
-// in turn, and if it is not done within a millisecond (spawnAfter), other goroutines
-// join it, so that fast fns cost no goroutine each and slow ones run side by side. It
-// returns when all have run. An fn that calls runtime.Goexit on the caller's goroutine
-// ends the call, as in HandleBatch, and its item is Panicked (ErrPanic), as is an
-// item whose fn does so on another goroutine. The batch's other items still get their
-// results through done: those the fns had not reached run on other goroutines when
-// they run side by side, and are Panicked too otherwise. In ModeDo
-// it is HandleBatch: the claimed items run one at a time, under one heartbeat.
-// parallel < 1 counts as 1. An item whose key another call in this process holds
-// waits for that call's store answer, as Do does.
+// at once. Once the one store round trip for the checks (MarkMany or ClaimMany) has
+// answered, fn runs for up to parallel of the items seen first at a time: the
+// caller's goroutine runs them in turn, and if it is not done within a millisecond
+// (spawnAfter), other goroutines join it, so that fast fns cost no goroutine each and
+// slow ones run side by side. It returns when all have run. In ModeDo one heartbeat
+// extends every claim still running, and the claims of the fns that succeed are
+// completed as they come, several in one round trip (CompleteMany) while the other
+// fns run. An fn that calls runtime.Goexit on the caller's goroutine ends the call,
+// as in HandleBatch, and its item is Panicked (ErrPanic), as is an item whose fn does
+// so on another goroutine (its claim is given back). The batch's other items still
+// get their results through done: those the fns had not reached run on other
+// goroutines. parallel < 1 counts as 1, and is then HandleBatch. An item whose key
+// another call in this process holds waits for that call's store answer, as Do
+// does; in ModeDo, under WaitForRunning, it also waits for that call's run to end
+// and then claims the key itself if it is free again.
 //
 // done, when not nil, is called once per item as soon as its result is final (from
 // the goroutine that made it, so several at once), before HandleBatchParallel
@@ -154,6 +157,13 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			joiners.Add(1)
 			go func() {
 				defer joiners.Done()
+				if h.cfg.mode == ModeDo && parallel > 1 && waitsForRunning(ctx) {
+					// as Do does: wait for a run to end, then the key is DONE, or
+					// free again and this item claims it and runs
+					res, err := h.do(ctx, it.Key, fp, func(c context.Context) error { return fn(c, i) })
+					out.set(i, ItemResult{res, err})
+					return
+				}
 				out.set(i, h.joined(ctx, f, fp))
 			}()
 			continue
@@ -224,7 +234,7 @@ func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int
 	if h.cfg.mode == ModeFilter {
 		h.markBatch(ctx, leads, parallel, fn, out)
 	} else {
-		h.claimBatch(ctx, leads, fn, out)
+		h.claimBatch(ctx, leads, parallel, fn, out)
 	}
 }
 
@@ -405,7 +415,7 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 // (HandleBatchParallel), ended that goroutine with runtime.Goexit.
 var errGoexit = fmt.Errorf("%w: fn called runtime.Goexit", ErrPanic)
 
-func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(context.Context, int) error, out *batchOut) {
+func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
 	entries := make([]Entry, len(leads))
 	for j, b := range leads {
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
@@ -450,8 +460,11 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 			h.settle(out, b, Result{Outcome: InProgress, RetryAfter: a.TTL}, nil)
 		}
 	}
-	if len(claimed) > 0 {
-		h.runClaimed(ctx, claimed, entries, fn, out) // does not return if a fn calls Goexit
+	switch {
+	case len(claimed) > 1 && parallel > 1:
+		h.runClaimedParallel(ctx, claimed, parallel, fn, out)
+	case len(claimed) > 0:
+		h.runClaimed(ctx, claimed, fn, out) // does not return if a fn calls Goexit
 	}
 	for _, b := range unguarded {
 		if h.d.ctx.Err() != nil { // Close began while the claimed ones ran: leave it unrun
@@ -462,20 +475,14 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, fn func(co
 	}
 }
 
-func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries []Entry, fn func(context.Context, int) error, out *batchOut) {
+func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, fn func(context.Context, int) error, out *batchOut) {
 	hb := h.startBatchBeat(claimed)
 	// every flight is answered and the heartbeat runs: now the results known so far
 	out.flush()
 	finished := 0         // claimed[:finished] are released, lost or in done
 	var done []*batchItem // fn succeeded: to complete
-	var curStop func() bool
-	var curCancel context.CancelCauseFunc
 	defer func() {
 		hb.stop()
-		if curCancel != nil { // fn called Goexit
-			curStop()
-			curCancel(nil)
-		}
 		if finished == len(claimed) {
 			return
 		}
@@ -501,62 +508,74 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries 
 		}
 	}()
 	for _, b := range claimed {
-		fctx, cancel := context.WithCancelCause(ctx)
-		// Its lease is gone, or may be: a starved process can reach an item after the
-		// heartbeat fell behind. The item has not run, so a claim that still holds its
-		// token is as good as a new one; otherwise it is given up, and given back.
-		if !hb.setRunning(b, cancel) && (!hb.renew(ctx, b) || !hb.setRunning(b, cancel)) {
-			cancel(nil)
-			hb.forget(b)
-			finished++
-			h.releaseUnanswered(ctx, b.k, b.rk, b.token) // a no-op unless the claim is still ours
-			switch {
-			case h.d.ctx.Err() != nil:
-				h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
-			case ctx.Err() != nil:
-				h.settle(out, b, Result{Outcome: Cancelled}, context.Cause(ctx))
-			default:
-				h.settle(out, b, Result{Outcome: LeaseLost}, ErrLeaseLost)
-			}
-			continue
-		}
-		if h.d.ctx.Err() != nil {
-			cancel(ErrClosed)
-		}
-		stopOnClose := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
-		curStop, curCancel = stopOnClose, cancel
-		var panicked bool
-		var ferr error
-		if fctx.Err() == nil { // a cancelled batch leaves the remaining items unrun
-			panicked, ferr = h.invoke(fctx, func(c context.Context) error { return fn(c, b.i) })
-		} else {
-			ferr = fctx.Err()
-		}
-		curStop, curCancel = nil, nil
-		hb.setRunning(nil, nil)
-		stopOnClose()
-		cause := context.Cause(fctx)
-		cancel(nil)
-		if ferr != nil {
-			hb.forget(b)
-			bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
-			h.release(bg, b.k, b.rk, b.token)
-			bgDone()
-			finished++
-			res, err := h.failed(b.k, panicked, ferr, cause)
-			out.set(b.i, ItemResult{res, err})
-			continue
-		}
+		ok := h.runClaimedItem(ctx, hb, b, fn, out)
 		finished++
-		done = append(done, b)
+		if ok {
+			done = append(done, b)
+		}
 	}
 	hb.stop() // the claims in done stay ours for a lease: long enough to complete
+	h.completeItems(ctx, done, out)
+}
+
+// runClaimedItem runs fn for the claimed item b under the batch's heartbeat. It
+// reports true when fn succeeded: b's claim is then to be completed. Otherwise b is
+// settled: its claim is given back, and its result is in out.
+func (h *Handler) runClaimedItem(ctx context.Context, hb *batchBeat, b *batchItem, fn func(context.Context, int) error, out *batchOut) bool {
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil) // deferred, as the others: fn may end its goroutine (runtime.Goexit)
+	// Its lease is gone, or may be: a starved process can reach an item after the
+	// heartbeat fell behind. The item has not run, so a claim that still holds its
+	// token is as good as a new one; otherwise it is given up, and given back.
+	if !hb.setRunning(b, cancel) && (!hb.renew(ctx, b) || !hb.setRunning(b, cancel)) {
+		hb.forget(b)
+		h.releaseUnanswered(ctx, b.k, b.rk, b.token) // a no-op unless the claim is still ours
+		switch {
+		case h.d.ctx.Err() != nil:
+			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
+		case ctx.Err() != nil:
+			h.settle(out, b, Result{Outcome: Cancelled}, context.Cause(ctx))
+		default:
+			h.settle(out, b, Result{Outcome: LeaseLost}, ErrLeaseLost)
+		}
+		return false
+	}
+	defer hb.stopRunning(b)
+	if h.d.ctx.Err() != nil {
+		cancel(ErrClosed)
+	}
+	defer context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })()
+	var panicked bool
+	var ferr error
+	if fctx.Err() == nil { // a cancelled batch leaves the remaining items unrun
+		panicked, ferr = h.invoke(fctx, func(c context.Context) error { return fn(c, b.i) })
+	} else {
+		ferr = fctx.Err()
+	}
+	if ferr == nil {
+		return true
+	}
+	cause := context.Cause(fctx)
+	hb.stopRunning(b)
+	hb.forget(b)
+	bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	h.release(bg, b.k, b.rk, b.token)
+	bgDone()
+	res, err := h.failed(b.k, panicked, ferr, cause)
+	out.set(b.i, ItemResult{res, err})
+	return false
+}
+
+// completeItems completes the claims of items whose fn succeeded, in one round trip
+// (CompleteMany), and records their results. The heartbeat no longer extends them:
+// a claim stays its owner's for a lease after its last extension, long enough.
+func (h *Handler) completeItems(ctx context.Context, done []*batchItem, out *batchOut) {
 	if len(done) == 0 {
 		return
 	}
-	entries = entries[:0]
-	for _, b := range done {
-		entries = append(entries, Entry{Key: b.rk, Token: b.token, TTL: h.cfg.retention})
+	entries := make([]Entry, len(done))
+	for j, b := range done {
+		entries[j] = Entry{Key: b.rk, Token: b.token, TTL: h.cfg.retention}
 	}
 	bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
 	defer bgDone()
@@ -571,13 +590,84 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, entries 
 	}
 }
 
+// runClaimedParallel is runClaimed for a parallel batch: the fns run as in
+// runParallel, and the claims of those that succeed are completed as they come,
+// while the others still run (see completer).
+func (h *Handler) runClaimedParallel(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
+	hb := h.startBatchBeat(claimed)
+	out.flush() // every flight is answered and the heartbeat runs
+	c := &completer{h: h, ctx: ctx, hb: hb, out: out}
+	defer hb.stop()
+	defer c.wg.Wait() // before the heartbeat stops; also when an fn ends this goroutine
+	h.runParallel(len(claimed), parallel, func(k int) {
+		b := claimed[k]
+		ran := false
+		defer func() {
+			if !ran { // fn called runtime.Goexit: give the claim back
+				hb.forget(b)
+				h.releaseUnanswered(ctx, b.k, b.rk, b.token)
+				out.set(b.i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
+			}
+		}()
+		if h.runClaimedItem(ctx, hb, b, fn, out) {
+			c.add(b)
+		}
+		ran = true
+	})
+}
+
+// completer completes the claims of a parallel batch as their fns succeed: the
+// first success starts a round trip (CompleteMany) on a goroutine of its own, and
+// those that come while it is out go together in the next. No timer: a lone success
+// is completed at once, and a fast fn never waits for a round trip before the next
+// item starts.
+type completer struct {
+	h   *Handler
+	ctx context.Context
+	hb  *batchBeat
+	out *batchOut
+	wg  sync.WaitGroup
+
+	mu    sync.Mutex
+	queue []*batchItem
+	busy  bool
+}
+
+func (c *completer) add(b *batchItem) {
+	c.hb.forget(b) // completed from now on, not extended
+	c.mu.Lock()
+	c.queue = append(c.queue, b)
+	start := !c.busy
+	c.busy = true
+	c.mu.Unlock()
+	if start {
+		c.wg.Add(1)
+		go c.run()
+	}
+}
+
+func (c *completer) run() {
+	defer c.wg.Done()
+	for {
+		c.mu.Lock()
+		done := c.queue
+		c.queue = nil
+		if len(done) == 0 {
+			c.busy = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.h.completeItems(c.ctx, done, c.out)
+	}
+}
+
 // batchBeat extends every claim a batch still holds, every lease/3.
 type batchBeat struct {
 	h        *Handler
 	mu       sync.Mutex
 	live     map[*batchItem]struct{}
-	cur      *batchItem
-	cancel   context.CancelCauseFunc
+	running  map[*batchItem]context.CancelCauseFunc // the items whose fn runs now
 	quit     chan struct{}
 	finished chan struct{}
 	once     sync.Once
@@ -585,7 +675,8 @@ type batchBeat struct {
 }
 
 func (h *Handler) startBatchBeat(items []*batchItem) *batchBeat {
-	hb := &batchBeat{h: h, live: make(map[*batchItem]struct{}, len(items)), quit: make(chan struct{}), finished: make(chan struct{})}
+	hb := &batchBeat{h: h, live: make(map[*batchItem]struct{}, len(items)), running: make(map[*batchItem]context.CancelCauseFunc),
+		quit: make(chan struct{}), finished: make(chan struct{})}
 	for _, b := range items {
 		hb.live[b] = struct{}{}
 	}
@@ -593,19 +684,25 @@ func (h *Handler) startBatchBeat(items []*batchItem) *batchBeat {
 	return hb
 }
 
-// setRunning names the item whose fn runs now (nil when none), so that losing its
-// lease cancels it. It reports false, and sets nothing, if b's lease is lost or has
-// run out.
+// setRunning records that b's fn runs now, so that losing its lease cancels it. It
+// reports false, and records nothing, if b's lease is lost or has run out.
 func (hb *batchBeat) setRunning(b *batchItem, cancel context.CancelCauseFunc) bool {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	// lost, or past the end of the lease as this process knows it (the heartbeat may
 	// not have had its say yet): another owner may hold the key
-	if b != nil && (b.lost.Load() || time.Now().UnixNano() >= b.f.leaseEnd.Load()) {
+	if b.lost.Load() || time.Now().UnixNano() >= b.f.leaseEnd.Load() {
 		return false
 	}
-	hb.cur, hb.cancel = b, cancel
+	hb.running[b] = cancel
 	return true
+}
+
+// stopRunning records that b's fn has returned.
+func (hb *batchBeat) stopRunning(b *batchItem) {
+	hb.mu.Lock()
+	delete(hb.running, b)
+	hb.mu.Unlock()
 }
 
 // renew extends the claim of an item that has not run yet, after the heartbeat lost
@@ -678,7 +775,10 @@ func (hb *batchBeat) run() {
 					return
 				}
 				hb.mu.Lock()
-				if b.f.leaseEnd.Load() != end { // renewed while this verdict was out: stale
+				_, live := hb.live[b]
+				if !live || b.f.leaseEnd.Load() != end {
+					// settled or being completed, or renewed while this verdict was
+					// out: stale
 					hb.mu.Unlock()
 					return
 				}
@@ -686,8 +786,8 @@ func (hb *batchBeat) run() {
 				h.met.leaseLost(opExtend)
 				b.lost.Store(true)
 				delete(hb.live, b)
-				if hb.cur == b {
-					hb.cancel(ErrLeaseLost)
+				if cancel, ok := hb.running[b]; ok {
+					cancel(ErrLeaseLost)
 				}
 				hb.mu.Unlock()
 			}()

@@ -8,17 +8,25 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-// In ModeFilter, HandleBatchParallel marks the batch with one round trip and then runs
-// the items' fns at once: eight fns that each wait for all eight to have started
-// would deadlock one at a time.
-func TestHandleBatchParallelRunsFilterItemsAtOnce(t *testing.T) {
+// HandleBatchParallel checks the batch with one round trip and then runs the items'
+// fns at once: eight fns that each wait for all eight to have started would deadlock
+// one at a time. In ModeDo the claims are one ClaimMany and the completions go in
+// CompleteMany calls, never one by one.
+func TestHandleBatchParallelRunsItemsAtOnce(t *testing.T) {
+	t.Run("filter", func(t *testing.T) { testHandleBatchParallelRunsItemsAtOnce(t, ModeFilter) })
+	t.Run("do", func(t *testing.T) { testHandleBatchParallelRunsItemsAtOnce(t, ModeDo) })
+}
+
+func testHandleBatchParallelRunsItemsAtOnce(t *testing.T, mode Mode) {
 	mem, _ := NewMemoryStore()
 	hs := &hookStore{Store: mem}
 	d, _ := New(hs, WithLogger(quiet))
 	defer d.Close()
-	h, _ := d.Register("par", WithMode(ModeFilter))
+	h, _ := d.Register("par", WithMode(mode))
 	const n = 8
 	items := make([]Item, n+1)
 	for i := range n {
@@ -60,19 +68,30 @@ func TestHandleBatchParallelRunsFilterItemsAtOnce(t *testing.T) {
 	if res[n].Outcome != Duplicate || ran[n] != 0 {
 		t.Errorf("repeated key: %v, ran %d times; want Duplicate, unrun", res[n].Outcome, ran[n])
 	}
-	if m, b := hs.marks.Load(), hs.batches.Load(); m != 0 || b != 1 {
-		t.Errorf("%d single marks and %d batch calls, want 0 and 1 (MarkMany)", m, b)
+	single := hs.marks.Load() + hs.claims.Load() + hs.completes.Load()
+	if b := hs.batches.Load(); single != 0 || b < 1 || (mode == ModeFilter && b != 1) || (mode == ModeDo && b < 2) {
+		t.Errorf("%d single calls and %d batch calls; want none single, and one MarkMany or one ClaimMany and CompleteManys", single, b)
+	}
+	for i := range n {
+		if lk := localKey(items[i].Key, ""); h.local != nil && !h.local.Contains(lk) {
+			t.Errorf("item %d is not DONE in the local tier", i)
+		}
 	}
 }
 
 // An fn that calls runtime.Goexit ends its own goroutine only: every item still gets
 // a result through done (Panicked, wrapping ErrPanic, for the one that ended), and the
 // Deduper can still Close. Whether the caller's goroutine or a helper took it does
-// not matter here.
+// not matter here. In ModeDo the claims of the items that ended are given back.
 func TestHandleBatchParallelGoexit(t *testing.T) {
+	t.Run("filter", func(t *testing.T) { testHandleBatchParallelGoexit(t, ModeFilter) })
+	t.Run("do", func(t *testing.T) { testHandleBatchParallelGoexit(t, ModeDo) })
+}
+
+func testHandleBatchParallelGoexit(t *testing.T, mode Mode) {
 	mem, _ := NewMemoryStore()
 	d, _ := New(mem, WithLogger(quiet))
-	h, _ := d.Register("par-goexit", WithMode(ModeFilter))
+	h, _ := d.Register("par-goexit", WithMode(mode))
 	started := make(chan struct{}, 2)
 	var mu sync.Mutex
 	got := map[int]ItemResult{}
@@ -113,6 +132,14 @@ func TestHandleBatchParallelGoexit(t *testing.T) {
 			t.Errorf("item %d: %v, %v; want Panicked wrapping ErrPanic", i, got[i].Outcome, got[i].Err)
 		}
 	}
+	if mode == ModeDo {
+		for _, k := range []string{"d", "e"} { // released in the background: Close waits for it
+			testenv.Eventually(t, 10*time.Second, "the claim of "+k+" given back", func() bool {
+				a, err := mem.Claim(context.Background(), h.RecordKey(k), "other", "", time.Minute)
+				return err == nil && a.Status == StatusAcquired
+			})
+		}
+	}
 	closed := make(chan struct{})
 	go func() { d.Close(); close(closed) }()
 	select {
@@ -123,12 +150,18 @@ func TestHandleBatchParallelGoexit(t *testing.T) {
 }
 
 // done reports an item as soon as its own result is final: a fast item's result does
-// not wait for a slow one of the same batch.
+// not wait for a slow one of the same batch. In ModeDo the fast item's claim is
+// completed while the slow one runs.
 func TestHandleBatchParallelReportsEachItemWhenDone(t *testing.T) {
+	t.Run("filter", func(t *testing.T) { testHandleBatchParallelReportsEachItemWhenDone(t, ModeFilter) })
+	t.Run("do", func(t *testing.T) { testHandleBatchParallelReportsEachItemWhenDone(t, ModeDo) })
+}
+
+func testHandleBatchParallelReportsEachItemWhenDone(t *testing.T, mode Mode) {
 	mem, _ := NewMemoryStore()
 	d, _ := New(mem, WithLogger(quiet))
 	defer d.Close()
-	h, _ := d.Register("par-done", WithMode(ModeFilter))
+	h, _ := d.Register("par-done", WithMode(mode))
 	release := make(chan struct{})
 	reported := make(chan int, 2)
 	go h.HandleBatchParallel(context.Background(), []Item{{Key: "slow"}, {Key: "fast"}}, 2, func(ctx context.Context, i int) error {
@@ -136,11 +169,19 @@ func TestHandleBatchParallelReportsEachItemWhenDone(t *testing.T) {
 			<-release
 		}
 		return nil
-	}, func(i int, r ItemResult) { reported <- i })
+	}, func(i int, r ItemResult) {
+		if r.Outcome != Processed {
+			t.Errorf("item %d: %v, %v; want Processed", i, r.Outcome, r.Err)
+		}
+		reported <- i
+	})
 	select {
 	case i := <-reported:
 		if i != 1 {
 			t.Fatalf("item %d reported first, want the fast one (1)", i)
+		}
+		if a, err := mem.Claim(context.Background(), h.RecordKey("fast"), "other", "", time.Minute); err != nil || a.Status != StatusDuplicate {
+			t.Fatalf("the fast item's record: %+v, %v; want DONE (Duplicate)", a, err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the fast item was not reported while the slow one ran")
@@ -284,5 +325,52 @@ func TestHandleBatchParallelFastFnsStayOnTheCaller(t *testing.T) {
 	}, nil)
 	if others != 0 {
 		t.Errorf("%d of %d fast fns ran off the caller's goroutine", others, len(items))
+	}
+}
+
+// In a parallel ModeDo batch one heartbeat extends every running claim, and losing
+// one lease cancels that item's fn only: the other fn of the batch, running beside
+// it, goes on and completes.
+func TestHandleBatchParallelLeaseLostCancelsItsItemOnly(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(mem, WithLogger(quiet))
+	defer d.Close()
+	const lease = 150 * time.Millisecond
+	h, _ := d.Register("par-lease", WithLease(lease))
+	var started sync.WaitGroup
+	started.Add(2)
+	stolen := make(chan struct{})
+	var got [2]ItemResult
+	res := h.HandleBatchParallel(context.Background(), []Item{{Key: "lost"}, {Key: "kept"}}, 2, func(ctx context.Context, i int) error {
+		started.Done()
+		if i == 0 {
+			started.Wait()
+			// another owner takes the key: the next extension finds the lease gone
+			mem.mu.Lock()
+			mem.set(h.RecordKey("lost"), memRecord{state: stateInProgress, token: "rival", expires: time.Now().Add(time.Minute)})
+			mem.mu.Unlock()
+			close(stolen)
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(10 * time.Second):
+				return errors.New("never cancelled")
+			}
+		}
+		<-stolen
+		time.Sleep(2 * lease) // through several beats, past the other's loss
+		return ctx.Err()
+	}, func(i int, r ItemResult) { got[i] = r })
+	if res[0].Outcome != LeaseLost || !errors.Is(res[0].Err, ErrLeaseLost) {
+		t.Errorf("the item whose lease was taken: %v, %v; want LeaseLost", res[0].Outcome, res[0].Err)
+	}
+	if res[1].Outcome != Processed || res[1].Err != nil {
+		t.Errorf("the other item: %v, %v; want Processed", res[1].Outcome, res[1].Err)
+	}
+	if got != [2]ItemResult(res) {
+		t.Errorf("done reported %+v, the call returned %+v", got, res)
+	}
+	if a, _ := mem.Claim(context.Background(), h.RecordKey("kept"), "x", "", time.Minute); a.Status != StatusDuplicate {
+		t.Errorf("kept item's record: %+v; want DONE", a)
 	}
 }

@@ -168,140 +168,181 @@ func TestWithConcurrencyBounds(t *testing.T) {
 
 // markCounter counts a Store's single marks and batch marks; each MarkMany is slowed
 // by delay, as a round trip would be, so that messages queue behind it.
-type markCounter struct {
+// checkCounter counts a store's single and batch checks and completions; each batch
+// check takes delay.
+type checkCounter struct {
 	dedup.Store
-	delay       time.Duration
-	marks, many atomic.Int64
+	delay                time.Duration
+	single, many, finals atomic.Int64 // Mark, Claim or Complete; MarkMany or ClaimMany; CompleteMany
 }
 
-func (s *markCounter) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (dedup.Answer, error) {
-	s.marks.Add(1)
+func (s *checkCounter) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (dedup.Answer, error) {
+	s.single.Add(1)
 	return s.Store.Mark(ctx, key, token, fp, retention)
 }
 
-func (s *markCounter) MarkMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+func (s *checkCounter) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (dedup.Answer, error) {
+	s.single.Add(1)
+	return s.Store.Claim(ctx, key, token, fp, lease)
+}
+
+func (s *checkCounter) Complete(ctx context.Context, key, token string, retention time.Duration) error {
+	s.single.Add(1)
+	return s.Store.Complete(ctx, key, token, retention)
+}
+
+func (s *checkCounter) MarkMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
 	s.many.Add(1)
 	time.Sleep(s.delay)
 	return s.Store.MarkMany(ctx, entries)
 }
 
-// A ModeFilter Handler marks the messages that arrive while earlier marks are out as
-// batches (MarkMany), never one by one: 300 messages in a handful of round trips,
-// each acknowledged once and run once.
-func TestFilterHandlerBatchesMarks(t *testing.T) {
+func (s *checkCounter) ClaimMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+	s.many.Add(1)
+	time.Sleep(s.delay)
+	return s.Store.ClaimMany(ctx, entries)
+}
+
+func (s *checkCounter) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+	s.finals.Add(1)
+	return s.Store.CompleteMany(ctx, entries)
+}
+
+// Handler checks the messages that arrive while earlier checks are out as batches
+// (MarkMany, or ClaimMany and then CompleteMany), never one by one: 300 messages in a
+// handful of round trips, each acknowledged once and run once.
+func TestHandlerBatchesChecks(t *testing.T) {
 	const n = 300
-	eachServer(t, func(t *testing.T, e *env) {
-		store := &markCounter{Store: memStore(t), delay: 20 * time.Millisecond}
-		c, j := handlerJS(t, e, "metrics", store, dedup.ModeFilter)
-		var last *jetstream.PubAck
-		for i := range n {
-			last = e.publish("new", fmt.Sprint("m-", i), "x")
-		}
-		var mu sync.Mutex
-		runs := map[string]int{}
-		consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
-			mu.Lock()
-			runs[m.Header(jetstream.MsgIDHeader)]++
-			mu.Unlock()
-			return nil
-		}))
-		e.settled(c, last.Sequence)
-		j.Wait()
-		if s := j.Stats(); s.Count(ActAck) != n {
-			t.Fatalf("actions %+v, want %d acks", s, n)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		for i := range n {
-			if r := runs[fmt.Sprint("m-", i)]; r != 1 {
-				t.Errorf("m-%d ran %d times, want once", i, r)
-			}
-		}
-		marks, many := store.marks.Load(), store.many.Load()
-		t.Logf("%d messages: %d MarkMany calls, %d single marks", n, many, marks)
-		if marks != 0 || many == 0 || many > n/6 {
-			t.Fatalf("%d single marks and %d MarkMany calls for %d messages; want none single and batches (at most %d)", marks, many, n, n/6)
-		}
-	})
-}
-
-// In a ModeFilter batch, a message is acknowledged, and its slot freed, as soon as its
-// own fn returns: four fast messages are acked while the fifth, slow one of the same
-// batch still runs.
-func TestFilterBatchAcksEachMessageWhenDone(t *testing.T) {
-	eachServer(t, func(t *testing.T, e *env) {
-		c, j := handlerJS(t, e, "metrics", memStore(t), dedup.ModeFilter)
-		var last *jetstream.PubAck
-		for i := range 5 {
-			last = e.publish("new", fmt.Sprint("m-", i), "x")
-		}
-		batch, err := c.Fetch(5, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var msgs []jetstream.Msg
-		for m := range batch.Messages() {
-			msgs = append(msgs, m)
-		}
-		if len(msgs) != 5 {
-			t.Fatalf("fetched %d messages, want 5", len(msgs))
-		}
-		release := make(chan struct{})
-		free := sync.OnceFunc(func() { close(release) })
-		t.Cleanup(free)
-		var freed atomic.Int32
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			j.handleMsgs(context.Background(), msgs, 5, func(ctx context.Context, m *Msg) error {
-				if m.Header(jetstream.MsgIDHeader) == "m-0" {
-					<-release
-				}
-				return nil
-			}, func(int) { freed.Add(1) })
-		}()
-		testenv.Eventually(t, 10*time.Second, "the four fast messages acked and freed", func() bool {
-			return j.Stats().Count(ActAck) == 4 && freed.Load() == 4
+	forModes(t, func(t *testing.T, mode dedup.Mode) {
+		eachServer(t, func(t *testing.T, e *env) {
+			testHandlerBatchesChecks(t, e, mode, n)
 		})
-		free()
-		<-done
-		e.settled(c, last.Sequence)
-		if s := j.Stats(); s.Count(ActAck) != 5 || freed.Load() != 5 {
-			t.Fatalf("actions %+v, %d freed; want 5 acks, 5 freed", s, freed.Load())
-		}
 	})
 }
 
-// A ModeFilter Handler's fn that panics or ends its goroutine (runtime.Goexit) costs
-// its own message a Nak and nothing else: the others are acked, no slot is lost (the
-// consumer goes on), and Wait returns.
-func TestFilterHandlerPanicAndGoexit(t *testing.T) {
-	eachServer(t, func(t *testing.T, e *env) {
-		c, j := handlerJS(t, e, "metrics", memStore(t), dedup.ModeFilter, WithConcurrency(2)) // a lost slot would soon stop it
-		var last *jetstream.PubAck
-		for i := range 20 {
-			last = e.publish("new", fmt.Sprint("m-", i), "x")
+func testHandlerBatchesChecks(t *testing.T, e *env, mode dedup.Mode, n int) {
+	store := &checkCounter{Store: memStore(t), delay: 20 * time.Millisecond}
+	c, j := handlerJS(t, e, "metrics", store, mode)
+	var last *jetstream.PubAck
+	for i := range n {
+		last = e.publish("new", fmt.Sprint("m-", i), "x")
+	}
+	var mu sync.Mutex
+	runs := map[string]int{}
+	consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
+		mu.Lock()
+		runs[m.Header(jetstream.MsgIDHeader)]++
+		mu.Unlock()
+		return nil
+	}))
+	e.settled(c, last.Sequence)
+	j.Wait()
+	if s := j.Stats(); s.Count(ActAck) != uint64(n) {
+		t.Fatalf("actions %+v, want %d acks", s, n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		if r := runs[fmt.Sprint("m-", i)]; r != 1 {
+			t.Errorf("m-%d ran %d times, want once", i, r)
 		}
-		consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
-			if m.Metadata().NumDelivered == 1 {
-				switch m.Header(jetstream.MsgIDHeader) {
-				case "m-3":
-					panic("boom")
-				case "m-7", "m-8":
-					runtime.Goexit()
-				}
+	}
+	single, many, finals := store.single.Load(), store.many.Load(), store.finals.Load()
+	t.Logf("%d messages: %d batch checks, %d CompleteMany, %d single calls", n, many, finals, single)
+	if single != 0 || many == 0 || many > int64(n/6) {
+		t.Fatalf("%d single calls and %d batch checks for %d messages; want none single and batches (at most %d)", single, many, n, n/6)
+	}
+	if (mode == dedup.ModeDo) != (finals > 0) {
+		t.Fatalf("%d CompleteMany calls in mode %v", finals, mode)
+	}
+}
+
+// In a batch, a message is acknowledged, and its slot freed, as soon as its own result
+// is final: four fast messages are acked (in ModeDo, their claims completed) while
+// the fifth, slow one of the same batch still runs.
+func TestBatchAcksEachMessageWhenDone(t *testing.T) {
+	forModes(t, func(t *testing.T, mode dedup.Mode) {
+		eachServer(t, func(t *testing.T, e *env) { testBatchAcksEachMessageWhenDone(t, e, mode) })
+	})
+}
+
+func testBatchAcksEachMessageWhenDone(t *testing.T, e *env, mode dedup.Mode) {
+	c, j := handlerJS(t, e, "metrics", memStore(t), mode)
+	var last *jetstream.PubAck
+	for i := range 5 {
+		last = e.publish("new", fmt.Sprint("m-", i), "x")
+	}
+	batch, err := c.Fetch(5, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != 5 {
+		t.Fatalf("fetched %d messages, want 5", len(msgs))
+	}
+	release := make(chan struct{})
+	free := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(free)
+	var freed atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		j.handleMsgs(context.Background(), msgs, 5, func(ctx context.Context, m *Msg) error {
+			if m.Header(jetstream.MsgIDHeader) == "m-0" {
+				<-release
 			}
 			return nil
-		}))
-		e.settled(c, last.Sequence)
-		j.Wait()
-		s := j.Stats()
-		if s.Count(ActNak) != 3 {
-			t.Fatalf("actions %+v, want 3 Naks (a panic, two Goexits)", s)
-		}
-		// a Nak'ed filter message was marked: its redelivery is a duplicate, acked
-		if s.Count(ActAck) != 20 {
-			t.Fatalf("actions %+v, want 20 acks", s)
-		}
+		}, func(int) { freed.Add(1) })
+	}()
+	testenv.Eventually(t, 10*time.Second, "the four fast messages acked and freed", func() bool {
+		return j.Stats().Count(ActAck) == 4 && freed.Load() == 4
 	})
+	free()
+	<-done
+	e.settled(c, last.Sequence)
+	if s := j.Stats(); s.Count(ActAck) != 5 || freed.Load() != 5 {
+		t.Fatalf("actions %+v, %d freed; want 5 acks, 5 freed", s, freed.Load())
+	}
+}
+
+// A batching Handler's fn that panics or ends its goroutine (runtime.Goexit) costs
+// its own message a Nak and nothing else: the others are acked, no slot is lost (the
+// consumer goes on), and Wait returns. In ModeDo the claim is given back, so the
+// redelivery runs at once (an InProgress would be a NakWithDelay more).
+func TestHandlerPanicAndGoexit(t *testing.T) {
+	forModes(t, func(t *testing.T, mode dedup.Mode) {
+		eachServer(t, func(t *testing.T, e *env) { testHandlerPanicAndGoexit(t, e, mode) })
+	})
+}
+
+func testHandlerPanicAndGoexit(t *testing.T, e *env, mode dedup.Mode) {
+	c, j := handlerJS(t, e, "metrics", memStore(t), mode, WithConcurrency(2)) // a lost slot would soon stop it
+	var last *jetstream.PubAck
+	for i := range 20 {
+		last = e.publish("new", fmt.Sprint("m-", i), "x")
+	}
+	consume(t, c, j.Handler(context.Background(), func(ctx context.Context, m *Msg) error {
+		if m.Metadata().NumDelivered == 1 {
+			switch m.Header(jetstream.MsgIDHeader) {
+			case "m-3":
+				panic("boom")
+			case "m-7", "m-8":
+				runtime.Goexit()
+			}
+		}
+		return nil
+	}))
+	e.settled(c, last.Sequence)
+	j.Wait()
+	s := j.Stats()
+	if s.Count(ActNak) != 3 {
+		t.Fatalf("actions %+v, want 3 Naks (a panic, two Goexits)", s)
+	}
+	// a Nak'ed filter message was marked: its redelivery is a duplicate, acked
+	if s.Count(ActAck) != 20 {
+		t.Fatalf("actions %+v, want 20 acks", s)
+	}
 }

@@ -69,32 +69,34 @@ const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 // is the handlers' parent: cancel it to shut down, and a running handler's message is
 // left for redelivery. After stopping the consumer, Wait for the messages in hand.
 //
-// A ModeFilter handler (with concurrency above 1) batches: the messages that arrive
-// while earlier ones are being marked are marked together, with one store round trip
-// (dedup.Handler.HandleBatchParallel), and their fns then run, side by side once one
-// takes over a millisecond. Each message is acknowledged, and its slot freed, as soon
-// as its own result is final. A message whose key an earlier one is being marked for
-// waits for that mark's answer (a Duplicate, then).
+// With concurrency above 1 it batches: the messages that arrive while earlier ones are
+// being checked are checked together, with one store round trip (MarkMany or
+// ClaimMany, through dedup.Handler.HandleBatchParallel), and their fns then run, side
+// by side once one takes over a millisecond. In ModeDo the claims of the fns that
+// succeed are completed together too (CompleteMany), while the others still run. Each
+// message is acknowledged, and its slot freed, as soon as its own result is final. A
+// message whose key an earlier one is being marked for waits for that mark's answer
+// (a Duplicate, then), and one whose key is being run waits for the run's end.
 func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
-	if j.h.Mode() == dedup.ModeFilter && j.cfg.concurrency > 1 {
+	ctx = dedup.WaitForRunning(ctx)
+	if j.cfg.concurrency > 1 {
 		return j.batcher(ctx, fn)
 	}
 	dispatch := j.dispatcher()
-	ctx = dedup.WaitForRunning(ctx)
 	return func(msg jetstream.Msg) { dispatch(func() { j.Handle(ctx, msg, fn) }) }
 }
 
-// Micro-batching of Handler in ModeFilter: at most batchesInFlight batches are being
-// taken from the queue and marked at once, of at most maxBatch messages each.
+// Micro-batching of Handler: at most batchesInFlight batches are being taken from the
+// queue and checked at once, of at most maxBatch messages each.
 const (
 	batchesInFlight = 4
 	maxBatch        = 128
 )
 
-// batcher is Handler for a ModeFilter handler. Each message takes one of the
+// batcher is Handler with concurrency above 1. Each message takes one of the
 // concurrency slots and joins a queue. While fewer than batchesInFlight batches are
-// being marked, a goroutine is started that takes the queue (up to maxBatch messages)
-// and handles it as one batch. As soon as the batch's marks are in and its first fn
+// being checked, a goroutine is started that takes the queue (up to maxBatch messages)
+// and handles it as one batch. As soon as the batch's checks are in and its first fn
 // starts, the goroutine hands its turn on (another takes what has queued meanwhile),
 // so slow fns hold only their slots; a batch with nothing to run keeps its turn and
 // takes the next. Each message is acknowledged, and its slot freed, as soon as its own
@@ -147,7 +149,7 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 			msgs := slices.Clone(queue[:n])
 			queue = slices.Delete(queue, 0, n)
 			mu.Unlock()
-			j.handleMsgs(ctx, msgs, len(msgs), run, free) // each message's slot as it is settled
+			j.handleMsgs(ctx, msgs, j.cfg.concurrency, run, free) // each message's slot as it is settled
 			if !holding.Load() {
 				return // the turn went on while the fns ran
 			}
@@ -197,7 +199,7 @@ func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatc
 }
 
 // handleMsgs handles msgs as one batch (dedup.Handler.HandleBatchParallel, fn for up
-// to parallel of them at once in ModeFilter), keeping them in progress meanwhile, and
+// to parallel of them at once), keeping them in progress meanwhile, and
 // acknowledges each as soon as its result is final; then it calls settled(i), if not
 // nil. A message left without a result because an fn ended the goroutine
 // (runtime.Goexit) is Nak'ed, as after a panic.
