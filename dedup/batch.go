@@ -36,20 +36,25 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 
 // HandleBatchParallel is HandleBatch for handlers whose fn may run for several items
 // at once. Once the one store round trip for the checks (MarkMany or ClaimMany) has
-// answered, fn runs for up to parallel of the items seen first at a time: the
+// answered, fn runs for up to parallel of the batch's own items at a time: the
 // caller's goroutine runs them in turn, and if it is not done within a millisecond
 // (spawnAfter), other goroutines join it, so that fast fns cost no goroutine each and
 // slow ones run side by side. It returns when all have run. In ModeDo one heartbeat
 // extends every claim still running, and the claims of the fns that succeed are
 // completed as they come, several in one round trip (CompleteMany) while the other
-// fns run. An fn that calls runtime.Goexit on the caller's goroutine ends the call,
-// as in HandleBatch, and its item is Panicked (ErrPanic), as is an item whose fn does
-// so on another goroutine (its claim is given back). The batch's other items still
-// get their results through done: those the fns had not reached run on other
-// goroutines. parallel < 1 counts as 1, and is then HandleBatch. An item whose key
-// another call in this process holds waits for that call's store answer, as Do
-// does; in ModeDo, under WaitForRunning, it also waits for that call's run to end
-// and then claims the key itself if it is free again.
+// fns run. parallel < 1 counts as 1, and is then HandleBatch.
+//
+// An item whose key another call in this process holds waits for that call's store
+// answer, as Do does; in ModeDo, under WaitForRunning, it also waits for that call's
+// run of the key to end, and then claims the key itself if it is free again: its fn
+// then runs on a goroutine of its own, besides the parallel ones.
+//
+// An fn that calls runtime.Goexit ends its item as Panicked (ErrPanic), its claim
+// given back. On the caller's goroutine it also ends the call, as in HandleBatch,
+// and the batch's other items still get their results through done: the fns of its
+// own items not reached yet run on other goroutines; the items that ran after the
+// claimed ones in HandleBatch (unguarded under FailOpen, keyless under
+// ProcessMissingKey) are Panicked unrun.
 //
 // done, when not nil, is called once per item as soon as its result is final (from
 // the goroutine that made it, so several at once), before HandleBatchParallel
@@ -59,6 +64,17 @@ func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, paralle
 	return h.handleBatch(ctx, items, max(parallel, 1), fn, done)
 }
 
+type whenCheckedKey struct{}
+
+// WhenChecked returns a context under which HandleBatch and HandleBatchParallel call
+// f once, as soon as the store has answered the batch's own checks: before its fns
+// run, and before its items that wait for other calls (holding their keys) have
+// answers. A caller that bounds how many batches it has being checked at once can
+// start the next one then. It does not reach the fns' contexts.
+func WhenChecked(ctx context.Context, f func()) context.Context {
+	return context.WithValue(ctx, whenCheckedKey{}, f)
+}
+
 // batchOut holds a batch's results: set records item i's and hands it to done. Until
 // flush, results are held back: done may be slow (an ack with a round trip), and the
 // results known early (local hits, duplicates) must not delay answering the other
@@ -66,6 +82,12 @@ func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, paralle
 type batchOut struct {
 	r    []ItemResult
 	done func(i int, r ItemResult)
+	// lead[i] is item i's batchItem when the batch leads its key: once the item's
+	// result is final, its flight is left, so that calls waiting for the key go on
+	// without waiting for the rest of the batch.
+	lead    []*batchItem
+	leave   func(b *batchItem)
+	checked func() // WhenChecked's, called at the first flush
 
 	mu      sync.Mutex
 	isSet   []bool
@@ -73,13 +95,20 @@ type batchOut struct {
 	held    []int
 }
 
-func newBatchOut(n int, done func(int, ItemResult)) *batchOut {
-	return &batchOut{r: make([]ItemResult, n), done: done, isSet: make([]bool, n), holding: true}
+func newBatchOut(n int, done func(int, ItemResult), leave func(*batchItem), checked func()) *batchOut {
+	return &batchOut{r: make([]ItemResult, n), done: done, lead: make([]*batchItem, n), leave: leave,
+		checked: checked, isSet: make([]bool, n), holding: true}
 }
 
 func (o *batchOut) set(i int, r ItemResult) {
 	o.mu.Lock()
 	o.r[i], o.isSet[i] = r, true
+	b := o.lead[i]
+	o.mu.Unlock()
+	if b != nil {
+		o.leave(b)
+	}
+	o.mu.Lock()
 	if o.holding {
 		o.held = append(o.held, i)
 		o.mu.Unlock()
@@ -96,7 +125,12 @@ func (o *batchOut) flush() {
 	o.mu.Lock()
 	held := o.held
 	o.holding, o.held = false, nil
+	checked := o.checked
+	o.checked = nil
 	o.mu.Unlock()
+	if checked != nil {
+		checked()
+	}
 	if o.done != nil {
 		for _, i := range held {
 			o.done(i, o.r[i])
@@ -122,17 +156,26 @@ func (o *batchOut) sweep(h *Handler) {
 }
 
 func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(int, ItemResult)) []ItemResult {
-	out := newBatchOut(len(items), done)
+	checked, _ := ctx.Value(whenCheckedKey{}).(func())
+	if checked != nil {
+		ctx = context.WithValue(ctx, whenCheckedKey{}, nil) // not to the fns' calls
+	}
+	leave := func(b *batchItem) {
+		if b.left.CompareAndSwap(false, true) {
+			b.settleFlight(Result{Outcome: Cancelled}, ErrClosed) // no-op unless a path forgot
+			h.flights.leave(b.k, b.f)
+		}
+	}
+	out := newBatchOut(len(items), done, leave, checked)
 	defer out.sweep(h) // last: also when an fn ends this goroutine (runtime.Goexit)
 	var joiners sync.WaitGroup
-	defer joiners.Wait() // after the leads' flights are answered (the defer below)
+	defer joiners.Wait() // after the leads' flights are left (the defer below)
 	var leads []*batchItem
 	first := make(map[string]*batchItem)
 	follows := make(map[int]*batchItem)
 	defer func() {
 		for _, b := range leads {
-			b.settleFlight(Result{Outcome: Cancelled}, ErrClosed) // no-op unless a path forgot
-			h.flights.leave(b.k, b.f)
+			leave(b) // those a path left without a result
 		}
 	}()
 	var keyless []int
@@ -172,6 +215,9 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		b := &batchItem{i: i, k: k, lk: lk, fp: fp, rk: h.keyHead + k, token: newToken(), f: f}
 		first[k] = b
 		leads = append(leads, b)
+		out.mu.Lock()
+		out.lead[i] = b
+		out.mu.Unlock()
 	}
 	if len(leads) > 0 {
 		h.runLeads(ctx, leads, parallel, fn, out)
@@ -244,6 +290,7 @@ type batchItem struct {
 	k, lk, fp, rk, token string
 	f                    *flight
 	answered             bool        // f has been answered
+	left                 atomic.Bool // f has been left
 	lost                 atomic.Bool // the heartbeat found the lease gone, or judged it may be
 }
 
@@ -634,7 +681,6 @@ type completer struct {
 }
 
 func (c *completer) add(b *batchItem) {
-	c.hb.forget(b) // completed from now on, not extended
 	c.mu.Lock()
 	c.queue = append(c.queue, b)
 	start := !c.busy
@@ -658,6 +704,9 @@ func (c *completer) run() {
 			return
 		}
 		c.mu.Unlock()
+		for _, b := range done { // completed from now on, not extended
+			c.hb.forget(b)
+		}
 		c.h.completeItems(c.ctx, done, c.out)
 	}
 }
@@ -671,7 +720,7 @@ type batchBeat struct {
 	quit     chan struct{}
 	finished chan struct{}
 	once     sync.Once
-	noRenew  bool // a renewal failed for want of the store: the rest are not tried
+	noRenew  atomic.Bool // a renewal failed for want of the store: the rest are not tried
 }
 
 func (h *Handler) startBatchBeat(items []*batchItem) *batchBeat {
@@ -714,14 +763,16 @@ func (hb *batchBeat) stopRunning(b *batchItem) {
 // wait as long, one after the other.
 func (hb *batchBeat) renew(ctx context.Context, b *batchItem) bool {
 	h := hb.h
-	if hb.noRenew || ctx.Err() != nil || h.d.ctx.Err() != nil {
+	if hb.noRenew.Load() || ctx.Err() != nil || h.d.ctx.Err() != nil {
 		return false
 	}
 	ectx, done := context.WithTimeout(ctx, h.cfg.lease/3)
 	defer done()
 	sent := time.Now()
 	if err := h.storeExtend(ectx, b.rk, b.token); err != nil {
-		hb.noRenew = !errors.Is(err, ErrLeaseLost)
+		if !errors.Is(err, ErrLeaseLost) {
+			hb.noRenew.Store(true)
+		}
 		return false
 	}
 	hb.mu.Lock()

@@ -96,10 +96,10 @@ const (
 // batcher is Handler with concurrency above 1. Each message takes one of the
 // concurrency slots and joins a queue. While fewer than batchesInFlight batches are
 // being checked, a goroutine is started that takes the queue (up to maxBatch messages)
-// and handles it as one batch. As soon as the batch's checks are in and its first fn
-// starts, the goroutine hands its turn on (another takes what has queued meanwhile),
-// so slow fns hold only their slots; a batch with nothing to run keeps its turn and
-// takes the next. Each message is acknowledged, and its slot freed, as soon as its own
+// and handles it as one batch. As soon as the batch's checks are in (or its first fn
+// starts), the goroutine hands its turn on (another takes what has queued meanwhile),
+// so that neither slow fns nor messages waiting for another's run hold more than
+// their slots. Each message is acknowledged, and its slot freed, as soon as its own
 // result is final. There is no timer: a lone message goes out at once.
 func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandler {
 	slots := make(chan struct{}, j.cfg.concurrency)
@@ -149,7 +149,8 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 			msgs := slices.Clone(queue[:n])
 			queue = slices.Delete(queue, 0, n)
 			mu.Unlock()
-			j.handleMsgs(ctx, msgs, j.cfg.concurrency, run, free) // each message's slot as it is settled
+			// the turn goes on once the batch's checks are in, or its first fn starts
+			j.handleMsgs(dedup.WhenChecked(ctx, give), msgs, j.cfg.concurrency, run, free) // each message's slot as it is settled
 			if !holding.Load() {
 				return // the turn went on while the fns ran
 			}

@@ -1,0 +1,191 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// slowFirstComplete holds the first CompleteMany until its deadline.
+type slowFirstComplete struct {
+	Store
+	n atomic.Int64
+}
+
+func (s *slowFirstComplete) CompleteMany(ctx context.Context, e []Entry) ([]error, error) {
+	if s.n.Add(1) == 1 { // a hung connection: no answer before the call's deadline
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.Store.CompleteMany(ctx, e)
+}
+
+// An item whose fn succeeds while an earlier CompleteMany of its batch is out (here
+// one that hangs until its deadline) stays under the heartbeat until its own
+// completion is sent: otherwise its lease runs out while it waits its turn, and
+// another process claims the key and runs it again.
+func TestBatchQueuedCompletionKeepsItsLease(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	st := &slowFirstComplete{Store: mem}
+	d, _ := New(st, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("q", WithLease(300*time.Millisecond))
+	d2, _ := New(mem, WithLogger(quiet)) // another process
+	defer d2.Close()
+	h2, _ := d2.Register("q", WithLease(300*time.Millisecond))
+
+	var runs atomic.Int64
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		for range 40 {
+			res, _ := h2.Do(context.Background(), "b", func(context.Context) error { runs.Add(1); return nil })
+			if res.Outcome == Processed {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	res := h.HandleBatchParallel(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, 2, func(ctx context.Context, i int) error {
+		if i == 1 {
+			time.Sleep(20 * time.Millisecond)
+			runs.Add(1)
+		}
+		return nil
+	}, nil)
+	time.Sleep(300 * time.Millisecond)
+	t.Logf("a: %v; b: %v %v; b's fn ran %d times", res[0].Outcome, res[1].Outcome, res[1].Err, runs.Load())
+	if runs.Load() > 1 {
+		t.Errorf("b's fn ran %d times: its claim ran out while its completion waited its turn", runs.Load())
+	}
+}
+
+// Two batches whose keys cross ([x y] and [y x], at once): each item that waits for
+// the other batch's run of its key goes on as soon as that run is over, since each
+// batch leaves a key's flight once its result is final, not when all its items are
+// done. They used to wait for each other for a whole lease, and then answer
+// InProgress for keys already processed.
+func TestBatchesWithCrossedKeysDoNotWaitForEachOther(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(mem, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("x", WithLease(2*time.Second))
+	ctx := WaitForRunning(context.Background())
+	fn := func(context.Context, int) error { return nil }
+	for it := range 300 {
+		x, y := "x"+string(rune('A'+it%26))+time.Now().String(), "y"+time.Now().String()
+		var wg sync.WaitGroup
+		var ra, rb []ItemResult
+		start := make(chan struct{})
+		wg.Add(2)
+		t0 := time.Now()
+		go func() {
+			defer wg.Done()
+			<-start
+			ra = h.HandleBatchParallel(ctx, []Item{{Key: x}, {Key: y}}, 2, fn, nil)
+		}()
+		go func() {
+			defer wg.Done()
+			<-start
+			rb = h.HandleBatchParallel(ctx, []Item{{Key: y}, {Key: x}}, 2, fn, nil)
+		}()
+		close(start)
+		wg.Wait()
+		if el := time.Since(t0); el > 500*time.Millisecond {
+			t.Fatalf("iteration %d took %v: A %v/%v, B %v/%v", it, el, ra[0].Outcome, ra[1].Outcome, rb[0].Outcome, rb[1].Outcome)
+		}
+	}
+}
+
+// Crossed batches again, with fingerprints that differ from the DONE records' (no
+// local tier): an item that meets another call's flight with another fingerprint
+// waits, unbounded, for that flight to be left. That used to be a deadlock.
+func TestBatchesWithCrossedKeysAndFingerprintsEnd(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(mem, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("fp", WithFingerprint(true), WithLocalCache(0, 0))
+	ctx := WaitForRunning(context.Background())
+	fn := func(context.Context, int) error { return nil }
+	for it := range 200 {
+		x, y := "x"+time.Now().String(), "y"+time.Now().String()
+		h.HandleBatch(ctx, []Item{{Key: x, Payload: []byte("p1")}, {Key: y, Payload: []byte("q1")}}, fn)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			<-start
+			h.HandleBatchParallel(ctx, []Item{{Key: x, Payload: []byte("p1")}, {Key: y, Payload: []byte("q2")}}, 2, fn, nil)
+		}()
+		go func() {
+			defer wg.Done()
+			<-start
+			h.HandleBatchParallel(ctx, []Item{{Key: y, Payload: []byte("q1")}, {Key: x, Payload: []byte("p2")}}, 2, fn, nil)
+		}()
+		close(start)
+		ch := make(chan struct{})
+		go func() { wg.Wait(); close(ch) }()
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("iteration %d: the two batches wait for each other", it)
+		}
+	}
+}
+
+// An item waiting for another batch's run of its key waits for that run only, not
+// for that batch's slowest fn.
+func TestBatchJoinerWaitsForTheRunOnly(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(mem, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("w", WithLease(time.Second))
+	ctx := WaitForRunning(context.Background())
+	go h.HandleBatchParallel(ctx, []Item{{Key: "x"}, {Key: "z"}}, 2, func(ctx context.Context, i int) error {
+		if i == 0 {
+			time.Sleep(50 * time.Millisecond)
+		} else {
+			time.Sleep(3 * time.Second)
+		}
+		return nil
+	}, nil)
+	time.Sleep(10 * time.Millisecond)
+	t0 := time.Now()
+	res := h.HandleBatchParallel(ctx, []Item{{Key: "x"}, {Key: "u"}}, 2, func(context.Context, int) error { return nil }, nil)
+	waited := time.Since(t0)
+	t.Logf("x: %v after %v (x's run ended after 50ms)", res[0].Outcome, waited)
+	if res[0].Outcome != Duplicate || waited > 2*time.Second {
+		t.Errorf("x: %v after %v; want Duplicate once x's run is over, before z's (3s)", res[0].Outcome, waited)
+	}
+}
+
+type failExtend struct{ Store }
+
+func (failExtend) Extend(context.Context, string, string, time.Duration) error {
+	return errors.New("extend down")
+}
+
+// Items of a parallel batch renew their claims on several goroutines at once (for
+// the race detector: the batch's no-more-renewals flag is shared).
+func TestBatchParallelRenewals(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(failExtend{mem}, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("r", WithLease(300*time.Millisecond))
+	items := []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}, {Key: "d"}}
+	res := h.HandleBatchParallel(context.Background(), items, 2, func(ctx context.Context, i int) error {
+		if i < 2 {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}, nil)
+	for i, r := range res[:2] { // their leases ran out with Extend down
+		if r.Outcome != LeaseLost {
+			t.Errorf("item %d: %v, %v; want LeaseLost", i, r.Outcome, r.Err)
+		}
+	}
+}
