@@ -35,6 +35,7 @@ type bench struct {
 	// ones, and the clean-up. Both have go-redis's default options.
 	storeRDB, plainRDB *redis.Client
 	dd                 *dedup.Deduper // the Redis-backed Deduper of scenarios b, c, d
+	ddDirect           *dedup.Deduper // the same on direct connections (the *-direct variants)
 
 	local localState // scenario a
 	store storeState // scenario b
@@ -159,6 +160,15 @@ func (b *bench) connect(ctx context.Context) error {
 		return err
 	}
 	b.closers = append(b.closers, b.dd.Close)
+	direct, err := dedup.NewRedisStore(b.storeRDB, dedup.WithDirectConnections())
+	if err != nil {
+		return err
+	}
+	b.closers = append(b.closers, direct.Close)
+	if b.ddDirect, err = dedup.New(direct, dedup.WithPrefix(b.prefix)); err != nil {
+		return err
+	}
+	b.closers = append(b.closers, b.ddDirect.Close)
 	return nil
 }
 

@@ -36,7 +36,7 @@ import (
 // the ratios are about.
 
 // JetStream variants, in the order of the chart.
-var jsVariants = []string{"raw-ack", varFilter, varDo, varNaive}
+var jsVariants = []string{"raw-ack", varFilter, varDo, varFilterDirect, varDoDirect, varNaive}
 
 // jsState is what scenario d keeps across rounds.
 type jsState struct {
@@ -247,12 +247,16 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (float64, error
 func (b *bench) jsHandler(ctx context.Context, r int, v string, cons jetstream.Consumer) (func(jetstream.Msg), func(), error) {
 	none := func() {}
 	switch v {
-	case varFilter, varDo:
+	case varFilter, varDo, varFilterDirect, varDoDirect:
 		mode := dedup.ModeFilter
-		if v == varDo {
+		if v == varDo || v == varDoDirect {
 			mode = dedup.ModeDo
 		}
-		h, err := b.dd.Register(fmt.Sprintf("js-%s-r%d", v, r), dedup.WithMode(mode), dedup.WithRetention(retention))
+		dd := b.dd
+		if v == varFilterDirect || v == varDoDirect {
+			dd = b.ddDirect
+		}
+		h, err := dd.Register(fmt.Sprintf("js-%s-r%d", v, r), dedup.WithMode(mode), dedup.WithRetention(retention))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -37,18 +37,24 @@ const (
 
 // Store variants of scenario b.
 const (
-	varFilter = "dedup-filter"
-	varDo     = "dedup-do"
-	varNaive  = "naive-setnx"
+	varFilter       = "dedup-filter"
+	varDo           = "dedup-do"
+	varFilterDirect = "dedup-filter-direct" // on direct connections (dedup.WithDirectConnections)
+	varDoDirect     = "dedup-do-direct"
+	varNaive        = "naive-setnx"
 )
+
+// storeVariants are scenario b's, in the order of the report.
+var storeVariants = []string{varFilter, varDo, varFilterDirect, varDoDirect, varNaive}
 
 // noop is the handler fn of Do: the bench measures what dedup costs, not work.
 func noop(context.Context) error { return nil }
 
 // storeState is what scenario b keeps across rounds.
 type storeState struct {
-	filter, do *dedup.Handler
-	redisBench string // redis-benchmark's path; empty when the ceiling is skipped
+	filter, do             *dedup.Handler
+	filterDirect, doDirect *dedup.Handler
+	redisBench             string // redis-benchmark's path; empty when the ceiling is skipped
 }
 
 func (b *bench) setupStore(ctx context.Context) error {
@@ -58,6 +64,12 @@ func (b *bench) setupStore(ctx context.Context) error {
 		return err
 	}
 	if st.do, err = b.dd.Register("do", dedup.WithMode(dedup.ModeDo), dedup.WithRetention(retention)); err != nil {
+		return err
+	}
+	if st.filterDirect, err = b.ddDirect.Register("filter-direct", dedup.WithMode(dedup.ModeFilter), dedup.WithRetention(retention)); err != nil {
+		return err
+	}
+	if st.doDirect, err = b.ddDirect.Register("do-direct", dedup.WithMode(dedup.ModeDo), dedup.WithRetention(retention)); err != nil {
 		return err
 	}
 	switch path, lerr := exec.LookPath("redis-benchmark"); {
@@ -71,7 +83,7 @@ func (b *bench) setupStore(ctx context.Context) error {
 	// Warm up: connections in both pools, the Do scripts loaded on the server.
 	warm := min(b.cfg.duration/5, 200*time.Millisecond)
 	top := slices.Max(b.cfg.concurrency)
-	for _, v := range []string{varFilter, varDo, varNaive} {
+	for _, v := range storeVariants {
 		if _, err := load(ctx, top, warm, b.storeOp(v, keyMaker{head: "warm-" + v + "-"})); err != nil {
 			return fmt.Errorf("warm-up %s: %w", v, err)
 		}
@@ -82,17 +94,25 @@ func (b *bench) setupStore(ctx context.Context) error {
 // storeOp returns variant's operation on the new keys of km.
 func (b *bench) storeOp(variant string, km keyMaker) op {
 	switch variant {
-	case varFilter:
+	case varFilter, varFilterDirect:
+		h := b.store.filter
+		if variant == varFilterDirect {
+			h = b.store.filterDirect
+		}
 		return func(ctx context.Context, w, i int) error {
-			res, err := b.store.filter.Mark(ctx, km.key(w, i))
+			res, err := h.Mark(ctx, km.key(w, i))
 			if err == nil && res.Outcome != dedup.First {
 				err = fmt.Errorf("mark of a new key answered %v", res.Outcome)
 			}
 			return err
 		}
-	case varDo:
+	case varDo, varDoDirect:
+		h := b.store.do
+		if variant == varDoDirect {
+			h = b.store.doDirect
+		}
 		return func(ctx context.Context, w, i int) error {
-			res, err := b.store.do.Do(ctx, km.key(w, i), noop)
+			res, err := h.Do(ctx, km.key(w, i), noop)
 			if err == nil && res.Outcome != dedup.Processed {
 				err = fmt.Errorf("do of a new key answered %v", res.Outcome)
 			}
@@ -126,7 +146,7 @@ func (b *bench) roundStore(ctx context.Context, r int) error {
 	if err := b.pairedLatency(ctx, r); err != nil {
 		return fmt.Errorf("latency at concurrency 1: %w", err)
 	}
-	variants := []string{varFilter, varDo, varNaive}
+	variants := storeVariants
 	for _, c := range b.cfg.concurrency {
 		// Each round starts with another variant, so none always runs first.
 		for j := range variants {

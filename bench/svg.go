@@ -51,7 +51,7 @@ func (b *bench) chart() chart {
 		}
 		return math.NaN()
 	}
-	store := panel{title: "Redis, unique keys", unit: "checks/s", legend: []string{varFilter, varDo, varNaive}}
+	store := panel{title: "Redis, unique keys", unit: "checks/s", legend: storeVariants}
 	for _, conc := range b.cfg.concurrency {
 		g := group{label: fmt.Sprintf("c=%d", conc)}
 		for _, v := range store.legend {
@@ -96,6 +96,7 @@ var palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#
 // variantColours keep a variant's colour the same in every panel.
 var variantColours = map[string]string{
 	varFilter: "#1f77b4", varDo: "#ff7f0e", varNaive: "#2ca02c", jsVariants[0]: "#7f7f7f",
+	varFilterDirect: "#9467bd", varDoDirect: "#8c564b",
 }
 
 func colour(name string, i int) string {

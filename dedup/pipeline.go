@@ -55,6 +55,7 @@ func WithoutAutoPipeline() RedisOption {
 // No goroutine outlives the calls that need it, so there is nothing to close.
 type autoPipe struct {
 	c        redis.UniversalClient
+	direct   *directConns // nil: round trips go through c
 	batch    int
 	inFlight int
 
@@ -92,7 +93,11 @@ func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
 		p.flushers++
 		p.mu.Unlock()
 		defer p.release() // also when Process panics: the slot must come back
-		_ = p.c.Process(ctx, cmd)
+		if p.direct != nil {
+			_ = p.direct.roundTrip(ctx, []redis.Cmder{cmd})
+		} else {
+			_ = p.c.Process(ctx, cmd)
+		}
 		return cmd.Err()
 	}
 	c := pcallPool.Get().(*pcall)
@@ -202,11 +207,13 @@ func (p *autoPipe) send(batch []*pcall) {
 		}
 	}
 	batch = batch[:live]
-	switch len(batch) {
-	case 0:
+	switch {
+	case len(batch) == 0:
 		return
-	case 1:
+	case len(batch) == 1 && p.direct == nil:
 		_ = p.c.Process(batch[0].ctx, batch[0].cmd)
+	case len(batch) == 1:
+		_ = p.direct.roundTrip(batch[0].ctx, []redis.Cmder{batch[0].cmd})
 	default:
 		// One caller's deadline or cancellation must not fail the others' commands:
 		// the pipeline runs until the last deadline among them, or the client's own
@@ -216,6 +223,14 @@ func (p *autoPipe) send(batch []*pcall) {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithDeadline(ctx, deadline)
 			defer cancel()
+		}
+		if p.direct != nil {
+			cmds := make([]redis.Cmder, len(batch))
+			for i, c := range batch {
+				cmds[i] = c.cmd
+			}
+			_ = p.direct.roundTrip(ctx, cmds)
+			break
 		}
 		pipe := p.c.Pipeline()
 		for _, c := range batch {

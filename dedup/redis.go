@@ -35,9 +35,10 @@ var (
 // the owner token. Batch calls are one pipeline. Concurrent single calls are coalesced
 // into pipelines (see WithAutoPipeline).
 type RedisStore struct {
-	c    redis.UniversalClient
-	pipe *autoPipe    // nil: every single call is sent on its own
-	wait *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
+	c      redis.UniversalClient
+	pipe   *autoPipe    // nil: every single call is sent on its own
+	wait   *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
+	direct *directConns // WithDirectConnections (direct.go); nil: commands go through c
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -58,6 +59,10 @@ func NewRedisStore(c redis.UniversalClient, opts ...RedisOption) (*RedisStore, e
 			return nil, err
 		}
 	}
+	if s.pipe != nil {
+		s.pipe.direct = s.direct
+	}
+	cleanUpDirect(s)
 	return s, nil
 }
 
@@ -79,11 +84,29 @@ func storeErr(op string, err error) error {
 // off. On an error the command's reply must not be read: the call may have returned
 // early on ctx while the command was still queued.
 func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
-	if s.pipe != nil {
+	switch {
+	case s.pipe != nil:
 		return s.pipe.do(ctx, cmd)
+	case s.direct != nil:
+		_ = s.direct.roundTrip(ctx, []redis.Cmder{cmd})
+		return cmd.Err()
 	}
 	_ = s.c.Process(ctx, cmd)
 	return cmd.Err()
+}
+
+// exec sends cmds in one round trip: a go-redis pipeline, or on a direct connection.
+// Its error is the round trip's, as failedRoundTrip tells it from a command's reply.
+func (s *RedisStore) exec(ctx context.Context, cmds ...redis.Cmder) error {
+	if s.direct != nil {
+		return s.direct.roundTrip(ctx, cmds)
+	}
+	pipe := s.c.Pipeline()
+	for _, c := range cmds {
+		_ = pipe.Process(ctx, c)
+	}
+	_, err := pipe.Exec(ctx)
+	return err
 }
 
 // eval runs a script by its SHA, and by its source should the server not have it
@@ -244,7 +267,7 @@ func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, 
 			return nil, err
 		}
 	}
-	cmds, err := s.runScripts(ctx, claimScript, entries, func(e Entry) []any {
+	cmds, err := s.runScripts(ctx, claimScript, claimLua, entries, func(e Entry) []any {
 		return []any{e.Token, e.Fingerprint, ms(e.TTL)}
 	})
 	if err != nil {
@@ -274,7 +297,7 @@ func (s *RedisStore) CompleteMany(ctx context.Context, entries []Entry) ([]error
 	if s.wait != nil {
 		return s.completeManyWaiting(ctx, entries)
 	}
-	cmds, err := s.runScripts(ctx, completeScript, entries, func(e Entry) []any {
+	cmds, err := s.runScripts(ctx, completeScript, completeLua, entries, func(e Entry) []any {
 		return []any{e.Token, ms(e.TTL)}
 	})
 	if err != nil {
@@ -300,13 +323,13 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 	if s.wait != nil {
 		return s.markManyWaiting(ctx, entries)
 	}
-	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(entries))
+	sent := make([]redis.Cmder, len(entries))
 	for i, e := range entries {
 		cmds[i] = redis.NewStatusCmd(ctx, setNXGet(stateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
-		_ = pipe.Process(ctx, cmds[i])
+		sent[i] = cmds[i]
 	}
-	if _, err := pipe.Exec(ctx); failedRoundTrip(err) {
+	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, storeErr("mark", err)
 	}
 	out := make([]Answer, len(entries))
@@ -323,33 +346,35 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 	return out, nil
 }
 
-// runScripts sends one EVALSHA per entry in a single pipeline. Entries answered
-// NOSCRIPT (the server lost its script cache) go again, as EVAL, in a second pipeline.
-func (s *RedisStore) runScripts(ctx context.Context, sc *redis.Script, entries []Entry, args func(Entry) []any) ([]*redis.Cmd, error) {
+// runScripts sends one EVALSHA per entry in a single round trip. Entries answered
+// NOSCRIPT (the server lost its script cache) go again, as EVAL, in a second one.
+func (s *RedisStore) runScripts(ctx context.Context, sc *redis.Script, src string, entries []Entry, args func(Entry) []any) ([]*redis.Cmd, error) {
 	if len(entries) == 0 {
 		return nil, nil
 	}
-	pipe := s.c.Pipeline()
-	cmds := make([]*redis.Cmd, len(entries))
-	for i, e := range entries {
-		cmds[i] = sc.EvalSha(ctx, pipe, []string{e.Key}, args(e)...)
+	script := func(op, body string, e Entry) *redis.Cmd {
+		return redis.NewCmd(ctx, append([]any{op, body, 1, e.Key}, args(e)...)...)
 	}
-	if _, err := pipe.Exec(ctx); failedRoundTrip(err) {
+	cmds := make([]*redis.Cmd, len(entries))
+	sent := make([]redis.Cmder, len(entries))
+	for i, e := range entries {
+		cmds[i] = script("evalsha", sc.Hash(), e)
+		sent[i] = cmds[i]
+	}
+	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, storeErr("pipeline", err)
 	}
-	var again redis.Pipeliner
+	var again []redis.Cmder
 	for i, c := range cmds {
 		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			if again == nil {
-				again = s.c.Pipeline()
-			}
-			cmds[i] = sc.Eval(ctx, again, []string{entries[i].Key}, args(entries[i])...)
+			cmds[i] = script("eval", src, entries[i])
+			again = append(again, cmds[i])
 		}
 	}
-	if again != nil {
+	if len(again) > 0 {
 		// A failure here is already on each re-sent command; the others have their
 		// answers and keep them (a claim that was acquired is reported as acquired).
-		_, _ = again.Exec(ctx)
+		_ = s.exec(ctx, again...)
 	}
 	return cmds, nil
 }

@@ -53,6 +53,24 @@ func retryOps() []retryOp {
 			a, err := s.Mark(ctx, key, token, "", ttl)
 			return err == nil && a.Status == StatusAcquired, err
 		}, recordPrefix: func(token string) string { return "d:" + token + ":" }},
+		{name: "Claim-direct", run: func(ctx context.Context, c *redis.Client, key, token string) (bool, error) {
+			s, err := NewRedisStore(c, WithDirectConnections())
+			if err != nil {
+				return false, err
+			}
+			defer s.Close()
+			a, err := s.Claim(ctx, key, token, "", ttl)
+			return err == nil && a.Status == StatusAcquired, err
+		}, recordPrefix: func(token string) string { return "p:" + token + ":" }},
+		{name: "Mark-direct", run: func(ctx context.Context, c *redis.Client, key, token string) (bool, error) {
+			s, err := NewRedisStore(c, WithDirectConnections())
+			if err != nil {
+				return false, err
+			}
+			defer s.Close()
+			a, err := s.Mark(ctx, key, token, "", ttl)
+			return err == nil && a.Status == StatusAcquired, err
+		}, recordPrefix: func(token string) string { return "d:" + token + ":" }},
 		{name: "naive-SETNX", naive: true, run: func(ctx context.Context, c *redis.Client, key, _ string) (bool, error) {
 			return c.SetNX(ctx, key, "1", ttl).Result() // false = "duplicate"
 		}, recordPrefix: func(string) string { return "1" }},
@@ -123,7 +141,7 @@ func (c *dropConn) timeout() error {
 // firstReplyOK reports whether a dropped reply is what op's first attempt on a fresh
 // key answers (RESP2 or RESP3): proof that the lost read was the trial's own reply.
 func firstReplyOK(op string, reply string) bool {
-	switch op {
+	switch strings.TrimSuffix(op, "-direct") {
 	case "Claim", "Mark": // SET NX PX GET on a free key
 		return reply == "_\r\n" || reply == "$-1\r\n"
 	default:
