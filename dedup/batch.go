@@ -507,6 +507,9 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			h.settle(out, b, Result{Outcome: InProgress, RetryAfter: a.TTL}, nil)
 		}
 	}
+	if len(claimed) == 0 {
+		out.flush() // the checks are in (WhenChecked), before any unguarded run below
+	}
 	switch {
 	case len(claimed) > 1 && parallel > 1:
 		h.runClaimedParallel(ctx, claimed, parallel, fn, out)
@@ -652,7 +655,10 @@ func (h *Handler) runClaimedParallel(ctx context.Context, claimed []*batchItem, 
 		defer func() {
 			if !ran { // fn called runtime.Goexit: give the claim back
 				hb.forget(b)
-				h.releaseUnanswered(ctx, b.k, b.rk, b.token)
+				// before the result, which lets a call waiting for the key go on
+				bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+				h.release(bg, b.k, b.rk, b.token)
+				bgDone()
 				out.set(b.i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
 			}
 		}()

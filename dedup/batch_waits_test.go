@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -186,6 +187,76 @@ func TestBatchParallelRenewals(t *testing.T) {
 	for i, r := range res[:2] { // their leases ran out with Extend down
 		if r.Outcome != LeaseLost {
 			t.Errorf("item %d: %v, %v; want LeaseLost", i, r.Outcome, r.Err)
+		}
+	}
+}
+
+// slowRelease takes 100ms to give a claim back.
+type slowRelease struct{ Store }
+
+func (s slowRelease) Release(ctx context.Context, key, token string) error {
+	time.Sleep(100 * time.Millisecond)
+	return s.Store.Release(ctx, key, token)
+}
+
+// A parallel item whose fn calls runtime.Goexit off the caller's goroutine gives its
+// claim back before its result lets a Do waiting for the key go on: that Do then
+// claims and runs, rather than meeting the claim and answering InProgress for a lease.
+func TestBatchGoexitReleasesBeforeWaitersGoOn(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(slowRelease{mem}, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("g", WithLease(5*time.Second))
+	ctx := WaitForRunning(context.Background())
+	started := make(chan struct{})
+	go h.HandleBatchParallel(ctx, []Item{{Key: "a"}, {Key: "b"}}, 2, func(_ context.Context, i int) error {
+		if i == 0 {
+			time.Sleep(300 * time.Millisecond) // keeps the caller's goroutine: b runs on another
+			return nil
+		}
+		close(started)
+		time.Sleep(50 * time.Millisecond)
+		runtime.Goexit()
+		return nil
+	}, nil)
+	<-started
+	ran := false
+	res, err := h.Do(ctx, "b", func(context.Context) error { ran = true; return nil })
+	if !ran || res.Outcome != Processed {
+		t.Errorf("Do(b) after the batch's b ended by Goexit: %v, %v (RetryAfter %v); want it run, Processed", res.Outcome, err, res.RetryAfter)
+	}
+}
+
+// claimDown fails every ClaimMany.
+type claimDown struct{ Store }
+
+func (claimDown) ClaimMany(context.Context, []Entry) ([]Answer, error) {
+	return nil, errors.New("down")
+}
+
+// WhenChecked's f comes before the fns also when the claims failed and the items run
+// unguarded (FailOpen).
+func TestWhenCheckedBeforeUnguardedFns(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(claimDown{mem}, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("c", WithStoreFailure(FailOpen))
+	var called, calls atomic.Int64
+	ctx := WhenChecked(context.Background(), func() { calls.Add(1) })
+	var before atomic.Int64
+	res := h.HandleBatchParallel(ctx, []Item{{Key: "a"}, {Key: "b"}}, 4, func(context.Context, int) error {
+		if calls.Load() == 0 {
+			before.Add(1)
+		}
+		called.Add(1)
+		return nil
+	}, nil)
+	if before.Load() > 0 || calls.Load() != 1 || called.Load() != 2 {
+		t.Errorf("%d of %d fns ran before f, f called %d times; want none before, once", before.Load(), called.Load(), calls.Load())
+	}
+	for i, r := range res {
+		if r.Outcome != Processed || !r.Unguarded {
+			t.Errorf("item %d: %+v, want Processed unguarded", i, r)
 		}
 	}
 }
