@@ -60,9 +60,11 @@ func WithDirectConnections() RedisOption {
 // ErrStoreClosed is the error of a call on a RedisStore after its Close.
 var ErrStoreClosed = errors.New("dedup: redis store closed")
 
-// Close closes the store's direct connections (WithDirectConnections); calls made
-// after it fail with ErrStoreClosed. Without direct connections it does nothing: the
-// store holds nothing of its own, and the client is the caller's to close.
+// Close closes the store's direct connections (WithDirectConnections), those in use
+// too: the calls that need them fail with ErrStoreClosed from then on (WithWaitReplicas
+// writes, which go through the client, do not). Without direct connections it does
+// nothing: the store holds nothing of its own, and the client is the caller's to
+// close.
 func (s *RedisStore) Close() error {
 	if s.direct != nil {
 		s.direct.close()
@@ -77,20 +79,23 @@ type directConns struct {
 	slots chan struct{}    // one per open connection
 	idle  chan *directConn // as many places as slots: a put never blocks
 
-	mu     sync.Mutex // orders put and close
+	mu     sync.Mutex // orders put and close, and guards open
 	closed bool
+	open   map[*directConn]struct{} // idle and in use: Close closes them all
 }
 
 type directConn struct {
-	nc     net.Conn
-	r      *bufio.Reader
-	w      []byte
-	usedAt time.Time
+	nc        net.Conn
+	r         *bufio.Reader
+	w         []byte
+	createdAt time.Time
+	usedAt    time.Time
 }
 
 func newDirectConns(opt *redis.Options) *directConns {
 	n := max(opt.PoolSize, 1)
-	return &directConns{opt: opt, slots: make(chan struct{}, n), idle: make(chan *directConn, n)}
+	return &directConns{opt: opt, slots: make(chan struct{}, n), idle: make(chan *directConn, n),
+		open: make(map[*directConn]struct{}, n)}
 }
 
 // cleanUpDirect closes the direct connections of a store that was dropped unclosed.
@@ -100,6 +105,8 @@ func cleanUpDirect(s *RedisStore) {
 	}
 }
 
+// close closes every connection: the idle ones, and those in use, whose calls then
+// fail (and are not retried: the store is closed).
 func (d *directConns) close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -107,8 +114,11 @@ func (d *directConns) close() {
 	for {
 		select {
 		case c := <-d.idle:
-			d.drop(c)
+			d.dropLocked(c)
 		default:
+			for c := range d.open { // in use: put drops them
+				_ = c.nc.Close()
+			}
 			return
 		}
 	}
@@ -116,43 +126,90 @@ func (d *directConns) close() {
 
 // drop closes c and frees its slot.
 func (d *directConns) drop(c *directConn) {
+	d.mu.Lock()
+	d.dropLocked(c)
+	d.mu.Unlock()
+}
+
+func (d *directConns) dropLocked(c *directConn) {
+	if _, ok := d.open[c]; !ok {
+		return // closed by close already, and its slot freed
+	}
+	delete(d.open, c)
 	_ = c.nc.Close()
 	<-d.slots
 }
 
 // get returns an idle connection, or dials one while fewer than PoolSize are open;
-// otherwise it waits for either.
+// otherwise it waits for either, up to the client's PoolTimeout.
 func (d *directConns) get(ctx context.Context) (*directConn, error) {
+	var timeout <-chan time.Time
 	for {
 		var c *directConn
 		select {
 		case c = <-d.idle:
 		default:
+			if timeout == nil && d.opt.PoolTimeout > 0 {
+				t := time.NewTimer(d.opt.PoolTimeout)
+				defer t.Stop()
+				timeout = t.C
+			}
 			select {
 			case c = <-d.idle:
 			case d.slots <- struct{}{}:
-				d.mu.Lock()
-				closed := d.closed
-				d.mu.Unlock()
-				if closed {
-					<-d.slots
-					return nil, ErrStoreClosed
-				}
-				c, err := d.dial(ctx)
-				if err != nil {
-					<-d.slots
-					return nil, err
-				}
-				return c, nil
+				return d.dialInSlot(ctx)
+			case <-timeout:
+				return nil, redis.ErrPoolTimeout
 			case <-ctx.Done():
 				return nil, context.Cause(ctx)
 			}
 		}
-		if d.opt.ConnMaxIdleTime <= 0 || time.Since(c.usedAt) < d.opt.ConnMaxIdleTime {
+		if d.usable(c) {
 			return c, nil
 		}
-		d.drop(c) // idle too long: the server or a proxy may have dropped it
+		d.drop(c)
 	}
+}
+
+// usable tells whether an idle connection may be used: not past the client's
+// ConnMaxIdleTime or ConnMaxLifetime, and, after a second idle, not closed by the
+// server meanwhile (an idle timeout, a restart), as go-redis checks its own.
+func (d *directConns) usable(c *directConn) bool {
+	now := time.Now()
+	idle := now.Sub(c.usedAt)
+	switch {
+	case d.opt.ConnMaxIdleTime > 0 && idle >= d.opt.ConnMaxIdleTime,
+		d.opt.ConnMaxLifetime > 0 && now.Sub(c.createdAt) >= d.opt.ConnMaxLifetime:
+		return false
+	case idle >= time.Second:
+		return connAlive(c.nc)
+	}
+	return true
+}
+
+// dialInSlot dials a connection in the slot the caller has taken.
+func (d *directConns) dialInSlot(ctx context.Context) (*directConn, error) {
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		<-d.slots
+		return nil, ErrStoreClosed
+	}
+	c, err := d.dial(ctx)
+	if err != nil {
+		<-d.slots
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed { // closed while dialing
+		_ = c.nc.Close()
+		<-d.slots
+		return nil, ErrStoreClosed
+	}
+	d.open[c] = struct{}{}
+	return c, nil
 }
 
 // put gives c back; a broken one (or any, once closed) is closed instead.
@@ -160,7 +217,7 @@ func (d *directConns) put(c *directConn, broken bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if broken || d.closed {
-		d.drop(c)
+		d.dropLocked(c)
 		return
 	}
 	c.usedAt = time.Now()
@@ -177,7 +234,7 @@ func (d *directConns) dial(ctx context.Context) (*directConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &directConn{nc: nc, r: bufio.NewReaderSize(nc, 16<<10)}
+	c := &directConn{nc: nc, r: bufio.NewReaderSize(nc, 16<<10), createdAt: time.Now()}
 	user, pass := opt.Username, opt.Password
 	switch {
 	case opt.CredentialsProviderContext != nil:
@@ -236,7 +293,9 @@ func (d *directConns) roundTrip(ctx context.Context, cmds []redis.Cmder) error {
 		}
 		var c *directConn
 		if c, err = d.get(ctx); err != nil {
-			if !retryable(err) || attempt >= d.opt.MaxRetries {
+			// a connection that could not be had (a dial timeout, a server at its
+			// client limit) is worth another try, unless the call or the store is over
+			if ctx.Err() != nil || errors.Is(err, ErrStoreClosed) || attempt >= d.opt.MaxRetries {
 				break
 			}
 			continue
@@ -289,10 +348,10 @@ func (d *directConns) exchange(ctx context.Context, c *directConn, cmds []redis.
 	for i, cmd := range cmds {
 		v, err := readReply(c.r)
 		if err != nil {
-			return cmds[i:], err
+			return append(again, cmds[i:]...), err
 		}
 		if err := setReply(cmd, v); err != nil {
-			return cmds[i:], err // a reply this codec cannot give the command: drop it
+			return append(again, cmds[i:]...), err // a reply this codec cannot give the command
 		}
 		if e, ok := v.(replyError); ok && retryableReply(string(e)) {
 			again = append(again, cmd)
@@ -323,11 +382,11 @@ func (d *directConns) deadline(ctx context.Context, timeout time.Duration) (time
 // MaxRetryBackoff, with jitter.
 func (d *directConns) backoff(attempt int) time.Duration {
 	lo, hi := d.opt.MinRetryBackoff, d.opt.MaxRetryBackoff
-	if lo <= 0 {
+	if lo <= 0 || hi <= 0 {
 		return 0
 	}
 	b := lo << min(attempt, 30)
-	if b <= 0 || (hi > 0 && b > hi) {
+	if b <= 0 || b > hi {
 		b = hi
 	}
 	return b/2 + rand.N(b/2+1)
@@ -361,9 +420,11 @@ func retryable(err error) bool {
 }
 
 // retryableReply tells the error replies that a new connection, later, may not get:
-// a server loading its data, a replica after a failover, a cluster in transition.
+// a server loading its data, a replica after a failover, a cluster in transition, a
+// server at its client limit (it says so and closes the connection).
 func retryableReply(msg string) bool {
-	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUSTERDOWN "} {
+	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUSTERDOWN ", "NOREPLICAS ",
+		"ERR max number of clients reached"} {
 		if strings.HasPrefix(msg, p) {
 			return true
 		}

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"time"
 
@@ -84,6 +85,7 @@ func storeErr(op string, err error) error {
 // off. On an error the command's reply must not be read: the call may have returned
 // early on ctx while the command was still queued.
 func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
+	defer runtime.KeepAlive(s) // its cleanup closes the direct connections
 	switch {
 	case s.pipe != nil:
 		return s.pipe.do(ctx, cmd)
@@ -98,6 +100,7 @@ func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
 // exec sends cmds in one round trip: a go-redis pipeline, or on a direct connection.
 // Its error is the round trip's, as failedRoundTrip tells it from a command's reply.
 func (s *RedisStore) exec(ctx context.Context, cmds ...redis.Cmder) error {
+	defer runtime.KeepAlive(s) // its cleanup closes the direct connections
 	if s.direct != nil {
 		return s.direct.roundTrip(ctx, cmds)
 	}

@@ -25,9 +25,13 @@ func (e replyError) RedisError() {}
 
 var _ redis.Error = replyError("")
 
-// maxBulk bounds a bulk reply's length: the store's replies are records and small
-// arrays, so a larger length means a broken stream, not a value to allocate.
-const maxBulk = 1 << 20
+// Bounds on a reply: the store's replies are records and small arrays (a script's is
+// two integers), so anything larger means a broken stream, not a value to allocate.
+const (
+	maxBulk  = 1 << 20 // bytes of a bulk string
+	maxArray = 1024    // elements of an array
+	maxDepth = 8       // arrays within arrays
+)
 
 // appendCommand appends args as a RESP array of bulk strings. The store's commands
 // hold strings and integers only; anything else is an error, before a byte is sent.
@@ -72,7 +76,9 @@ var errProtocol = errors.New("dedup: direct connection: malformed reply")
 // readReply reads one reply: a string (simple or bulk), an int64, a []any, nil (a
 // nil bulk or array), or a replyError as the value of an error reply. err is for the
 // stream only: after one, the connection is unusable.
-func readReply(r *bufio.Reader) (any, error) {
+func readReply(r *bufio.Reader) (any, error) { return readReplyDepth(r, 0) }
+
+func readReplyDepth(r *bufio.Reader, depth int) (any, error) {
 	line, err := r.ReadSlice('\n')
 	if err != nil {
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -114,14 +120,14 @@ func readReply(r *bufio.Reader) (any, error) {
 	case '*':
 		n, err := strconv.Atoi(string(body))
 		switch {
-		case err != nil || n < -1 || n > maxBulk:
+		case err != nil || n < -1 || n > maxArray || depth >= maxDepth:
 			return nil, errProtocol
 		case n == -1:
 			return nil, nil
 		}
 		out := make([]any, n)
 		for i := range out {
-			if out[i], err = readReply(r); err != nil {
+			if out[i], err = readReplyDepth(r, depth+1); err != nil {
 				return nil, err
 			}
 		}
