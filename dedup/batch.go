@@ -103,19 +103,15 @@ func newBatchOut(n int, done func(int, ItemResult), leave func(*batchItem), chec
 func (o *batchOut) set(i int, r ItemResult) {
 	o.mu.Lock()
 	o.r[i], o.isSet[i] = r, true
-	b := o.lead[i]
+	b, holding := o.lead[i], o.holding
+	if holding {
+		o.held = append(o.held, i)
+	}
 	o.mu.Unlock()
 	if b != nil {
-		o.leave(b)
+		o.leave(b) // before done: calls waiting for the key go on at once
 	}
-	o.mu.Lock()
-	if o.holding {
-		o.held = append(o.held, i)
-		o.mu.Unlock()
-		return
-	}
-	o.mu.Unlock()
-	if o.done != nil {
+	if !holding && o.done != nil {
 		o.done(i, r)
 	}
 }

@@ -36,45 +36,37 @@ type retryOp struct {
 
 func retryOps() []retryOp {
 	const ttl = 30 * time.Second
-	return []retryOp{
-		{name: "Claim", run: func(ctx context.Context, c *redis.Client, key, token string) (bool, error) {
-			s, err := NewRedisStore(c)
-			if err != nil {
-				return false, err
-			}
-			a, err := s.Claim(ctx, key, token, "", ttl)
-			return err == nil && a.Status == StatusAcquired, err
-		}, recordPrefix: func(token string) string { return "p:" + token + ":" }},
-		{name: "Mark", run: func(ctx context.Context, c *redis.Client, key, token string) (bool, error) {
-			s, err := NewRedisStore(c)
-			if err != nil {
-				return false, err
-			}
-			a, err := s.Mark(ctx, key, token, "", ttl)
-			return err == nil && a.Status == StatusAcquired, err
-		}, recordPrefix: func(token string) string { return "d:" + token + ":" }},
-		{name: "Claim-direct", run: func(ctx context.Context, c *redis.Client, key, token string) (bool, error) {
-			s, err := NewRedisStore(c, WithDirectConnections())
+	// own runs one store call (claim or mark) and tells whether it was Acquired.
+	own := func(call func(s *RedisStore, ctx context.Context, key, token string) (Answer, error), opts ...RedisOption) func(context.Context, *redis.Client, string, string) (bool, error) {
+		return func(ctx context.Context, c *redis.Client, key, token string) (bool, error) {
+			s, err := NewRedisStore(c, opts...)
 			if err != nil {
 				return false, err
 			}
 			defer s.Close()
-			a, err := s.Claim(ctx, key, token, "", ttl)
+			a, err := call(s, ctx, key, token)
 			return err == nil && a.Status == StatusAcquired, err
-		}, recordPrefix: func(token string) string { return "p:" + token + ":" }},
-		{name: "Mark-direct", run: func(ctx context.Context, c *redis.Client, key, token string) (bool, error) {
-			s, err := NewRedisStore(c, WithDirectConnections())
-			if err != nil {
-				return false, err
-			}
-			defer s.Close()
-			a, err := s.Mark(ctx, key, token, "", ttl)
-			return err == nil && a.Status == StatusAcquired, err
-		}, recordPrefix: func(token string) string { return "d:" + token + ":" }},
-		{name: "naive-SETNX", naive: true, run: func(ctx context.Context, c *redis.Client, key, _ string) (bool, error) {
-			return c.SetNX(ctx, key, "1", ttl).Result() // false = "duplicate"
-		}, recordPrefix: func(string) string { return "1" }},
+		}
 	}
+	claim := func(s *RedisStore, ctx context.Context, key, token string) (Answer, error) {
+		return s.Claim(ctx, key, token, "", ttl)
+	}
+	mark := func(s *RedisStore, ctx context.Context, key, token string) (Answer, error) {
+		return s.Mark(ctx, key, token, "", ttl)
+	}
+	var ops []retryOp
+	// through go-redis, and on the store's own connections (its retries)
+	for _, v := range []struct {
+		suffix string
+		opts   []RedisOption
+	}{{"", nil}, {"-direct", []RedisOption{WithDirectConnections()}}} {
+		ops = append(ops,
+			retryOp{name: "Claim" + v.suffix, run: own(claim, v.opts...), recordPrefix: func(token string) string { return "p:" + token + ":" }},
+			retryOp{name: "Mark" + v.suffix, run: own(mark, v.opts...), recordPrefix: func(token string) string { return "d:" + token + ":" }})
+	}
+	return append(ops, retryOp{name: "naive-SETNX", naive: true, run: func(ctx context.Context, c *redis.Client, key, _ string) (bool, error) {
+		return c.SetNX(ctx, key, "1", ttl).Result() // false = "duplicate"
+	}, recordPrefix: func(string) string { return "1" }})
 }
 
 // replyDropper is shared by every connection a client dials. When armed, the next Read
