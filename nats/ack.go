@@ -113,16 +113,22 @@ type adapter struct {
 	running sync.WaitGroup // messages a Handler has taken and not yet settled
 }
 
-// dispatcher returns what runs handle for each message handed to a Handler: inline when the adapter
-// runs one message at a time, else on its own goroutine once one of the
+// dispatcher returns what runs handle for each message handed to a Handler: one at a
+// time, waiting for each, when the adapter runs one message at a time, else on its own
+// goroutine once one of the
 // WithConcurrency slots is free. Blocking here, when all are busy, holds the client
 // library's delivery back: its buffer, not ours, absorbs the flow.
 func (a *adapter) dispatcher() func(handle func()) {
 	if a.cfg.concurrency <= 1 {
 		return func(handle func()) {
 			a.running.Add(1)
-			defer a.running.Done()
-			handle()
+			done := make(chan struct{})
+			go func() { // not on the client library's goroutine: an fn's Goexit must not end it
+				defer close(done)
+				defer a.running.Done()
+				handle()
+			}()
+			<-done
 		}
 	}
 	slots := make(chan struct{}, a.cfg.concurrency)

@@ -311,15 +311,21 @@ func testBatchAcksEachMessageWhenDone(t *testing.T, e *env, mode dedup.Mode) {
 // A batching Handler's fn that panics or ends its goroutine (runtime.Goexit) costs
 // its own message a Nak and nothing else: the others are acked, no slot is lost (the
 // consumer goes on), and Wait returns. In ModeDo the claim is given back, so the
-// redelivery runs at once (an InProgress would be a NakWithDelay more).
+// redelivery runs at once (an InProgress would be a NakWithDelay more). At
+// concurrency 1 the fn does not run on the client library's goroutine, so a Goexit
+// does not stop the consumer either.
 func TestHandlerPanicAndGoexit(t *testing.T) {
 	forModes(t, func(t *testing.T, mode dedup.Mode) {
-		eachServer(t, func(t *testing.T, e *env) { testHandlerPanicAndGoexit(t, e, mode) })
+		for _, conc := range []int{1, 2} { // 1: one at a time, not in batches
+			t.Run(fmt.Sprint("concurrency-", conc), func(t *testing.T) {
+				eachServer(t, func(t *testing.T, e *env) { testHandlerPanicAndGoexit(t, e, mode, conc) })
+			})
+		}
 	})
 }
 
-func testHandlerPanicAndGoexit(t *testing.T, e *env, mode dedup.Mode) {
-	c, j := handlerJS(t, e, "metrics", memStore(t), mode, WithConcurrency(2)) // a lost slot would soon stop it
+func testHandlerPanicAndGoexit(t *testing.T, e *env, mode dedup.Mode, conc int) {
+	c, j := handlerJS(t, e, "metrics", memStore(t), mode, WithConcurrency(conc)) // a lost slot would soon stop it
 	var last *jetstream.PubAck
 	for i := range 20 {
 		last = e.publish("new", fmt.Sprint("m-", i), "x")

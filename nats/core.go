@@ -54,8 +54,15 @@ func (c *Core) Handle(ctx context.Context, msg *natsgo.Msg, fn Func) (dedup.Resu
 		acks[0] = ack
 	}
 	p := c.startProgress(c.cfg.progressEvery, acks)
-	defer p.stop() // also when fn ends its goroutine
+	returned := false
+	defer func() {
+		p.stop()
+		if !returned { // fn ended its goroutine (runtime.Goexit): Nak'ed, as after a panic
+			c.settle(ctx, ack, m, dedup.Result{Outcome: dedup.Panicked}, errGoexit)
+		}
+	}()
 	res, err := c.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
+	returned = true
 	p.stop()
 	return res, c.settle(ctx, ack, m, res, err)
 }

@@ -178,8 +178,15 @@ func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (ded
 	m := viewJS(msg)
 	key := j.cfg.strategy.Key(m)
 	p := j.startProgress(j.cfg.progressEvery, map[int]acker{0: msg})
-	defer p.stop() // also when fn ends its goroutine
+	returned := false
+	defer func() {
+		p.stop()
+		if !returned { // fn ended its goroutine (runtime.Goexit): Nak'ed, as after a panic
+			j.settle(ctx, msg, m, dedup.Result{Outcome: dedup.Panicked}, errGoexit)
+		}
+	}()
 	res, err := j.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
+	returned = true
 	p.stop()
 	return res, j.settle(ctx, msg, m, res, err)
 }

@@ -33,7 +33,8 @@ func TestNewJetStreamNeedsExplicitAcks(t *testing.T) {
 }
 
 // A handler that ends its goroutine (runtime.Goexit, as t.FailNow does) must not
-// leave its message signalled in progress forever.
+// leave its message signalled in progress forever; the message is Nak'ed, as after a
+// panic, rather than left for AckWait.
 func TestProgressStopsWhenHandlerExits(t *testing.T) {
 	h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithRetention(time.Hour))
 	a, err := NewJetStream(h, consumerWith(time.Second, 5), WithProgressEvery(10*time.Millisecond))
@@ -55,5 +56,10 @@ func TestProgressStopsWhenHandlerExits(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if after := msg.progress.Load(); after != before || before == 0 {
 		t.Fatalf("in-progress signals %d while running, %d after the handler exited", before, after-before)
+	}
+	msg.mu.Lock()
+	defer msg.mu.Unlock()
+	if len(msg.acks) != 1 || msg.acks[0] != "nak" {
+		t.Fatalf("acks %q, want one nak", msg.acks)
 	}
 }
