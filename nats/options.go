@@ -181,10 +181,11 @@ func WithKeyStrategy(s keys.Strategy) Option {
 
 // WithConcurrency sets how many messages a Handler (JetStream Consume, or a core
 // subscription) runs at once, 1 to MaxConcurrency (default DefaultConcurrency). Above
-// 1, messages run on their own goroutines and may finish out of order; messages with
-// the same key never run at the same time in one process (the second answers
-// InProgress). 1 runs them one at a time in delivery order. Handle and HandleBatch
-// run on the caller's goroutine whatever this says.
+// 1, JetStream messages are handled in batches (see JetStream.Handler) and core ones
+// on goroutines of their own, and they may finish out of order; messages with the
+// same key never run at the same time in one process (the second waits for the
+// first's run to end). 1 runs them one at a time in delivery order. Handle and
+// HandleBatch run on the caller's goroutine whatever this says.
 func WithConcurrency(n int) Option {
 	return func(c *config) error {
 		if n < 1 || n > MaxConcurrency {
