@@ -26,10 +26,13 @@ type ItemResult struct {
 // HandleBatch guards fn for every item by the handler's mode with one store round trip
 // for the checks (ClaimMany or MarkMany) and, in ModeDo, one for the completions
 // (CompleteMany), instead of one or two per item. fn(ctx, i) runs for item i, one item
-// at a time in order (keyless items, under ProcessMissingKey, last); while they run, one heartbeat extends every claim the batch still
-// holds. Items answered by the local tier make no store call. An item whose key appears
-// earlier in the same batch follows that item: Duplicate if it succeeded, InProgress
-// (to be retried) if not. The results are in item order.
+// at a time in order (keyless items, under ProcessMissingKey, last); while they run,
+// one heartbeat extends every claim the batch still holds. Items answered by the local
+// tier make no store call. An item whose key appears earlier in the same batch follows
+// that item: Duplicate if it succeeded, InProgress (to be retried) if not. The results
+// are in item order. An fn that calls runtime.Goexit ends the call with its item
+// Panicked; in ModeDo the claims not yet run are given back, and in ModeFilter the
+// items already marked still run, one at a time, on another goroutine.
 func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error) []ItemResult {
 	return h.handleBatch(ctx, items, 1, fn, nil)
 }
@@ -375,12 +378,9 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, p.b.i) }, false, true)
 		out.set(p.b.i, ItemResult{res, ferr})
 	}
-	if parallel <= 1 || len(runs) <= 1 {
-		for _, p := range runs {
-			runOne(p)
-		}
-		return
-	}
+	// Also one at a time (parallel 1), through runParallel: should an fn end the
+	// caller's goroutine (runtime.Goexit), the marked items after it still run, on
+	// another. Left unrun, they would be lost: their records are DONE.
 	h.runParallel(len(runs), parallel, func(k int) {
 		p := runs[k]
 		ran := false

@@ -374,3 +374,44 @@ func TestHandleBatchParallelLeaseLostCancelsItsItemOnly(t *testing.T) {
 		t.Errorf("kept item's record: %+v; want DONE", a)
 	}
 }
+
+// In a filter batch run one item at a time (HandleBatch, parallel 1), an fn that ends
+// the caller's goroutine does not leave the items after it unrun: they are marked
+// DONE already, so unrun they would be lost (their redeliveries are duplicates).
+func TestFilterBatchGoexitStillRunsTheMarkedItems(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, _ := New(mem, WithLogger(quiet))
+	defer d.Close()
+	h, _ := d.Register("serial-goexit", WithMode(ModeFilter))
+	var mu sync.Mutex
+	ran := map[int]bool{}
+	got := map[int]ItemResult{}
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		h.HandleBatchParallel(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, 1, func(ctx context.Context, i int) error {
+			if i == 0 {
+				runtime.Goexit()
+			}
+			mu.Lock()
+			ran[i] = true
+			mu.Unlock()
+			return nil
+		}, func(i int, r ItemResult) {
+			mu.Lock()
+			got[i] = r
+			mu.Unlock()
+		})
+	}()
+	<-finished
+	mu.Lock()
+	defer mu.Unlock()
+	if got[0].Outcome != Panicked || !errors.Is(got[0].Err, ErrPanic) {
+		t.Errorf("item a: %+v, want Panicked", got[0])
+	}
+	for i := 1; i < 3; i++ {
+		if !ran[i] || got[i].Outcome != Processed {
+			t.Errorf("item %d: ran %v, %+v; want run and Processed", i, ran[i], got[i])
+		}
+	}
+}
