@@ -602,7 +602,6 @@ func (h *Handler) runClaimedItem(ctx context.Context, hb *batchBeat, b *batchIte
 		return true
 	}
 	cause := context.Cause(fctx)
-	hb.stopRunning(b)
 	hb.forget(b)
 	bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
 	h.release(bg, b.k, b.rk, b.token)

@@ -93,34 +93,21 @@ func testHandleBatchParallelGoexit(t *testing.T, mode Mode) {
 	d, _ := New(mem, WithLogger(quiet))
 	h, _ := d.Register("par-goexit", WithMode(mode))
 	started := make(chan struct{}, 2)
-	var mu sync.Mutex
-	got := map[int]ItemResult{}
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		h.HandleBatchParallel(context.Background(), []Item{{Key: "c"}, {Key: "d"}, {Key: "e"}}, 3, func(ctx context.Context, i int) error {
-			if i == 0 { // holds its goroutine until the other two have started elsewhere
-				for range 2 {
-					select {
-					case <-started:
-					case <-time.After(10 * time.Second):
-						return errors.New("the other items never started")
-					}
+	got, _ := batchOnItsOwn(h, []Item{{Key: "c"}, {Key: "d"}, {Key: "e"}}, 3, func(ctx context.Context, i int) error {
+		if i == 0 { // holds its goroutine until the other two have started elsewhere
+			for range 2 {
+				select {
+				case <-started:
+				case <-time.After(10 * time.Second):
+					return errors.New("the other items never started")
 				}
-				return nil
 			}
-			started <- struct{}{}
-			runtime.Goexit()
 			return nil
-		}, func(i int, r ItemResult) {
-			mu.Lock()
-			got[i] = r
-			mu.Unlock()
-		})
-	}()
-	<-finished
-	mu.Lock()
-	defer mu.Unlock()
+		}
+		started <- struct{}{}
+		runtime.Goexit()
+		return nil
+	})
 	if len(got) != 3 {
 		t.Fatalf("done was called for %d of 3 items", len(got))
 	}
@@ -244,28 +231,12 @@ func TestHandleBatchParallelCallerGoexit(t *testing.T) {
 	defer d.Close()
 	h, _ := d.Register("caller-goexit", WithMode(ModeFilter), WithMissingKey(ProcessMissingKey))
 	run := func(items []Item, parallel int) (map[int]ItemResult, bool) {
-		var mu sync.Mutex
-		got := map[int]ItemResult{}
-		returned := false
-		finished := make(chan struct{})
-		go func() {
-			defer close(finished)
-			h.HandleBatchParallel(context.Background(), items, parallel, func(ctx context.Context, i int) error {
-				if i == 0 {
-					runtime.Goexit() // on the caller's goroutine: item 0 is the first it takes
-				}
-				return nil
-			}, func(i int, r ItemResult) {
-				mu.Lock()
-				got[i] = r
-				mu.Unlock()
-			})
-			returned = true
-		}()
-		<-finished
-		mu.Lock()
-		defer mu.Unlock()
-		return got, returned
+		return batchOnItsOwn(h, items, parallel, func(ctx context.Context, i int) error {
+			if i == 0 {
+				runtime.Goexit() // on the caller's goroutine: item 0 is the first it takes
+			}
+			return nil
+		})
 	}
 	got, returned := run([]Item{{Key: "p0"}, {Key: "p1"}, {Key: "p2"}}, 3)
 	if returned || len(got) != 3 || got[0].Outcome != Panicked || got[1].Outcome != Processed || got[2].Outcome != Processed {
@@ -385,25 +356,15 @@ func TestFilterBatchGoexitStillRunsTheMarkedItems(t *testing.T) {
 	h, _ := d.Register("serial-goexit", WithMode(ModeFilter))
 	var mu sync.Mutex
 	ran := map[int]bool{}
-	got := map[int]ItemResult{}
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		h.HandleBatchParallel(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, 1, func(ctx context.Context, i int) error {
-			if i == 0 {
-				runtime.Goexit()
-			}
-			mu.Lock()
-			ran[i] = true
-			mu.Unlock()
-			return nil
-		}, func(i int, r ItemResult) {
-			mu.Lock()
-			got[i] = r
-			mu.Unlock()
-		})
-	}()
-	<-finished
+	got, _ := batchOnItsOwn(h, []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, 1, func(ctx context.Context, i int) error {
+		if i == 0 {
+			runtime.Goexit()
+		}
+		mu.Lock()
+		ran[i] = true
+		mu.Unlock()
+		return nil
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if got[0].Outcome != Panicked || !errors.Is(got[0].Err, ErrPanic) {
@@ -414,4 +375,27 @@ func TestFilterBatchGoexitStillRunsTheMarkedItems(t *testing.T) {
 			t.Errorf("item %d: ran %v, %+v; want run and Processed", i, ran[i], got[i])
 		}
 	}
+}
+
+// batchOnItsOwn runs HandleBatchParallel on a goroutine of its own, which an fn may end
+// (runtime.Goexit), and returns the results done reported, and whether the call
+// returned.
+func batchOnItsOwn(h *Handler, items []Item, parallel int, fn func(ctx context.Context, i int) error) (map[int]ItemResult, bool) {
+	var mu sync.Mutex
+	got := map[int]ItemResult{}
+	returned := false
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		h.HandleBatchParallel(context.Background(), items, parallel, fn, func(i int, r ItemResult) {
+			mu.Lock()
+			got[i] = r
+			mu.Unlock()
+		})
+		returned = true
+	}()
+	<-finished
+	mu.Lock()
+	defer mu.Unlock()
+	return got, returned
 }

@@ -259,10 +259,7 @@ func (d *directConns) dial(ctx context.Context) (*directConn, error) {
 		setup = append(setup, redis.NewStatusCmd(ctx, "client", "setname", opt.ClientName))
 	}
 	if len(setup) > 0 {
-		again, err := d.exchange(dctx, c, setup)
-		if err == nil && len(again) > 0 {
-			err = again[0].Err()
-		}
+		_, err := d.exchange(dctx, c, setup) // a stream error, else the first error reply
 		for _, cmd := range setup {
 			if err == nil {
 				err = cmd.Err()

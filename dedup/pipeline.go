@@ -34,7 +34,7 @@ func WithAutoPipeline(batch, inFlight int) RedisOption {
 		if inFlight < 1 || inFlight > 1024 {
 			return fmt.Errorf("%w: auto-pipeline round trips in flight %d is outside 1..1024", ErrInvalidOption, inFlight)
 		}
-		s.pipe = newAutoPipe(s.c, batch, inFlight)
+		s.pipe = newAutoPipe(s, batch, inFlight)
 		return nil
 	}
 }
@@ -54,8 +54,7 @@ func WithoutAutoPipeline() RedisOption {
 // queue in pipelines of at most batch commands until the queue is empty, then exits.
 // No goroutine outlives the calls that need it, so there is nothing to close.
 type autoPipe struct {
-	c        redis.UniversalClient
-	direct   *directConns // nil: round trips go through c
+	s        *RedisStore // sends each round trip (process, exec)
 	batch    int
 	inFlight int
 
@@ -77,8 +76,8 @@ type pcall struct {
 
 var pcallPool = sync.Pool{New: func() any { return &pcall{done: make(chan struct{}, 1)} }}
 
-func newAutoPipe(c redis.UniversalClient, batch, inFlight int) *autoPipe {
-	return &autoPipe{c: c, batch: batch, inFlight: inFlight}
+func newAutoPipe(s *RedisStore, batch, inFlight int) *autoPipe {
+	return &autoPipe{s: s, batch: batch, inFlight: inFlight}
 }
 
 // do sends cmd and returns its reply. A call still queued when ctx ends returns at
@@ -93,11 +92,7 @@ func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
 		p.flushers++
 		p.mu.Unlock()
 		defer p.release() // also when Process panics: the slot must come back
-		if p.direct != nil {
-			_ = p.direct.roundTrip(ctx, []redis.Cmder{cmd})
-		} else {
-			_ = p.c.Process(ctx, cmd)
-		}
+		_ = p.s.process(ctx, cmd)
 		return cmd.Err()
 	}
 	c := pcallPool.Get().(*pcall)
@@ -207,13 +202,11 @@ func (p *autoPipe) send(batch []*pcall) {
 		}
 	}
 	batch = batch[:live]
-	switch {
-	case len(batch) == 0:
+	switch len(batch) {
+	case 0:
 		return
-	case len(batch) == 1 && p.direct == nil:
-		_ = p.c.Process(batch[0].ctx, batch[0].cmd)
-	case len(batch) == 1:
-		_ = p.direct.roundTrip(batch[0].ctx, []redis.Cmder{batch[0].cmd})
+	case 1:
+		_ = p.s.process(batch[0].ctx, batch[0].cmd)
 	default:
 		// One caller's deadline or cancellation must not fail the others' commands:
 		// the pipeline runs until the last deadline among them, or the client's own
@@ -224,19 +217,11 @@ func (p *autoPipe) send(batch []*pcall) {
 			ctx, cancel = context.WithDeadline(ctx, deadline)
 			defer cancel()
 		}
-		if p.direct != nil {
-			cmds := make([]redis.Cmder, len(batch))
-			for i, c := range batch {
-				cmds[i] = c.cmd
-			}
-			_ = p.direct.roundTrip(ctx, cmds)
-			break
+		cmds := make([]redis.Cmder, len(batch))
+		for i, c := range batch {
+			cmds[i] = c.cmd
 		}
-		pipe := p.c.Pipeline()
-		for _, c := range batch {
-			_ = pipe.Process(ctx, c.cmd)
-		}
-		_, _ = pipe.Exec(ctx)
+		_ = p.s.exec(ctx, cmds...)
 	}
 	for _, c := range batch {
 		c.done <- struct{}{}

@@ -54,14 +54,12 @@ func NewRedisStore(c redis.UniversalClient, opts ...RedisOption) (*RedisStore, e
 	if c == nil {
 		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidOption)
 	}
-	s := &RedisStore{c: c, pipe: newAutoPipe(c, DefaultPipelineBatch, DefaultPipelinesInFlight)}
+	s := &RedisStore{c: c}
+	s.pipe = newAutoPipe(s, DefaultPipelineBatch, DefaultPipelinesInFlight)
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			return nil, err
 		}
-	}
-	if s.pipe != nil {
-		s.pipe.direct = s.direct
 	}
 	cleanUpDirect(s)
 	return s, nil
@@ -86,14 +84,21 @@ func storeErr(op string, err error) error {
 // early on ctx while the command was still queued.
 func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
 	defer runtime.KeepAlive(s) // its cleanup closes the direct connections
-	switch {
-	case s.pipe != nil:
+	if s.pipe != nil {
 		return s.pipe.do(ctx, cmd)
-	case s.direct != nil:
-		_ = s.direct.roundTrip(ctx, []redis.Cmder{cmd})
-		return cmd.Err()
 	}
-	_ = s.c.Process(ctx, cmd)
+	return s.process(ctx, cmd)
+}
+
+// process sends one command on its own: through the client, or on a direct
+// connection. It returns the command's error.
+func (s *RedisStore) process(ctx context.Context, cmd redis.Cmder) error {
+	defer runtime.KeepAlive(s) // its cleanup closes the direct connections
+	if s.direct != nil {
+		_ = s.direct.roundTrip(ctx, []redis.Cmder{cmd})
+	} else {
+		_ = s.c.Process(ctx, cmd)
+	}
 	return cmd.Err()
 }
 

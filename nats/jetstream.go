@@ -96,10 +96,9 @@ const (
 // batcher is Handler with concurrency above 1. Each message takes one of the
 // concurrency slots and joins a queue. While fewer than batchesInFlight batches are
 // being checked, a goroutine is started that takes the queue (up to maxBatch messages)
-// and handles it as one batch. As soon as the batch's checks are in (or its first fn
-// starts), the goroutine hands its turn on (another takes what has queued meanwhile),
-// so that neither slow fns nor messages waiting for another's run hold more than
-// their slots. Each message is acknowledged, and its slot freed, as soon as its own
+// and handles it as one batch. As soon as the batch's checks are in, the goroutine
+// hands its turn on (another takes what has queued meanwhile), so that neither slow
+// fns nor messages waiting for another's run hold more than their slots. Each message is acknowledged, and its slot freed, as soon as its own
 // result is final. There is no timer: a lone message goes out at once.
 func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandler {
 	slots := make(chan struct{}, j.cfg.concurrency)
@@ -124,6 +123,9 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 			go drain()
 		}
 	}
+	// drain takes up to maxBatch queued messages and handles them as one batch. Its
+	// turn goes on once the batch's checks are in (WhenChecked, which every batch
+	// reaches, also when an fn ends this goroutine), or at the latest when it returns.
 	drain = func() {
 		var holding atomic.Bool // this goroutine holds a turn
 		holding.Store(true)
@@ -132,28 +134,14 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 				handOver()
 			}
 		}
-		defer give() // also when an fn ends this goroutine (runtime.Goexit)
-		run := func(ctx context.Context, m *Msg) error {
-			give()
-			return fn(ctx, m)
-		}
-		for {
-			mu.Lock()
-			n := min(len(queue), maxBatch)
-			if n == 0 {
-				marking--
-				holding.Store(false)
-				mu.Unlock()
-				return
-			}
-			msgs := slices.Clone(queue[:n])
-			queue = slices.Delete(queue, 0, n)
-			mu.Unlock()
-			// the turn goes on once the batch's checks are in, or its first fn starts
-			j.handleMsgs(dedup.WhenChecked(ctx, give), msgs, j.cfg.concurrency, run, free) // each message's slot as it is settled
-			if !holding.Load() {
-				return // the turn went on while the fns ran
-			}
+		defer give()
+		mu.Lock()
+		n := min(len(queue), maxBatch)
+		msgs := slices.Clone(queue[:n])
+		queue = slices.Delete(queue, 0, n)
+		mu.Unlock()
+		if n > 0 { // another took them meanwhile otherwise
+			j.handleMsgs(dedup.WhenChecked(ctx, give), msgs, j.cfg.concurrency, fn, free) // each message's slot as it is settled
 		}
 	}
 	return func(msg jetstream.Msg) {
