@@ -13,17 +13,20 @@ import (
 // value is not usable.
 type Cache struct {
 	seed   maphash.Seed
-	shift  uint  // shard index = hash >> shift: the top bits pick the shard
-	ttl    int64 // nanoseconds
-	perCap int   // keys per shard
-	base   time.Time
-	now    func() time.Time        // nil: time.Since(base), one monotonic read
+	shift  uint                    // shard index = hash >> shift: the top bits pick the shard
+	ttl    int64                   // nanoseconds
+	perCap int                     // keys per shard
+	base   time.Time               // the zero of times, with WithClock
+	now    func() time.Time        // WithClock's; nil: monoNow and coarse
 	tables []atomic.Pointer[table] // per shard; all Contains reads of the Cache
 	shards []shard
+	closed atomic.Bool
 }
 
 // New returns a cache holding at most [Cache.Cap] keys (size rounded up so
 // every shard holds the same number), each for ttl after its last Add.
+// On the default clock a key is kept for ttl less a millisecond (see
+// [Cache.Contains]), so a ttl of a millisecond or less keeps nothing.
 //
 // size < 1, ttl <= 0, a nil Option or an invalid option value returns an error
 // wrapping [ErrInvalidOption] that names the setting.
@@ -43,6 +46,8 @@ func New(size int, ttl time.Duration, opts ...Option) (*Cache, error) {
 	}
 	if cfg.clockSet {
 		c.now = cfg.now
+	} else {
+		coarse.acquire()
 	}
 	for i := range c.shards {
 		c.shards[i].init(&c.tables[i], c.perCap)
@@ -50,12 +55,20 @@ func New(size int, ttl time.Duration, opts ...Option) (*Cache, error) {
 	return c, nil
 }
 
-// clock returns nanoseconds since c.base. With the default clock this is a
-// single monotonic read (time.Since skips the wall clock), which is most of
-// the cost of a hit.
+// clock returns the time for Add: nanoseconds since epoch (a monotonic
+// read), or since c.base on WithClock's clock.
 func (c *Cache) clock() int64 {
 	if c.now == nil {
-		return int64(time.Since(c.base))
+		return monoNow()
+	}
+	return int64(c.now().Sub(c.base))
+}
+
+// hitClock returns the time for Contains: on the default clock the coarse
+// one, which may lag clock() by about tickEvery, never lead it.
+func (c *Cache) hitClock() int64 {
+	if c.now == nil {
+		return coarse.read()
 	}
 	return int64(c.now().Sub(c.base))
 }
@@ -68,6 +81,12 @@ func (c *Cache) shard(h uint64) *shard {
 // been removed or evicted since. A hit marks the key as recently used, which
 // protects it from the next eviction sweep. It takes no lock and makes no
 // allocation; it reads the clock only when the key is found.
+//
+// With the default clock, Contains judges expiry by a coarse clock that a
+// goroutine advances every millisecond while the cache is read, so it lags
+// real time by a millisecond plus the goroutine's scheduling delay. Add
+// takes the millisecond off the TTL: a key is not found after its TTL
+// unless that goroutine runs late, and then only by how late it runs.
 func (c *Cache) Contains(key string) bool {
 	h := maphash.String(c.seed, key)
 	t := c.tables[h>>c.shift].Load()
@@ -75,7 +94,7 @@ func (c *Cache) Contains(key string) bool {
 		return false
 	}
 	n := t.find(h, key)
-	if n == nil || c.clock() >= n.expires.Load() {
+	if n == nil || c.hitClock() >= n.expires.Load() {
 		return false
 	}
 	if n.ref.Load() == 0 { // write only when needed: hot keys stay read-shared
@@ -102,6 +121,13 @@ func (c *Cache) AddFor(key string, ttl time.Duration) {
 }
 
 func (c *Cache) add(key string, ttl int64) {
+	if c.now == nil {
+		// Contains's coarse clock lags by up to a tick: take the tick off,
+		// so that a key is not found after its TTL for that long.
+		if ttl -= int64(tickEvery); ttl <= 0 {
+			return
+		}
+	}
 	h := maphash.String(c.seed, key)
 	s := c.shard(h)
 	now := c.clock()
@@ -147,9 +173,14 @@ func (c *Cache) Cap() int {
 
 // Close releases the cache's memory. Afterwards Contains reports false, Add
 // and Remove do nothing and Len is 0. Calls racing with Close may see the
-// cache either open or closed. Close starts and stops no goroutine, and is
-// idempotent.
+// cache either open or closed. Close is idempotent. The last open Cache's
+// Close stops the coarse clock's goroutine (see [Cache.Contains]) and waits
+// for it to end; while Caches stay open, it stops within a tick or two of
+// the last Contains anyway.
 func (c *Cache) Close() {
+	if c.closed.CompareAndSwap(false, true) && c.now == nil {
+		defer coarse.release()
+	}
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
