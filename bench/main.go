@@ -95,7 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.jsTimeout, "js-timeout", 2*time.Minute, "give up on a JetStream variant that has not acked every message by then")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results to this file as JSON")
 	fs.StringVar(&c.svgPath, "svg", "", "draw the throughput chart to this file")
-	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof; samples of scenarios b and d carry labels: -tagfocus variant=dedup-filter)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

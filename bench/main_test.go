@@ -66,6 +66,7 @@ func TestRunEmbedded(t *testing.T) {
 	}
 	doc := readReport(t, filepath.Join(dir, "out.json"))
 	checkRatios(t, doc)
+	checkCPU(t, doc, false)
 	if doc.Machine.Meaningful || !doc.Machine.RedisEmbedded || !doc.Machine.NATSEmbedded {
 		t.Errorf("machine %+v: want embedded servers, not meaningful", doc.Machine)
 	}
@@ -132,6 +133,7 @@ func TestRunServers(t *testing.T) {
 	}
 	doc := readReport(t, filepath.Join(dir, "out.json"))
 	checkRatios(t, doc)
+	checkCPU(t, doc, true)
 	if !doc.Machine.Meaningful || doc.Machine.RedisVersion == "" || doc.Machine.NATSVersion == "" {
 		t.Errorf("machine %+v: want real servers with versions", doc.Machine)
 	}
@@ -153,6 +155,32 @@ func TestRunServers(t *testing.T) {
 	}
 	if _, err := js.Stream(ctx, doc.Config.Stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("stream %s still there after the run (err %v)", doc.Config.Stream, err)
+	}
+}
+
+// checkCPU checks that every store, Zipf and JetStream series reports the client's
+// CPU per operation in each round, and Redis's exactly when the server is real.
+func checkCPU(t *testing.T, doc jsonReport, realRedis bool) {
+	t.Helper()
+	seen := 0
+	for _, s := range doc.Series {
+		switch s.Scenario {
+		case "store", "zipf", "jetstream":
+		default:
+			continue
+		}
+		seen++
+		for r, m := range s.Rounds {
+			if c, ok := m[mClientCPU]; !ok || !(c > 0) {
+				t.Errorf("%s/%s round %d: client CPU per op %v (present %v), want > 0", s.Scenario, s.Variant, r, c, ok)
+			}
+			if c, ok := m[mRedisCPU]; ok != realRedis || ok && !(c > 0) {
+				t.Errorf("%s/%s round %d: Redis CPU per op %v (present %v), want present %v and > 0", s.Scenario, s.Variant, r, c, ok, realRedis)
+			}
+		}
+	}
+	if seen == 0 {
+		t.Error("no store, zipf or jetstream series in the report")
 	}
 }
 

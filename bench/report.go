@@ -81,7 +81,11 @@ var columns = []column{
 	{mAllocs, "allocs/op", func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 	{mLocalHit, "local hits", fmtShare},
 	{mDupRatio, "duplicates", fmtShare},
+	{mClientCPU, "client CPU µs/op", fmtMicros},
+	{mRedisCPU, "redis CPU µs/op", fmtMicros},
 }
+
+func fmtMicros(v float64) string { return fmt.Sprintf("%.2f", v) }
 
 func fmtNs(v float64) string {
 	return time.Duration(math.Round(v)).Round(100 * time.Nanosecond).String()
@@ -102,9 +106,9 @@ var scenarioTitles = map[string]string{
 	"local":     "a. local tier hit (GOMAXPROCS goroutines; ns/op is wall time over all of them)",
 	"ceiling":   "b. ceiling: SET NX PX pipelined 64 deep on 50 connections",
 	"latency":   "b. one check at concurrency 1: Mark vs the SET NX PX GET it sends, sent directly (interleaved)",
-	"store":     "b. unique keys (each goroutine checks a new key per call)",
+	"store":     "b. unique keys (each goroutine checks a new key per call; CPU per op: this whole process, and Redis's INFO cpu)",
 	"zipf":      fmt.Sprintf("c. Zipf mix (s=%g over %d keys; local tier %d keys)", zipfS, zipfUniverse, zipfLocalSize),
-	"jetstream": "d. JetStream end to end (msgs/s until every message is acked)",
+	"jetstream": "d. JetStream end to end (msgs/s until every message is acked; CPU per message: this process and Redis, not nats-server)",
 }
 
 // printTables prints one table per scenario with the median of each metric.

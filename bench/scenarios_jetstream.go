@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -123,11 +124,17 @@ func (b *bench) deleteStream() error {
 func (b *bench) roundJetStream(ctx context.Context, r int) error {
 	for j := range jsVariants {
 		v := jsVariants[(j+r)%len(jsVariants)]
-		ops, err := b.consumeAll(ctx, r, v)
+		var m metrics
+		var err error
+		// The label marks the variant's samples in -cpuprofile (pprof -tagfocus
+		// variant=dedup-filter); goroutines started meanwhile inherit it.
+		pprof.Do(ctx, pprof.Labels("scenario", "jetstream", "variant", v), func(ctx context.Context) {
+			m, err = b.consumeAll(ctx, r, v)
+		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", v, err)
 		}
-		b.res.add("jetstream", v, 0, r, metrics{mOps: ops})
+		b.res.add("jetstream", v, 0, r, m)
 	}
 	return nil
 }
@@ -174,8 +181,8 @@ func (m countedMsg) NakWithDelay(d time.Duration) error {
 func (m countedMsg) Term() error { m.t.others.Add(1); return m.Msg.Term() }
 
 // consumeAll reads the whole stream with variant v on a new consumer and returns
-// messages per second.
-func (b *bench) consumeAll(ctx context.Context, r int, v string) (float64, error) {
+// messages per second, and the CPU this process and Redis spent per message.
+func (b *bench) consumeAll(ctx context.Context, r int, v string) (metrics, error) {
 	st := &b.js
 	durable := fmt.Sprintf("%s-r%d", v, r)
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.jsTimeout)
@@ -188,7 +195,7 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (float64, error
 		MaxAckPending: jsMaxAckPending,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("create consumer: %w", err)
+		return nil, fmt.Errorf("create consumer: %w", err)
 	}
 	defer func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -197,11 +204,12 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (float64, error
 	}()
 	handle, wait, err := b.jsHandler(cctx, r, v, cons)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	t := &tally{want: int64(b.cfg.jsMessages), done: make(chan struct{})}
 	var consumeErrs atomic.Int64
 	var firstErr atomic.Value
+	meter := b.startCPU(ctx)
 	start := time.Now()
 	cc, err := cons.Consume(func(msg jetstream.Msg) { handle(countedMsg{msg, t}) },
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -210,7 +218,7 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (float64, error
 			}
 		}))
 	if err != nil {
-		return 0, fmt.Errorf("consume: %w", err)
+		return nil, fmt.Errorf("consume: %w", err)
 	}
 	select {
 	case <-t.done:
@@ -218,6 +226,7 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (float64, error
 	}
 	ferr := st.nc.FlushWithContext(cctx) // the last acks reach the server
 	elapsed := time.Since(start)
+	use := meter.stop(ctx)
 	cc.Stop()
 	select {
 	case <-cc.Closed():
@@ -228,18 +237,20 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (float64, error
 		b.note("JetStream %s, round %d: %d Consume errors (first: %v)", v, r+1, n, firstErr.Load())
 	}
 	if err := cctx.Err(); err != nil {
-		return 0, fmt.Errorf("%d of %d messages acked (%d not acked) before giving up: %w", t.acks.Load(), t.want, t.others.Load(), err)
+		return nil, fmt.Errorf("%d of %d messages acked (%d not acked) before giving up: %w", t.acks.Load(), t.want, t.others.Load(), err)
 	}
 	if ferr != nil {
-		return 0, fmt.Errorf("flush: %w", ferr)
+		return nil, fmt.Errorf("flush: %w", ferr)
 	}
 	if n := t.others.Load(); n > 0 {
-		return 0, fmt.Errorf("%d deliveries were not acked", n)
+		return nil, fmt.Errorf("%d deliveries were not acked", n)
 	}
 	if err := settled(cctx, cons); err != nil {
-		return 0, err
+		return nil, err
 	}
-	return float64(t.want) / elapsed.Seconds(), nil
+	m := metrics{mOps: float64(t.want) / elapsed.Seconds()}
+	use.addTo(m)
+	return m, nil
 }
 
 // jsHandler returns variant v's Consume callback, and what waits for the messages it

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -132,11 +133,16 @@ func (b *bench) storeOp(variant string, km keyMaker) op {
 
 func (b *bench) roundStore(ctx context.Context, r int) error {
 	if b.store.redisBench != "" {
+		meter := b.startCPU(ctx)
 		rps, err := b.redisBenchmark(ctx, r)
 		if err != nil {
 			return fmt.Errorf("redis-benchmark: %w", err)
 		}
-		b.res.add("ceiling", "redis-benchmark-P64", 0, r, metrics{mOps: rps})
+		use := meter.stop(ctx)
+		use.clientOK = false // the client is redis-benchmark, not this process
+		m := metrics{mOps: rps}
+		use.addTo(m)
+		b.res.add("ceiling", "redis-benchmark-P64", 0, r, m)
 	}
 	m, err := b.goPipelineCeiling(ctx, r)
 	if err != nil {
@@ -152,10 +158,16 @@ func (b *bench) roundStore(ctx context.Context, r int) error {
 		for j := range variants {
 			v := variants[(j+r)%len(variants)]
 			km := keyMaker{head: fmt.Sprintf("r%d-c%d-%s-", r, c, v)}
-			m, err := load(ctx, c, b.cfg.duration, b.storeOp(v, km))
+			meter := b.startCPU(ctx)
+			var m metrics
+			var err error
+			pprof.Do(ctx, pprof.Labels("scenario", "store", "variant", v, "concurrency", strconv.Itoa(c)), func(ctx context.Context) {
+				m, err = load(ctx, c, b.cfg.duration, b.storeOp(v, km))
+			})
 			if err != nil {
 				return fmt.Errorf("%s at concurrency %d: %w", v, c, err)
 			}
+			meter.stop(ctx).addTo(m)
 			b.res.add("store", v, c, r, m)
 		}
 	}
@@ -217,6 +229,7 @@ func parseBenchmarkCSV(out []byte) (float64, error) {
 func (b *bench) goPipelineCeiling(ctx context.Context, r int) (metrics, error) {
 	km := keyMaker{head: fmt.Sprintf("%s:pipe%d-", b.prefix, r)}
 	args := redis.SetArgs{Mode: "NX", TTL: time.Minute}
+	meter := b.startCPU(ctx)
 	m, err := load(ctx, ceilingClients, b.cfg.duration, func(ctx context.Context, w, i int) error {
 		pipe := b.plainRDB.Pipeline()
 		for j := range ceilingDepth {
@@ -228,7 +241,9 @@ func (b *bench) goPipelineCeiling(ctx context.Context, r int) (metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	return metrics{mOps: m[mOps] * ceilingDepth}, nil
+	out := metrics{mOps: m[mOps] * ceilingDepth}
+	meter.stop(ctx).addTo(out)
+	return out, nil
 }
 
 // pairedLatency times Mark on a new key and, alternately before and after it, the

@@ -99,10 +99,12 @@ func (b *bench) roundZipf(ctx context.Context, r int) error {
 	for j := range variants {
 		v := variants[(j+r)%len(variants)]
 		counts := make([]zipfCount, zipfConc)
+		meter := b.startCPU(ctx)
 		m, err := load(ctx, zipfConc, b.cfg.duration, v.op(counts))
 		if err != nil {
 			return fmt.Errorf("%s: %w", v.name, err)
 		}
+		meter.stop(ctx).addTo(m)
 		var sum zipfCount
 		for _, c := range counts {
 			sum.ops += c.ops

@@ -136,3 +136,15 @@ func TestParseBenchmarkCSV(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRedisCPU(t *testing.T) {
+	info := "# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:2.500000\r\nused_cpu_sys_children:9.0\r\nused_cpu_user_children:9.0\r\n"
+	if got, ok := parseRedisCPU(info); !ok || got != 3.75 {
+		t.Errorf("parseRedisCPU = %v, %v; want 3.75, true", got, ok)
+	}
+	for _, bad := range []string{"", "# CPU\r\nused_cpu_sys:1.0\r\n", "used_cpu_sys:x\r\nused_cpu_user:1\r\n"} {
+		if got, ok := parseRedisCPU(bad); ok {
+			t.Errorf("parseRedisCPU(%q) = %v, true; want false", bad, got)
+		}
+	}
+}

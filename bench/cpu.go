@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// CPU per operation: where a measurement's time went, on each side of the wire.
+// processCPU (this process, from getrusage) is the client; Redis's is the change in
+// INFO cpu's used_cpu_user + used_cpu_sys, read only from a real server (miniredis
+// runs inside this process, and its INFO has no cpu section).
+const (
+	mClientCPU = "client_cpu_us_per_op" // CPU µs this process spent per operation
+	mRedisCPU  = "redis_cpu_us_per_op"  // CPU µs the Redis server spent per operation
+)
+
+// cpuMeter holds the readings at the start of one measurement.
+type cpuMeter struct {
+	b                 *bench
+	start             time.Time
+	client, redis     float64 // CPU seconds so far
+	clientOK, redisOK bool    // whether each was read
+}
+
+// cpuUse is what each side used over a measurement, in cores (CPU seconds per
+// second of wall time).
+type cpuUse struct {
+	client, redis     float64
+	clientOK, redisOK bool
+}
+
+// startCPU reads both CPU counters before a measurement.
+func (b *bench) startCPU(ctx context.Context) cpuMeter {
+	m := cpuMeter{b: b}
+	m.client, m.clientOK = processCPU()
+	m.redis, m.redisOK = b.redisCPU(ctx)
+	m.start = time.Now()
+	return m
+}
+
+// stop reads both counters again and returns what each side used since startCPU.
+func (m cpuMeter) stop(ctx context.Context) cpuUse {
+	wall := time.Since(m.start).Seconds()
+	var u cpuUse
+	if c, ok := processCPU(); ok && m.clientOK && wall > 0 {
+		u.client, u.clientOK = (c-m.client)/wall, true
+	}
+	if r, ok := m.b.redisCPU(ctx); ok && m.redisOK && wall > 0 {
+		u.redis, u.redisOK = (r-m.redis)/wall, true
+	}
+	return u
+}
+
+// addTo sets mClientCPU and mRedisCPU in mt: the cores used over the rate mt[mOps].
+func (u cpuUse) addTo(mt metrics) {
+	ops := mt[mOps]
+	if ops <= 0 {
+		return
+	}
+	if u.clientOK {
+		mt[mClientCPU] = u.client / ops * 1e6
+	}
+	if u.redisOK {
+		mt[mRedisCPU] = u.redis / ops * 1e6
+	}
+}
+
+// redisCPU returns the Redis server's CPU seconds so far, or false on miniredis or
+// when INFO fails (the report then has no Redis column).
+func (b *bench) redisCPU(ctx context.Context) (float64, bool) {
+	if b.srv.redisEmbedded || b.plainRDB == nil {
+		return 0, false
+	}
+	info, err := b.plainRDB.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, false
+	}
+	return parseRedisCPU(info)
+}
+
+// parseRedisCPU sums used_cpu_user and used_cpu_sys from INFO cpu.
+func parseRedisCPU(info string) (float64, bool) {
+	var sum float64
+	found := 0
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		name, val, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
+			continue
+		}
+		v, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			return 0, false
+		}
+		sum += v
+		found++
+	}
+	return sum, found == 2
+}
