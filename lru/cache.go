@@ -25,8 +25,6 @@ type Cache struct {
 
 // New returns a cache holding at most [Cache.Cap] keys (size rounded up so
 // every shard holds the same number), each for ttl after its last Add.
-// On the default clock a key is kept for ttl less a millisecond (see
-// [Cache.Contains]), so a ttl of a millisecond or less keeps nothing.
 //
 // size < 1, ttl <= 0, a nil Option or an invalid option value returns an error
 // wrapping [ErrInvalidOption] that names the setting.
@@ -65,12 +63,28 @@ func (c *Cache) clock() int64 {
 }
 
 // hitClock returns the time for Contains: on the default clock the coarse
-// one, which may lag clock() by about tickEvery, never lead it.
+// one, which may lag clock() but never leads it.
 func (c *Cache) hitClock() int64 {
 	if c.now == nil {
 		return coarse.read()
 	}
 	return int64(c.now().Sub(c.base))
+}
+
+// nearExpiry is how close to its expiry, by the coarse clock, a key must be
+// for Contains to confirm with the monotonic clock: more than the coarse
+// clock can lag unless the whole process stops (a paused VM, SIGSTOP).
+const nearExpiry = int64(10 * time.Second)
+
+// expired reports whether a key that expires at exp has expired. On the
+// default clock a hit reads the coarse clock only, unless the key is within
+// nearExpiry of its end by it; then the monotonic clock decides.
+func (c *Cache) expired(exp int64) bool {
+	now := c.hitClock()
+	if now >= exp {
+		return true
+	}
+	return c.now == nil && exp-now < nearExpiry && monoNow() >= exp
 }
 
 func (c *Cache) shard(h uint64) *shard {
@@ -82,11 +96,12 @@ func (c *Cache) shard(h uint64) *shard {
 // protects it from the next eviction sweep. It takes no lock and makes no
 // allocation; it reads the clock only when the key is found.
 //
-// With the default clock, Contains judges expiry by a coarse clock that a
-// goroutine advances every millisecond while the cache is read, so it lags
-// real time by a millisecond plus the goroutine's scheduling delay. Add
-// takes the millisecond off the TTL: a key is not found after its TTL
-// unless that goroutine runs late, and then only by how late it runs.
+// With the default clock, a hit reads a coarse clock: a time that one
+// goroutine advances every millisecond while caches are being hit, which
+// costs an atomic load instead of a monotonic read. In a key's last ten
+// seconds (by that clock) Contains confirms with the monotonic clock, so a
+// key is not found after its TTL unless that clock fell over ten seconds
+// behind, which takes the whole process standing still (a paused VM).
 func (c *Cache) Contains(key string) bool {
 	h := maphash.String(c.seed, key)
 	t := c.tables[h>>c.shift].Load()
@@ -94,7 +109,7 @@ func (c *Cache) Contains(key string) bool {
 		return false
 	}
 	n := t.find(h, key)
-	if n == nil || c.hitClock() >= n.expires.Load() {
+	if n == nil || c.expired(n.expires.Load()) {
 		return false
 	}
 	if n.ref.Load() == 0 { // write only when needed: hot keys stay read-shared
@@ -121,13 +136,6 @@ func (c *Cache) AddFor(key string, ttl time.Duration) {
 }
 
 func (c *Cache) add(key string, ttl int64) {
-	if c.now == nil {
-		// Contains's coarse clock lags by up to a tick: take the tick off,
-		// so that a key is not found after its TTL for that long.
-		if ttl -= int64(tickEvery); ttl <= 0 {
-			return
-		}
-	}
 	h := maphash.String(c.seed, key)
 	s := c.shard(h)
 	now := c.clock()
@@ -176,7 +184,7 @@ func (c *Cache) Cap() int {
 // cache either open or closed. Close is idempotent. The last open Cache's
 // Close stops the coarse clock's goroutine (see [Cache.Contains]) and waits
 // for it to end; while Caches stay open, it stops within a tick or two of
-// the last Contains anyway.
+// the last hit anyway.
 func (c *Cache) Close() {
 	if c.closed.CompareAndSwap(false, true) && c.now == nil {
 		defer coarse.release()

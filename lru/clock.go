@@ -17,25 +17,29 @@ func monoNow() int64 { return max(1, int64(time.Since(epoch))) }
 // tickEvery is how often the coarse clock advances while it is read.
 const tickEvery = time.Millisecond
 
-// coarseClock is the clock Contains reads with the default clock: a time
-// that one goroutine refreshes every tickEvery, so a hit costs an atomic load
-// instead of a monotonic read (about a quarter of a hit, measured by
-// BenchmarkHit's profile). It lags the monotonic clock by at most a tick
-// plus the goroutine's scheduling delay. Add and eviction read the
-// monotonic clock itself, and Add takes a tick off each TTL to make up for
-// the lag.
+// coarseClock is the clock a hit reads with the default clock: a time that
+// one goroutine refreshes every tickEvery, so a hit costs an atomic load
+// instead of a monotonic read (a vDSO call whose serialising TSC read kept
+// consecutive lookups from overlapping their cache misses). It never leads
+// the monotonic clock, and lags it by a tick plus the goroutine's
+// scheduling delay; Cache.expired confirms with the monotonic clock near a
+// key's expiry, and Add and eviction read the monotonic clock itself.
 //
-// The goroutine runs only while someone reads: a tick in which nobody read
-// stops it, and the next read starts it again (reading the monotonic clock
-// itself once). The last open Cache's Close stops it too, and waits for it.
+// The goroutine runs only while hits read it: a tick in which nobody read
+// stops it, and the next read starts another (reading the monotonic clock
+// itself once). The last open Cache's Close stops it too, and waits for it
+// and for every earlier one.
 type coarseClock struct {
 	now  atomic.Int64 // monoNow at the last tick; 0 while no goroutine ticks
 	used atomic.Bool  // read since the last tick
 
 	mu   sync.Mutex
 	open int           // Caches on this clock, not yet closed
-	stop chan struct{} // closed to stop the goroutine; nil while none runs
-	done chan struct{} // closed by the goroutine as it ends
+	stop chan struct{} // closed to stop the ticking goroutine; nil while none ticks
+	// done is closed when the goroutine started last has ended, which it does
+	// only after every earlier one; nil before the first start.
+	done   chan struct{}
+	starts int // goroutines started, for tests
 }
 
 // coarse is the clock of every Cache built without WithClock.
@@ -59,17 +63,23 @@ func (k *coarseClock) start() int64 {
 	defer k.mu.Unlock()
 	now := monoNow()
 	if k.stop == nil && k.open > 0 {
+		prev := k.done // a goroutine that halted itself may still be ending
 		k.stop, k.done = make(chan struct{}), make(chan struct{})
+		k.starts++
 		k.used.Store(true)
 		k.now.Store(now)
-		go k.run(k.stop, k.done)
+		go k.run(prev, k.stop, k.done)
 	}
 	return now
 }
 
-// run advances now every tick until stop is closed or a tick passes unread.
-func (k *coarseClock) run(stop, done chan struct{}) {
+// run waits for the previous goroutine (prev) to end, then advances now every
+// tick until stop is closed or a tick passes unread.
+func (k *coarseClock) run(prev, stop, done chan struct{}) {
 	defer close(done)
+	if prev != nil {
+		<-prev
+	}
 	t := time.NewTicker(tickEvery)
 	defer t.Stop()
 	for {
@@ -101,11 +111,11 @@ func (k *coarseClock) tick(stop chan struct{}) bool {
 	return true
 }
 
-// halt marks the goroutine stopped, so the next read starts another. Called
-// with k.mu held.
+// halt marks the goroutine stopped, so the next read starts another; done
+// stays, for release to wait on. Called with k.mu held.
 func (k *coarseClock) halt() {
 	k.now.Store(0)
-	k.stop, k.done = nil, nil
+	k.stop = nil
 }
 
 // acquire counts a new open Cache.
@@ -116,15 +126,17 @@ func (k *coarseClock) acquire() {
 }
 
 // release counts a Cache closed; the last one stops the goroutine and waits
-// for it to end.
+// for it, and any that halted itself, to end.
 func (k *coarseClock) release() {
 	k.mu.Lock()
 	k.open--
 	var done chan struct{}
-	if k.open == 0 && k.stop != nil {
-		close(k.stop)
+	if k.open == 0 {
+		if k.stop != nil {
+			close(k.stop)
+			k.halt()
+		}
 		done = k.done
-		k.halt()
 	}
 	k.mu.Unlock()
 	if done != nil {

@@ -59,10 +59,9 @@ func TestCoarseClockStopsWhenIdleAndRestarts(t *testing.T) {
 	var k coarseClock
 	k.acquire()
 	defer k.release()
-	k.read()
-	if !k.running() {
-		t.Fatal("read did not start the goroutine")
-	}
+	// A stall of two ticks between the read and the check lets the goroutine
+	// stop itself already, so read until it is seen running.
+	waitFor(t, "reads did not start the goroutine", func() bool { k.read(); return k.running() })
 	waitFor(t, "the goroutine still runs with nobody reading", func() bool { return !k.running() })
 	if v := k.now.Load(); v != 0 {
 		t.Fatalf("stopped clock still holds %d; the next read would use it", v)
@@ -72,22 +71,48 @@ func TestCoarseClockStopsWhenIdleAndRestarts(t *testing.T) {
 	if v := k.read(); v < before {
 		t.Fatalf("first read after idling returned %d, older than %d", v, before)
 	}
-	if !k.running() {
-		t.Fatal("read after idling did not restart the goroutine")
+	k.mu.Lock()
+	starts := k.starts
+	k.mu.Unlock()
+	if starts < 2 {
+		t.Fatalf("%d goroutines started: the read after idling started none", starts)
 	}
 }
 
-// The last release stops the goroutine and waits for it; with nothing open,
-// a read starts none.
+// While hits keep coming, one goroutine keeps ticking: reads mark the clock
+// used, so it is not stopped and started again every tick.
+func TestCoarseClockKeepsTicking(t *testing.T) {
+	var k coarseClock
+	k.acquire()
+	defer k.release()
+	for start := time.Now(); time.Since(start) < 100*time.Millisecond; {
+		k.read()
+	}
+	k.mu.Lock()
+	starts := k.starts
+	k.mu.Unlock()
+	// A restart needs a whole tick without a read: a few, when the reading
+	// goroutine is descheduled, not one every other tick.
+	if starts > 15 {
+		t.Fatalf("%d goroutines started in 100ms of reads", starts)
+	}
+}
+
+// A release with a Cache still open leaves the goroutine alone; the last one
+// stops it and waits for it; with nothing open, a read starts none.
 func TestCoarseClockLastReleaseStopsIt(t *testing.T) {
 	var k coarseClock
 	k.acquire()
 	k.acquire()
-	k.read()
-	done := k.done
+	waitFor(t, "reads did not start the goroutine", func() bool { k.read(); return k.running() })
+	k.mu.Lock()
+	stop, done := k.stop, k.done
+	k.mu.Unlock()
 	k.release()
-	if !k.running() {
+	select {
+	case <-stop: // only a release closes stop; an idle goroutine just halts
 		t.Fatal("a release with a Cache still open stopped the goroutine")
+	default:
 	}
 	k.release()
 	select {
@@ -103,6 +128,26 @@ func TestCoarseClockLastReleaseStopsIt(t *testing.T) {
 	}
 	if k.running() {
 		t.Fatal("a read with nothing open started the goroutine")
+	}
+}
+
+// The last release also waits for a goroutine that halted itself (an unread
+// tick) and may still be ending.
+func TestCoarseClockReleaseWaitsForAHaltedGoroutine(t *testing.T) {
+	for i := range 50 {
+		var k coarseClock
+		k.acquire()
+		k.read()
+		waitFor(t, "the goroutine still runs with nobody reading", func() bool { return !k.running() })
+		k.mu.Lock()
+		done := k.done
+		k.mu.Unlock()
+		k.release()
+		select {
+		case <-done:
+		default:
+			t.Fatalf("try %d: the last release returned while a halted goroutine was still ending", i)
+		}
 	}
 }
 
@@ -125,9 +170,9 @@ func TestCoarseClockReleaseRacingATick(t *testing.T) {
 	}
 }
 
-// A Cache on the default clock keeps a key for its TTL less a tick, judged
-// by a coarse clock that never runs ahead; a TTL of a tick keeps nothing;
-// closing the last Cache stops the clock's goroutine.
+// A Cache on the default clock keeps a key for its TTL, judged by a coarse
+// clock that never runs ahead; AddFor shortens a key's life however short
+// the TTL; closing the last Cache stops the clock's goroutine.
 func TestDefaultClockExpiryAndClose(t *testing.T) {
 	const ttl = 50 * time.Millisecond
 	c, err := New(16, ttl)
@@ -136,19 +181,21 @@ func TestDefaultClockExpiryAndClose(t *testing.T) {
 	}
 	added := time.Now()
 	c.Add("k")
-	if !c.Contains("k") && time.Since(added) < ttl-tickEvery {
+	if !c.Contains("k") && time.Since(added) < ttl {
 		t.Fatal("key missing before its TTL")
 	}
 	waitFor(t, "key still found long after its TTL", func() bool {
 		found := c.Contains("k")
-		if !found && time.Since(added) < ttl-tickEvery {
-			t.Fatalf("key dropped %v after Add, before its TTL less a tick", time.Since(added))
+		if !found && time.Since(added) < ttl {
+			t.Fatalf("key dropped %v after Add, before its TTL", time.Since(added))
 		}
 		return !found
 	})
-	c.AddFor("short", tickEvery)
+	c.Add("short")
+	c.AddFor("short", 500*time.Microsecond)
+	time.Sleep(5 * time.Millisecond)
 	if c.Contains("short") {
-		t.Fatal("a key added for one tick was found: the coarse clock could let it outlive that")
+		t.Fatal("AddFor(500µs) did not shorten a key already held")
 	}
 	c.Close()
 	c.Close() // idempotent: counts once
@@ -160,5 +207,44 @@ func TestDefaultClockExpiryAndClose(t *testing.T) {
 	}
 	if open == 0 && !stopped {
 		t.Fatal("closing the last Cache left the clock goroutine running")
+	}
+}
+
+// A key is not found after its TTL even while the coarse clock is stalled (its
+// goroutine held up, as on a saturated machine): near its expiry a hit
+// confirms with the monotonic clock. A key far from it is still found.
+func TestNoHitAfterTTLWhileTheClockStalls(t *testing.T) {
+	const ttl = 30 * time.Millisecond
+	c, err := New(16, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	long, err := New(16, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Close()
+	long.Add("far")
+	for {
+		c.Add("k")
+		long.Contains("far") // keeps the goroutine ticking
+		coarse.mu.Lock()     // stalls it: tick waits for the mutex
+		if coarse.now.Load() != 0 {
+			break // ticking, and held up from here on
+		}
+		coarse.mu.Unlock() // it stopped just now; go again
+	}
+	defer coarse.mu.Unlock()
+	stalled := coarse.now.Load()
+	time.Sleep(ttl + 10*time.Millisecond)
+	if coarse.now.Load() != stalled {
+		t.Fatal("the coarse clock advanced while its mutex was held")
+	}
+	if c.Contains("k") {
+		t.Fatal("key found after its TTL while the coarse clock stalled")
+	}
+	if !long.Contains("far") {
+		t.Fatal("a key an hour from its expiry was not found")
 	}
 }

@@ -25,16 +25,18 @@
 //
 // A monotonic clock read costs more than the rest of a hit: it is a vDSO
 // call whose serialising TSC read stops the processor from overlapping one
-// lookup's cache misses with the next. So by default Contains reads a
-// coarse clock instead: one atomic load of a time that a single goroutine,
-// shared by all Caches, advances every millisecond. Add and eviction read
-// the monotonic clock itself. The coarse clock never runs ahead, and it lags
-// by a tick plus the goroutine's scheduling delay; Add takes the tick off
-// the TTL, so a key is found for at most its TTL unless the goroutine runs
-// late, and then for at most that much longer. The goroutine runs only
-// while Caches are read: a tick with no Contains stops it, the next Contains
-// starts it again, and the last open Cache's [Cache.Close] stops it and
-// waits for it. [WithClock] replaces both clocks with an exact one.
+// lookup's cache misses with the next. So by default a hit reads a coarse
+// clock instead: one atomic load of a time that a single goroutine, shared
+// by all Caches, advances every millisecond. It never runs ahead, and lags
+// by a tick plus that goroutine's scheduling delay (tens of milliseconds
+// were seen on a saturated 2-core machine), so in a key's last ten seconds
+// by the coarse clock a hit confirms with the monotonic clock: a key is not
+// found after its TTL unless the coarse clock fell more than ten seconds
+// behind, which takes the whole process standing still. Add and eviction
+// read the monotonic clock itself. The goroutine runs only while Caches are
+// hit: a tick with no hit stops it, the next hit starts it again, and the
+// last open Cache's [Cache.Close] stops it and waits for it. [WithClock]
+// replaces both clocks with an exact one.
 //
 // # Eviction
 //

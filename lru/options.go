@@ -35,7 +35,8 @@ const (
 	maxShards = 1 << 16
 )
 
-// WithClock sets the time source used for expiry. The default is time.Now.
+// WithClock sets the time source used for expiry. The default is the
+// monotonic clock, with a coarse clock for hits (see the package doc).
 // It exists for tests: the function must be safe for concurrent use, and it
 // is called at most once per Contains, Add or Remove. A nil function makes
 // [New] fail with [ErrInvalidOption].
