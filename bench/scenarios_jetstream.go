@@ -127,7 +127,8 @@ func (b *bench) roundJetStream(ctx context.Context, r int) error {
 		var m metrics
 		var err error
 		// The label marks the variant's samples in -cpuprofile (pprof -tagfocus
-		// variant=dedup-filter); goroutines started meanwhile inherit it.
+		// variant=dedup-filter) on goroutines started meanwhile; nats.go's own
+		// (its reader and its message dispatch) started earlier and carry none.
 		pprof.Do(ctx, pprof.Labels("scenario", "jetstream", "variant", v), func(ctx context.Context) {
 			m, err = b.consumeAll(ctx, r, v)
 		})
