@@ -24,9 +24,7 @@ func TestHandleBatchParallelRunsItemsAtOnce(t *testing.T) {
 func testHandleBatchParallelRunsItemsAtOnce(t *testing.T, mode Mode) {
 	mem, _ := NewMemoryStore()
 	hs := &hookStore{Store: mem}
-	d, _ := New(hs, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("par", WithMode(mode))
+	h := newDeduperOver(t, hs).mustRegister(t, "par", WithMode(mode))
 	const n = 8
 	items := make([]Item, n+1)
 	for i := range n {
@@ -146,9 +144,7 @@ func TestHandleBatchParallelReportsEachItemWhenDone(t *testing.T) {
 
 func testHandleBatchParallelReportsEachItemWhenDone(t *testing.T, mode Mode) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(mem, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("par-done", WithMode(mode))
+	h := newDeduperOver(t, mem).mustRegister(t, "par-done", WithMode(mode))
 	release := make(chan struct{})
 	reported := make(chan int, 2)
 	go h.HandleBatchParallel(context.Background(), []Item{{Key: "slow"}, {Key: "fast"}}, 2, func(ctx context.Context, i int) error {
@@ -198,9 +194,7 @@ func (s *slowMark) Mark(ctx context.Context, key, token, fp string, retention ti
 func TestBatchItemWaitsForAnotherCallsMark(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	sm := &slowMark{Store: mem, entered: make(chan struct{}), release: make(chan struct{})}
-	d, _ := New(sm, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("joined", WithMode(ModeFilter))
+	h := newDeduperOver(t, sm).mustRegister(t, "joined", WithMode(ModeFilter))
 	first := make(chan Result, 1)
 	go func() {
 		r, _ := h.Mark(context.Background(), "x")
@@ -254,9 +248,7 @@ func TestHandleBatchParallelCallerGoexit(t *testing.T) {
 func TestHandleBatchParallelHoldsEarlyResults(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	hs := &hookStore{Store: mem}
-	d, _ := New(hs, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("early", WithMode(ModeFilter), WithLocalCache(100, time.Hour))
+	h := newDeduperOver(t, hs).mustRegister(t, "early", WithMode(ModeFilter), WithLocalCache(100, time.Hour))
 	if r, err := h.Mark(context.Background(), "seen"); err != nil || r.Outcome != First {
 		t.Fatalf("mark: %v, %v", r.Outcome, err)
 	}
@@ -276,9 +268,7 @@ func TestHandleBatchParallelHoldsEarlyResults(t *testing.T) {
 // no goroutine each.
 func TestHandleBatchParallelFastFnsStayOnTheCaller(t *testing.T) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(mem, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("par-fast", WithMode(ModeFilter))
+	h := newDeduperOver(t, mem).mustRegister(t, "par-fast", WithMode(ModeFilter))
 	// however slow the machine, they are "fast" here: only the wait decides
 	defer func(d time.Duration) { spawnAfter = d }(spawnAfter)
 	spawnAfter = time.Hour
@@ -304,10 +294,8 @@ func TestHandleBatchParallelFastFnsStayOnTheCaller(t *testing.T) {
 // it, goes on and completes.
 func TestHandleBatchParallelLeaseLostCancelsItsItemOnly(t *testing.T) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(mem, WithLogger(quiet))
-	defer d.Close()
 	const lease = 150 * time.Millisecond
-	h, _ := d.Register("par-lease", WithLease(lease))
+	h := newDeduperOver(t, mem).mustRegister(t, "par-lease", WithLease(lease))
 	var started sync.WaitGroup
 	started.Add(2)
 	stolen := make(chan struct{})
@@ -351,9 +339,7 @@ func TestHandleBatchParallelLeaseLostCancelsItsItemOnly(t *testing.T) {
 // DONE already, so unrun they would be lost (their redeliveries are duplicates).
 func TestFilterBatchGoexitStillRunsTheMarkedItems(t *testing.T) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(mem, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("serial-goexit", WithMode(ModeFilter))
+	h := newDeduperOver(t, mem).mustRegister(t, "serial-goexit", WithMode(ModeFilter))
 	var mu sync.Mutex
 	ran := map[int]bool{}
 	got, _ := batchOnItsOwn(h, []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, 1, func(ctx context.Context, i int) error {

@@ -31,9 +31,7 @@ func (s *slowFirstComplete) CompleteMany(ctx context.Context, e []Entry) ([]erro
 func TestBatchQueuedCompletionKeepsItsLease(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	st := &slowFirstComplete{Store: mem}
-	d, _ := New(st, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("q", WithLease(300*time.Millisecond))
+	h := newDeduperOver(t, st).mustRegister(t, "q", WithLease(300*time.Millisecond))
 	d2, _ := New(mem, WithLogger(quiet)) // another process
 	defer d2.Close()
 	h2, _ := d2.Register("q", WithLease(300*time.Millisecond))
@@ -70,9 +68,7 @@ func TestBatchQueuedCompletionKeepsItsLease(t *testing.T) {
 // InProgress for keys already processed.
 func TestBatchesWithCrossedKeysDoNotWaitForEachOther(t *testing.T) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(mem, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("x", WithLease(2*time.Second))
+	h := newDeduperOver(t, mem).mustRegister(t, "x", WithLease(2*time.Second))
 	ctx := WaitForRunning(context.Background())
 	fn := func(context.Context, int) error { return nil }
 	for it := range 300 {
@@ -105,9 +101,7 @@ func TestBatchesWithCrossedKeysDoNotWaitForEachOther(t *testing.T) {
 // waits, unbounded, for that flight to be left. That used to be a deadlock.
 func TestBatchesWithCrossedKeysAndFingerprintsEnd(t *testing.T) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(mem, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("fp", WithFingerprint(true), WithLocalCache(0, 0))
+	h := newDeduperOver(t, mem).mustRegister(t, "fp", WithFingerprint(true), WithLocalCache(0, 0))
 	ctx := WaitForRunning(context.Background())
 	fn := func(context.Context, int) error { return nil }
 	for it := range 200 {
@@ -141,9 +135,7 @@ func TestBatchesWithCrossedKeysAndFingerprintsEnd(t *testing.T) {
 // for that batch's slowest fn.
 func TestBatchJoinerWaitsForTheRunOnly(t *testing.T) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(mem, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("w", WithLease(time.Second))
+	h := newDeduperOver(t, mem).mustRegister(t, "w", WithLease(time.Second))
 	ctx := WaitForRunning(context.Background())
 	go h.HandleBatchParallel(ctx, []Item{{Key: "x"}, {Key: "z"}}, 2, func(ctx context.Context, i int) error {
 		if i == 0 {
@@ -173,9 +165,7 @@ func (failExtend) Extend(context.Context, string, string, time.Duration) error {
 // the race detector: the batch's no-more-renewals flag is shared).
 func TestBatchParallelRenewals(t *testing.T) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(failExtend{mem}, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("r", WithLease(300*time.Millisecond))
+	h := newDeduperOver(t, failExtend{mem}).mustRegister(t, "r", WithLease(300*time.Millisecond))
 	items := []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}, {Key: "d"}}
 	res := h.HandleBatchParallel(context.Background(), items, 2, func(ctx context.Context, i int) error {
 		if i < 2 {
@@ -204,9 +194,7 @@ func (s slowRelease) Release(ctx context.Context, key, token string) error {
 // claims and runs, rather than meeting the claim and answering InProgress for a lease.
 func TestBatchGoexitReleasesBeforeWaitersGoOn(t *testing.T) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(slowRelease{mem}, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("g", WithLease(5*time.Second))
+	h := newDeduperOver(t, slowRelease{mem}).mustRegister(t, "g", WithLease(5*time.Second))
 	ctx := WaitForRunning(context.Background())
 	started := make(chan struct{})
 	go h.HandleBatchParallel(ctx, []Item{{Key: "a"}, {Key: "b"}}, 2, func(_ context.Context, i int) error {
@@ -238,9 +226,7 @@ func (claimDown) ClaimMany(context.Context, []Entry) ([]Answer, error) {
 // unguarded (FailOpen).
 func TestWhenCheckedBeforeUnguardedFns(t *testing.T) {
 	mem, _ := NewMemoryStore()
-	d, _ := New(claimDown{mem}, WithLogger(quiet))
-	defer d.Close()
-	h, _ := d.Register("c", WithStoreFailure(FailOpen))
+	h := newDeduperOver(t, claimDown{mem}).mustRegister(t, "c", WithStoreFailure(FailOpen))
 	var called, calls atomic.Int64
 	ctx := WhenChecked(context.Background(), func() { calls.Add(1) })
 	var before atomic.Int64

@@ -68,7 +68,7 @@ func (c *Cache) hitClock() int64 {
 	if c.now == nil {
 		return coarse.read()
 	}
-	return int64(c.now().Sub(c.base))
+	return c.clock()
 }
 
 // nearExpiry is how close to its expiry, by the coarse clock, a key must be
