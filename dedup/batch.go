@@ -170,7 +170,8 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 	var joiners sync.WaitGroup
 	defer joiners.Wait() // after the leads' flights are left (the defer below)
 	var leads []*batchItem
-	first := make(map[string]*batchItem)
+	slab := make([]batchItem, 0, len(items)) // the leads, in one allocation: never grown
+	first := make(map[string]*batchItem, len(items))
 	follows := make(map[int]*batchItem)
 	defer func() {
 		for _, b := range leads {
@@ -211,7 +212,8 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			continue
 		}
 		f.fp = fp
-		b := &batchItem{i: i, k: k, lk: lk, fp: fp, rk: h.keyHead + k, token: newToken(), f: f}
+		slab = append(slab, batchItem{i: i, k: k, lk: lk, fp: fp, rk: h.keyHead + k, token: newToken(), f: f})
+		b := &slab[len(slab)-1]
 		first[k] = b
 		leads = append(leads, b)
 		out.mu.Lock()
@@ -248,7 +250,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 // once that call has the store's answer, a DONE key is a Duplicate; a key being run
 // (a claim) is InProgress for what is left of its lease; a failure is the leader's.
 func (h *Handler) joined(ctx context.Context, f *flight, fp string) ItemResult {
-	if err := wait(ctx, f.ready); err != nil {
+	if err := wait(ctx, f.ready.done()); err != nil {
 		return ItemResult{h.count(Result{Outcome: Cancelled}), err}
 	}
 	if err := ctx.Err(); err != nil { // both were ready: shutting down wins
@@ -370,12 +372,17 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 		runs = append(runs, pending{b: b})
 	}
 	out.flush() // every flight is answered: now the results known so far
+	if len(runs) == 0 {
+		return
+	}
+	fctx, end := h.fnContext(ctx) // one for the batch: fns that returned stay live until it ends
+	defer end()
 	runOne := func(p pending) {
 		if p.err != nil {
 			h.storeItemFailed(ctx, out, p.b, p.err, fn)
 			return
 		}
-		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, p.b.i) }, false, true)
+		res, ferr := h.runIn(fctx, func(c context.Context) error { return fn(c, p.b.i) }, false, true)
 		out.set(p.b.i, ItemResult{res, ferr})
 	}
 	// Also one at a time (parallel 1), through runParallel: should an fn end the
@@ -525,6 +532,8 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, fn func(
 	hb := h.startBatchBeat(claimed)
 	// every flight is answered and the heartbeat runs: now the results known so far
 	out.flush()
+	fnCtx, endFns := h.fnContext(ctx)
+	defer endFns()
 	finished := 0         // claimed[:finished] are released, lost or in done
 	var done []*batchItem // fn succeeded: to complete
 	defer func() {
@@ -554,7 +563,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, fn func(
 		}
 	}()
 	for _, b := range claimed {
-		ok := h.runClaimedItem(ctx, hb, b, fn, out)
+		ok := h.runClaimedItem(ctx, fnCtx, hb, b, fn, out)
 		finished++
 		if ok {
 			done = append(done, b)
@@ -564,11 +573,12 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, fn func(
 	h.completeItems(ctx, done, out)
 }
 
-// runClaimedItem runs fn for the claimed item b under the batch's heartbeat. It
-// reports true when fn succeeded: b's claim is then to be completed. Otherwise b is
-// settled: its claim is given back, and its result is in out.
-func (h *Handler) runClaimedItem(ctx context.Context, hb *batchBeat, b *batchItem, fn func(context.Context, int) error, out *batchOut) bool {
-	fctx, cancel := context.WithCancelCause(ctx)
+// runClaimedItem runs fn for the claimed item b under the batch's heartbeat, in a
+// context of its own under fnCtx (the batch's, from fnContext), which a lost lease
+// cancels. It reports true when fn succeeded: b's claim is then to be completed.
+// Otherwise b is settled: its claim is given back, and its result is in out.
+func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *batchItem, fn func(context.Context, int) error, out *batchOut) bool {
+	fctx, cancel := context.WithCancelCause(fnCtx)
 	defer cancel(nil) // deferred, as the others: fn may end its goroutine (runtime.Goexit)
 	// Its lease is gone, or may be: a starved process can reach an item after the
 	// heartbeat fell behind. The item has not run, so a claim that still holds its
@@ -587,10 +597,9 @@ func (h *Handler) runClaimedItem(ctx context.Context, hb *batchBeat, b *batchIte
 		return false
 	}
 	defer hb.stopRunning(b)
-	if h.d.ctx.Err() != nil {
+	if h.d.ctx.Err() != nil { // fnCtx's own cancel runs on a goroutine of its own
 		cancel(ErrClosed)
 	}
-	defer context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })()
 	var panicked bool
 	var ferr error
 	if fctx.Err() == nil { // a cancelled batch leaves the remaining items unrun
@@ -644,6 +653,8 @@ func (h *Handler) runClaimedParallel(ctx context.Context, claimed []*batchItem, 
 	c := &completer{h: h, ctx: ctx, hb: hb, out: out}
 	defer hb.stop()
 	defer c.wg.Wait() // before the heartbeat stops; also when an fn ends this goroutine
+	fnCtx, endFns := h.fnContext(ctx)
+	defer endFns()
 	h.runParallel(len(claimed), parallel, func(k int) {
 		b := claimed[k]
 		ran := false
@@ -657,7 +668,7 @@ func (h *Handler) runClaimedParallel(ctx context.Context, claimed []*batchItem, 
 				out.set(b.i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
 			}
 		}()
-		if h.runClaimedItem(ctx, hb, b, fn, out) {
+		if h.runClaimedItem(ctx, fnCtx, hb, b, fn, out) {
 			c.add(b)
 		}
 		ran = true

@@ -23,9 +23,9 @@ type flightShard struct {
 }
 
 type flight struct {
-	ready chan struct{} // closed once the leader has the store's answer
-	left  chan struct{} // closed once the leader is done with the key
-	// set by the leader before ready is closed
+	ready signal // fired once the leader has the store's answer
+	left  signal // fired once the leader is done with the key
+	// set by the leader before ready fires
 	res Result
 	err error
 	fp  string // the leader's fingerprint, set before the flight is shared
@@ -55,7 +55,7 @@ func (fs *flights) join(key string) (*flight, bool) {
 	if f, ok := s.m[key]; ok {
 		return f, false
 	}
-	f := &flight{ready: make(chan struct{}), left: make(chan struct{})}
+	f := new(flight)
 	s.m[key] = f
 	return f, true
 }
@@ -63,7 +63,7 @@ func (fs *flights) join(key string) (*flight, bool) {
 // answer publishes the leader's answer to the waiting callers.
 func (f *flight) answer(res Result, err error, running bool) {
 	f.res, f.err, f.running = res, err, running
-	close(f.ready)
+	f.ready.fire()
 }
 
 // leave removes the flight; the leader calls it once it is done with the key.
@@ -74,7 +74,38 @@ func (fs *flights) leave(key string, f *flight) {
 		delete(s.m, key)
 	}
 	s.mu.Unlock()
-	close(f.left)
+	f.left.fire()
+}
+
+// signal is a broadcast that fires once, as closing a channel does. Its channel is
+// made only when somebody waits before it fires: most flights have no waiter, and
+// so cost no channel.
+type signal struct{ p atomic.Pointer[chan struct{}] }
+
+// fired stands for a signal that has fired: its channel is closed.
+var fired = func() *chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return &c
+}()
+
+// fire releases the waiters, those to come included. Further calls do nothing.
+func (s *signal) fire() {
+	if old := s.p.Swap(fired); old != nil && old != fired {
+		close(*old)
+	}
+}
+
+// done returns a channel that is closed once the signal has fired.
+func (s *signal) done() <-chan struct{} {
+	if p := s.p.Load(); p != nil {
+		return *p
+	}
+	c := make(chan struct{})
+	if s.p.CompareAndSwap(nil, &c) {
+		return c
+	}
+	return *s.p.Load() // another waiter's channel, or fired
 }
 
 func (f *flight) retryAfter(lease time.Duration) time.Duration {

@@ -180,7 +180,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 			}
 			return f, Result{}, nil
 		}
-		if err := wait(ctx, f.ready); err != nil {
+		if err := wait(ctx, f.ready.done()); err != nil {
 			return nil, h.count(Result{Outcome: Cancelled}), err
 		}
 		if f.running {
@@ -191,7 +191,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 			// claim of our own answers. A run that outlasts what is left of its lease
 			// (as this process knows it) is slow: answer InProgress then, so that
 			// waiters do not hold their callers (the adapter's slots) for long.
-			done, err := waitUpTo(ctx, f.left, f.retryAfter(h.cfg.lease))
+			done, err := waitUpTo(ctx, f.left.done(), f.retryAfter(h.cfg.lease))
 			if err != nil {
 				return nil, h.count(Result{Outcome: Cancelled}), err
 			}
@@ -216,7 +216,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 		default: // InProgress elsewhere, StoreUnavailable: the same for every caller
 			return nil, h.count(f.res), f.err
 		}
-		if err := wait(ctx, f.left); err != nil {
+		if err := wait(ctx, f.left.done()); err != nil {
 			return nil, h.count(Result{Outcome: Cancelled}), err
 		}
 	}
@@ -607,9 +607,26 @@ func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error) (Re
 // entered. After a Mark (marked) the record is DONE already, so a cancelled fn is a
 // failure, not a message to leave for redelivery: a redelivery would be a duplicate.
 func (h *Handler) run(ctx context.Context, fn func(context.Context) error, unguarded, marked bool) (Result, error) {
-	fctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	defer context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })()
+	fctx, end := h.fnContext(ctx)
+	defer end()
+	return h.runIn(fctx, fn, unguarded, marked)
+}
+
+// fnContext returns the context fns run in: ctx, cancelled with ErrClosed when the
+// Deduper closes, and marked as not waiting for running keys (noWait). end releases
+// it; the fns that ran in it are then cancelled.
+func (h *Handler) fnContext(ctx context.Context) (fctx context.Context, end func()) {
+	fctx, cancel := context.WithCancelCause(noWait(ctx))
+	stop := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
+	return fctx, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
+// runIn is run in fctx, a context from fnContext: a batch runs all its marked fns in
+// one, so that each costs no context of its own.
+func (h *Handler) runIn(fctx context.Context, fn func(context.Context) error, unguarded, marked bool) (Result, error) {
 	panicked, err := h.invoke(fctx, fn)
 	res := Result{Outcome: Processed, Unguarded: unguarded}
 	switch {

@@ -61,3 +61,37 @@ func benchDo(b *testing.B, suffix string, opts ...Option) {
 		})
 	})
 }
+
+// BenchmarkHandleBatch measures a batch of fresh keys through the memory store, per
+// item: the dedup layer's own cost in the adapter's batch path (HandleBatchParallel,
+// as the JetStream adapter calls it), in each mode.
+func BenchmarkHandleBatch(b *testing.B) {
+	ctx := context.Background()
+	const n = 64
+	payload := []byte(`{"order":"0000000000","sku":"bench-sku","qty":1,"note":"dedupkit"}`)
+	for _, mode := range []Mode{ModeFilter, ModeDo} {
+		name := map[Mode]string{ModeFilter: "filter", ModeDo: "do"}[mode]
+		b.Run(fmt.Sprintf("mode:%s/batch:%d/store:memory", name, n), func(b *testing.B) {
+			mem, _ := NewMemoryStore(WithMemoryLimit(1 << 26))
+			d, _ := New(mem, WithLogger(quiet))
+			b.Cleanup(func() { d.Close() })
+			h, _ := d.Register("bench", WithMode(mode))
+			items := make([]Item, n)
+			seq := 0
+			fn := func(context.Context, int) error { return nil }
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i += n {
+				for j := range items {
+					seq++
+					items[j] = Item{Key: "m-" + strconv.Itoa(seq), Payload: payload}
+				}
+				for _, r := range h.HandleBatchParallel(ctx, items, 128, fn, nil) {
+					if r.Err != nil || (r.Outcome != First && r.Outcome != Processed) {
+						b.Fatal(r.Outcome, r.Err)
+					}
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,131 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// A signal releases the callers that waited before it fired and those that come
+// after, made their channels concurrently with fire, and a second fire is harmless.
+func TestSignalReleasesEveryWaiter(t *testing.T) {
+	for range 200 {
+		var s signal
+		const waiters = 8
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range waiters {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				select {
+				case <-s.done():
+				case <-time.After(10 * time.Second):
+					t.Error("a waiter was never released")
+				}
+			}()
+		}
+		close(start)
+		s.fire()
+		wg.Wait()
+		s.fire()
+		select {
+		case <-s.done():
+		default:
+			t.Fatal("done after fire: not closed")
+		}
+	}
+	var s signal
+	if s.done() != s.done() {
+		t.Fatal("two waiters before fire got different channels")
+	}
+	select {
+	case <-s.done():
+		t.Fatal("closed before fire")
+	default:
+	}
+}
+
+// A flight that nobody waits for costs one allocation, the flight: its signals make
+// no channel.
+func TestFlightWithoutWaitersAllocatesOnlyItself(t *testing.T) {
+	fs := newFlights()
+	allocs := testing.AllocsPerRun(200, func() {
+		f, lead := fs.join("k")
+		if !lead {
+			t.Fatal("not the leader of a free key")
+		}
+		f.answer(Result{Outcome: First}, nil, false)
+		fs.leave("k", f)
+	})
+	if allocs > 1 {
+		t.Fatalf("%v allocations per flight, want 1", allocs)
+	}
+}
+
+// The fns of a filter batch share one context for the batch, and it still ends with
+// ErrClosed when the Deduper closes while they run.
+func TestFilterBatchFnSeesClose(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	dd := newDeduperOver(t, mem)
+	h := dd.mustRegister(t, "close-batch", WithMode(ModeFilter))
+	started := make(chan struct{}, 2)
+	causes := make([]error, 2)
+	done := make(chan []ItemResult)
+	go func() {
+		done <- h.HandleBatchParallel(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, 2, func(ctx context.Context, i int) error {
+			started <- struct{}{}
+			select {
+			case <-ctx.Done():
+				causes[i] = context.Cause(ctx)
+			case <-time.After(10 * time.Second):
+				causes[i] = errors.New("never cancelled")
+			}
+			return ctx.Err()
+		}, nil)
+	}()
+	<-started
+	<-started
+	if err := dd.Close(); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	for i, r := range res {
+		if !errors.Is(causes[i], ErrClosed) {
+			t.Errorf("item %d: fn's context ended with %v, want ErrClosed", i, causes[i])
+		}
+		if r.Outcome != Failed { // marked DONE already: a redelivery would be a duplicate
+			t.Errorf("item %d: %v, want Failed", i, r.Outcome)
+		}
+	}
+}
+
+// A filter batch of fresh keys costs few allocations per item: one flight, one
+// token, one record key, one local-tier node, the memory store's record, and the
+// batch's share of its own. The fns share one context (14 per item before).
+func TestFilterBatchAllocationsPerItem(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	h := newDeduperOver(t, mem).mustRegister(t, "allocs", WithMode(ModeFilter))
+	const n = 64
+	items := make([]Item, n)
+	keys := make([]string, 0, 101*n)
+	for i := range cap(keys) {
+		keys = append(keys, "key-"+strconv.Itoa(i))
+	}
+	next := 0
+	fn := func(context.Context, int) error { return nil }
+	perBatch := testing.AllocsPerRun(100, func() {
+		for j := range items {
+			items[j] = Item{Key: keys[next]}
+			next++
+		}
+		h.HandleBatchParallel(context.Background(), items, 1, fn, nil)
+	})
+	if per := perBatch / n; per > 8 {
+		t.Fatalf("%.1f allocations per item, want at most 8", per)
+	}
+}
