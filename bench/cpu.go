@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -11,37 +12,41 @@ import (
 // CPU per operation: where a measurement's time went, on each side of the wire.
 // processCPU (this process, from getrusage) is the client; Redis's is the change in
 // INFO cpu's used_cpu_user + used_cpu_sys, read only from a real server (miniredis
-// runs inside this process, and its INFO has no cpu section).
+// runs inside this process, and its INFO has no cpu section). The host's is the time
+// all the machine's CPUs were busy (/proc/stat, Linux only): the client, Redis,
+// nats-server and anything else that ran meanwhile.
 const (
 	mClientCPU = "client_cpu_us_per_op" // CPU µs this process spent per operation
 	mRedisCPU  = "redis_cpu_us_per_op"  // CPU µs the Redis server spent per operation
+	mHostCPU   = "host_cpu_us_per_op"   // CPU µs the whole machine was busy per operation
 )
 
 // cpuMeter holds the readings at the start of one measurement.
 type cpuMeter struct {
-	b                 *bench
-	start             time.Time
-	client, redis     float64 // CPU seconds so far
-	clientOK, redisOK bool    // whether each was read
+	b                         *bench
+	start                     time.Time
+	client, redis, host       float64 // CPU seconds so far
+	clientOK, redisOK, hostOK bool    // whether each was read
 }
 
 // cpuUse is what each side used over a measurement, in cores (CPU seconds per
 // second of wall time).
 type cpuUse struct {
-	client, redis     float64
-	clientOK, redisOK bool
+	client, redis, host       float64
+	clientOK, redisOK, hostOK bool
 }
 
-// startCPU reads both CPU counters before a measurement.
+// startCPU reads the CPU counters before a measurement.
 func (b *bench) startCPU(ctx context.Context) cpuMeter {
 	m := cpuMeter{b: b}
 	m.client, m.clientOK = processCPU()
 	m.redis, m.redisOK = b.redisCPU(ctx)
+	m.host, m.hostOK = hostCPU()
 	m.start = time.Now()
 	return m
 }
 
-// stop reads both counters again and returns what each side used since startCPU.
+// stop reads the counters again and returns what each side used since startCPU.
 func (m cpuMeter) stop(ctx context.Context) cpuUse {
 	wall := time.Since(m.start).Seconds()
 	var u cpuUse
@@ -51,10 +56,14 @@ func (m cpuMeter) stop(ctx context.Context) cpuUse {
 	if r, ok := m.b.redisCPU(ctx); ok && m.redisOK && wall > 0 {
 		u.redis, u.redisOK = (r-m.redis)/wall, true
 	}
+	if h, ok := hostCPU(); ok && m.hostOK && wall > 0 {
+		u.host, u.hostOK = (h-m.host)/wall, true
+	}
 	return u
 }
 
-// addTo sets mClientCPU and mRedisCPU in mt: the cores used over the rate mt[mOps].
+// addTo sets mClientCPU, mRedisCPU and mHostCPU in mt (those measured): the cores
+// used over the rate mt[mOps].
 func (u cpuUse) addTo(mt metrics) {
 	ops := mt[mOps]
 	if ops <= 0 {
@@ -65,6 +74,9 @@ func (u cpuUse) addTo(mt metrics) {
 	}
 	if u.redisOK {
 		mt[mRedisCPU] = u.redis / ops * 1e6
+	}
+	if u.hostOK {
+		mt[mHostCPU] = u.host / ops * 1e6
 	}
 }
 
@@ -99,4 +111,43 @@ func parseRedisCPU(info string) (float64, bool) {
 		found++
 	}
 	return sum, found == 2
+}
+
+// procStat is where Linux counts the time each CPU spent in each state.
+var procStat = "/proc/stat"
+
+// hostCPU returns the CPU seconds all the machine's CPUs have been busy (/proc/stat),
+// or false where there is no /proc/stat.
+func hostCPU() (float64, bool) {
+	data, err := os.ReadFile(procStat)
+	if err != nil {
+		return 0, false
+	}
+	return parseProcStat(string(data))
+}
+
+// userHZ is the unit of /proc/stat's times: USER_HZ, 100 on every Linux platform Go
+// runs on.
+const userHZ = 100
+
+// parseProcStat reads the aggregate "cpu" line of /proc/stat (user nice system idle
+// iowait irq softirq steal ...) and returns the busy seconds: all but idle and iowait.
+// guest and guest_nice are left out: user and nice already hold them.
+func parseProcStat(stat string) (float64, bool) {
+	line, _, _ := strings.Cut(stat, "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, false
+	}
+	var busy uint64
+	for i, v := range f[1:9] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		if i != 3 && i != 4 { // idle, iowait
+			busy += n
+		}
+	}
+	return float64(busy) / userHZ, true
 }

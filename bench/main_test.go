@@ -134,6 +134,13 @@ func TestRunServers(t *testing.T) {
 	doc := readReport(t, filepath.Join(dir, "out.json"))
 	checkRatios(t, doc)
 	checkCPU(t, doc, true)
+	if _, ok := hostCPU(); ok {
+		for _, name := range []string{"jetstream_filter_vs_raw_cpu_bound", "jetstream_do_vs_raw_cpu_bound"} {
+			if _, ok := doc.Ratios[name]; !ok {
+				t.Errorf("ratio %s missing: every scenario ran on real servers", name)
+			}
+		}
+	}
 	if !doc.Machine.Meaningful || doc.Machine.RedisVersion == "" || doc.Machine.NATSVersion == "" {
 		t.Errorf("machine %+v: want real servers with versions", doc.Machine)
 	}
@@ -162,6 +169,7 @@ func TestRunServers(t *testing.T) {
 // CPU per operation in each round, and Redis's exactly when the server is real.
 func checkCPU(t *testing.T, doc jsonReport, realRedis bool) {
 	t.Helper()
+	_, hostOK := hostCPU()
 	seen := 0
 	for _, s := range doc.Series {
 		switch s.Scenario {
@@ -176,6 +184,10 @@ func checkCPU(t *testing.T, doc jsonReport, realRedis bool) {
 			}
 			if c, ok := m[mRedisCPU]; ok != realRedis || ok && !(c > 0) {
 				t.Errorf("%s/%s round %d: Redis CPU per op %v (present %v), want present %v and > 0", s.Scenario, s.Variant, r, c, ok, realRedis)
+			}
+			// a short measurement may see no tick of /proc/stat: present, not > 0
+			if c, ok := m[mHostCPU]; ok != hostOK || ok && !(c >= 0) {
+				t.Errorf("%s/%s round %d: host CPU per op %v (present %v), want present %v and >= 0", s.Scenario, s.Variant, r, c, ok, hostOK)
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"runtime"
 )
 
 // Metric names: the keys of a metrics map and of the JSON.
@@ -41,12 +42,13 @@ func seriesID(scenario, variant string, conc int) string {
 // results collects the measurements of a run.
 type results struct {
 	rounds int
+	cores  int      // the host's CPUs, for cpuBound
 	order  []string // series ids, first measured first
 	byID   map[string]*series
 }
 
 func newResults(rounds int) *results {
-	return &results{rounds: rounds, byID: map[string]*series{}}
+	return &results{rounds: rounds, cores: runtime.NumCPU(), byID: map[string]*series{}}
 }
 
 // add records the measurement of round r.
@@ -111,6 +113,9 @@ type ratioDef struct {
 	target   float64 // 0: none
 	atMost   bool    // the target is a maximum, else a minimum
 	required bool    // issue 4 §5 requires it in the JSON
+	// boundCmds, when above 0, makes this a CPU bound (cpuBound) over den for a
+	// variant that sends that many store commands per message; num is then unused.
+	boundCmds int
 }
 
 // ratioDefs are the ratios of a run, required ones first.
@@ -132,6 +137,8 @@ var ratioDefs = []ratioDef{
 	{name: "store_filter_c64_vs_go_pipeline", num: []string{"store/dedup-filter/c64"}, den: []string{ceilingGo}, metric: mOps},
 	{name: "zipf_filter_vs_naive", num: []string{"zipf/dedup-filter/c64"}, den: []string{"zipf/naive-setnx/c64"}, metric: mOps},
 	{name: "jetstream_naive_vs_raw", num: []string{"jetstream/naive-setnx"}, den: []string{"jetstream/raw-ack"}, metric: mOps},
+	{name: "jetstream_filter_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 1},
+	{name: "jetstream_do_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 2},
 }
 
 // The two ceilings, the preferred first.
@@ -165,13 +172,21 @@ func (rs *results) compute(def ratioDef) (ratioResult, bool) {
 		return ""
 	}
 	num, den := pick(def.num), pick(def.den)
+	if def.boundCmds > 0 {
+		num = fmt.Sprintf("cpu bound (%d store command(s) per message)", def.boundCmds)
+	}
 	if num == "" || den == "" {
 		return ratioResult{}, false
 	}
 	out := ratioResult{Num: num, Den: den, Metric: def.metric, Rounds: make([]*float64, rs.rounds)}
 	var vals []float64
 	for r := range rs.rounds {
-		v := ratio(rs.get(num, def.metric, r), rs.get(den, def.metric, r))
+		var v float64
+		if def.boundCmds > 0 {
+			v = rs.cpuBound(den, def.boundCmds, r)
+		} else {
+			v = ratio(rs.get(num, def.metric, r), rs.get(den, def.metric, r))
+		}
 		if !math.IsNaN(v) {
 			out.Rounds[r] = &v
 			vals = append(vals, v)
@@ -191,4 +206,29 @@ func (rs *results) compute(def ratioDef) (ratioResult, bool) {
 		out.Met = &met
 	}
 	return out, true
+}
+
+// cpuBound is the most that CPU lets a variant reach against den (a JetStream
+// variant) in round r, if the variant sends cmds store commands per message. Every
+// message costs the whole host at least what den's did (host_cpu_us_per_op: this
+// process, nats-server, the rest), and each store command at least what a SET NX PX
+// costs at the ceiling: Redis's CPU per SET in 64-deep pipelines (the lower of
+// redis-benchmark's and go-redis's) plus the client's in go-redis's own 64-deep
+// pipelines. With the host's cores all busy, the variant's rate is then at most
+//
+//	cores / (den's host µs + cmds × (Redis µs + client µs))
+//
+// and the bound is that over den's rate. It is NaN when the round lacks a figure
+// (scenario b did not run, or no real Redis, or no /proc/stat).
+func (rs *results) cpuBound(den string, cmds, r int) float64 {
+	host, ops := rs.get(den, mHostCPU, r), rs.get(den, mOps, r)
+	redisMin := math.NaN()
+	for _, c := range ceilings {
+		if v := rs.get(c, mRedisCPU, r); !math.IsNaN(v) && !(v >= redisMin) {
+			redisMin = v
+		}
+	}
+	client := rs.get(ceilingGo, mClientCPU, r)
+	perMsg := host + float64(cmds)*(redisMin+client)
+	return ratio(float64(rs.cores)*1e6/perMsg, ops)
 }

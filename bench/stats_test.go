@@ -148,3 +148,43 @@ func TestParseRedisCPU(t *testing.T) {
 		}
 	}
 }
+
+func TestParseProcStat(t *testing.T) {
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	stat := "cpu  100 20 30 5000 70 4 6 10 50 0\ncpu0 50 10 15 2500 35 2 3 5 25 0\nintr 1 2 3\n"
+	if got, ok := parseProcStat(stat); !ok || got != 1.70 { // (100+20+30+4+6+10) / 100
+		t.Errorf("parseProcStat = %v, %v; want 1.70, true", got, ok)
+	}
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7 8\n", "cpu  1 2 3 4 5 6 7\n", "cpu  1 2 x 4 5 6 7 8\n"} {
+		if got, ok := parseProcStat(bad); ok {
+			t.Errorf("parseProcStat(%q) = %v, true; want false", bad, got)
+		}
+	}
+}
+
+// cpuBound: the host's cores over what raw's messages cost the host plus cmds store
+// commands at the ceiling's cost (the cheaper Redis, go-redis's client side).
+func TestCPUBound(t *testing.T) {
+	rs := newResults(2)
+	rs.cores = 2
+	rs.add("jetstream", "raw-ack", 0, 0, metrics{mOps: 100000, mHostCPU: 10})
+	rs.add("ceiling", "redis-benchmark-P64", 0, 0, metrics{mOps: 400000, mRedisCPU: 2})
+	rs.add("ceiling", "go-redis-pipeline-P64", 0, 0, metrics{mOps: 300000, mRedisCPU: 3, mClientCPU: 1})
+	rs.add("jetstream", "raw-ack", 0, 1, metrics{mOps: 100000, mHostCPU: 10}) // no ceiling in round 2
+	for _, c := range []struct {
+		cmds int
+		want float64
+	}{{1, 2e6 / 13 / 100000}, {2, 2e6 / 16 / 100000}} {
+		def := ratioDef{name: "b", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: c.cmds}
+		rr, ok := rs.compute(def)
+		if !ok {
+			t.Fatalf("%d commands: not computed", c.cmds)
+		}
+		if got := *rr.Rounds[0]; math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("%d commands: bound %v, want %v", c.cmds, got, c.want)
+		}
+		if rr.Rounds[1] != nil {
+			t.Errorf("%d commands: round 2 has no ceiling, yet a bound %v", c.cmds, *rr.Rounds[1])
+		}
+	}
+}
