@@ -152,7 +152,7 @@ func TestHandleBatchRedisRoundTrips(t *testing.T) {
 					t.Fatalf("item %d: %v %v", i, r.Outcome, r.Err)
 				}
 			}
-			expectTrips(t, "HandleBatch of 64", tc, 2, 128)
+			expectTrips(t, "HandleBatch of 64", tc, 2, 64*2+64) // SET NX PX GET and PTTL per claim, one completion each
 		})
 	}
 }

@@ -363,6 +363,24 @@ var conformanceCases = []struct {
 			s.checkTTL(k)
 		}
 	}},
+	{"batch/claim-many-renews-mine", func(t *testing.T, s *suite) {
+		mine, other := s.key(), s.key()
+		s.claim(mine, "A", "")
+		s.claim(other, "X", "")
+		s.b.advance(cLease - cMargin)
+		got, err := s.b.store.ClaimMany(s.ctx, []Entry{{Key: mine, Token: "A", TTL: cLease}, {Key: other, Token: "A", TTL: cLease}})
+		s.must(err)
+		if got[0].Err != nil || got[0].Status != StatusAcquired || got[1].Err != nil || got[1].Status != StatusInProgress {
+			t.Fatalf("got %+v, want Acquired then InProgress", got)
+		}
+		if got[1].TTL <= 0 || got[1].TTL > cMargin+cMargin/2 {
+			t.Fatalf("other's remaining lease %v, want about %v", got[1].TTL, cMargin)
+		}
+		// the retried claim renewed the lease; the other one's ran out
+		s.b.advance(2 * cMargin)
+		s.wantStatus(s.claim(mine, "B", ""), StatusInProgress)
+		s.wantStatus(s.claim(other, "B", ""), StatusAcquired)
+	}},
 	{"batch/mark-many", func(t *testing.T, s *suite) {
 		free, other, mine, reused := s.key(), s.key(), s.key(), s.key()
 		s.claim(other, "X", "")
