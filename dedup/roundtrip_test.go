@@ -65,7 +65,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			expectTrips(t, "ClaimMany", tc, 1, n)
+			expectTrips(t, "ClaimMany", tc, 1, 2*n) // SET NX PX GET and PTTL per key
 			for i, a := range claims {
 				wantSt := StatusAcquired
 				if i%10 == 0 {
