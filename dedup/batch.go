@@ -188,7 +188,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		fp := h.fingerprint(it.Payload)
 		lk := localKey(k, fp)
 		if h.local != nil && h.local.Contains(lk) {
-			out.set(i, ItemResult{Result: h.count(Result{Outcome: Duplicate, Tier: TierLocal})})
+			out.set(i, ItemResult{Result: h.countLocalHit()})
 			continue
 		}
 		if b, ok := first[k]; ok {

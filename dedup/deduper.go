@@ -109,7 +109,8 @@ func (d *Deduper) Handlers() []string {
 // Store returns the store the Deduper was built with.
 func (d *Deduper) Store() Store { return d.base }
 
-// Close stops the Deduper: later calls answer Cancelled with ErrClosed, running handler
+// Close stops the Deduper: later calls answer Cancelled with ErrClosed (until its wait
+// is over, a key the local tier holds is still answered Duplicate), running handler
 // functions see their context cancelled with cause ErrClosed, and Close waits until
 // every call has released or completed its claim and every heartbeat has stopped. A fn
 // that ignores its context delays Close. Close does not close the store. Idempotent.

@@ -129,3 +129,54 @@ func TestFilterBatchAllocationsPerItem(t *testing.T) {
 		t.Fatalf("%.1f allocations per item, want at most 8", per)
 	}
 }
+
+// A Mark the local tier answers takes no part in Close, as a Do's does not: while
+// Close waits for a running fn, a key known DONE is still a Duplicate, a new key is
+// refused. The local answers are counted in Stats from their stripes.
+func TestMarkLocalHitDuringClose(t *testing.T) {
+	f := newFixture(t, true)
+	h := f.handler("orders", WithMode(ModeFilter))
+	ctx := context.Background()
+	if res, err := h.Mark(ctx, "seen"); err != nil || res.Outcome != First {
+		t.Fatalf("first Mark: %v %v", res.Outcome, err)
+	}
+	const hits = 100
+	for range hits {
+		if res, err := h.Mark(ctx, "seen"); err != nil || res.Outcome != Duplicate || res.Tier != TierLocal {
+			t.Fatalf("Mark of a marked key: %v/%v %v, want a local Duplicate", res.Outcome, res.Tier, err)
+		}
+	}
+	if st := h.Stats(); st.Count(Duplicate) != hits || st.LocalDuplicates != hits || st.Count(First) != 1 {
+		t.Fatalf("stats: %d duplicates, %d local, %d first; want %d, %d, 1", st.Count(Duplicate), st.LocalDuplicates, st.Count(First), hits, hits)
+	}
+
+	running, release := make(chan struct{}), make(chan struct{})
+	go h.Do(ctx, "slow", func(context.Context) error {
+		close(running)
+		<-release
+		return nil
+	})
+	<-running
+	closed := make(chan error)
+	go func() { closed <- f.d.Close() }()
+	for !f.d.isClosing() {
+		time.Sleep(time.Millisecond)
+	}
+	if res, err := h.Mark(ctx, "seen"); err != nil || res.Outcome != Duplicate {
+		t.Errorf("Mark of a marked key while Close waits: %v %v, want Duplicate", res.Outcome, err)
+	}
+	if res, err := h.Mark(ctx, "new"); !errors.Is(err, ErrClosed) || res.Outcome != Cancelled {
+		t.Errorf("Mark of a new key while Close waits: %v %v, want Cancelled, ErrClosed", res.Outcome, err)
+	}
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// isClosing reports whether Close has begun.
+func (d *Deduper) isClosing() bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.closed
+}

@@ -75,6 +75,12 @@ func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 	if key == "" {
 		return h.noKey(ctx, nil)
 	}
+	// A key the local tier holds is answered before enter, as Do's are: with no store
+	// call there is nothing for Close to wait for, and no write to the Deduper's
+	// shared state (enter's lock and counter) on the hottest path.
+	if h.local != nil && h.local.Contains(localKey(keys.Normalize(key), "")) {
+		return h.countLocalHit(), nil
+	}
 	if !h.d.enter() {
 		return h.count(Result{Outcome: Cancelled}), ErrClosed
 	}
@@ -166,7 +172,7 @@ func (h *Handler) closeLocal() {
 func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result, error) {
 	for {
 		if h.local != nil && h.local.Contains(lk) {
-			return nil, h.count(Result{Outcome: Duplicate, Tier: TierLocal}), nil
+			return nil, h.countLocalHit(), nil
 		}
 		f, lead := h.flights.join(k)
 		if lead {

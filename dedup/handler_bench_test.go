@@ -95,3 +95,31 @@ func BenchmarkHandleBatch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMark measures a filter-mode check answered by the local tier, from
+// GOMAXPROCS goroutines: no store call, no allocation, no write to shared state.
+func BenchmarkMark(b *testing.B) {
+	ctx := context.Background()
+	const n = 1 << 14
+	mem, _ := NewMemoryStore()
+	d, _ := New(mem, WithLogger(quiet))
+	b.Cleanup(func() { d.Close() })
+	h, _ := d.Register("bench", WithMode(ModeFilter), WithLocalCache(2*n, 0))
+	trace := make([]string, n)
+	for i := range trace {
+		trace[i] = fmt.Sprintf("order-%d", i)
+		h.Mark(ctx, trace[i])
+	}
+	b.Run("tier:local", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				if res, _ := h.Mark(ctx, trace[i&(n-1)]); res.Tier != TierLocal {
+					b.Fatal("miss")
+				}
+				i++
+			}
+		})
+	})
+}
