@@ -35,8 +35,9 @@ import (
 // Close. WithWaitReplicas writes keep using the client.
 //
 // It cuts the client's CPU per command: at 64 concurrent Marks on this project's
-// 2-core test machine it ran 1.2–1.9× the rate of the default (go-redis pipelines),
-// and JetStream filter handlers about 1.27× (see the README's Performance section).
+// 2-core test machine it ran 1.1–1.9× the rate of the default (go-redis pipelines),
+// and JetStream filter handlers from no faster to 1.27× (see the README's
+// Performance section).
 func WithDirectConnections() RedisOption {
 	return func(s *RedisStore) error {
 		c, ok := s.c.(*redis.Client)
