@@ -248,12 +248,12 @@ type progress struct {
 	a     *adapter
 	every time.Duration
 	mu    sync.Mutex
-	acks  map[int]acker
+	acks  []acker // by delivery; nil once finished
 	timer *time.Timer
 	done  bool
 }
 
-func (a *adapter) startProgress(every time.Duration, acks map[int]acker) *progress {
+func (a *adapter) startProgress(every time.Duration, acks []acker) *progress {
 	p := &progress{a: a, every: every, acks: acks}
 	if every > 0 && len(acks) > 0 {
 		p.mu.Lock() // tick reads p.timer, and may run before AfterFunc returns
@@ -270,7 +270,7 @@ func (p *progress) tick() {
 		return
 	}
 	for _, ack := range p.acks {
-		if ack.InProgress() == nil {
+		if ack != nil && ack.InProgress() == nil {
 			p.a.stats.inProgress.Add(1)
 		}
 	}
@@ -280,7 +280,7 @@ func (p *progress) tick() {
 // finish stops signalling for delivery i (it is about to be acknowledged).
 func (p *progress) finish(i int) {
 	p.mu.Lock()
-	delete(p.acks, i)
+	p.acks[i] = nil
 	p.mu.Unlock()
 }
 

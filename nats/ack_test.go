@@ -438,3 +438,38 @@ func TestHandleBatchActions(t *testing.T) {
 		t.Fatalf("empty batch: %v %v", res, err)
 	}
 }
+
+// In a batch, a message that has its result (and its ack) is no longer marked in
+// progress while the batch's other messages still run.
+func TestBatchProgressSkipsSettledMessages(t *testing.T) {
+	h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithMode(dedup.ModeFilter))
+	j := newJS(t, h, consumerWith(time.Second, 5), WithProgressEvery(5*time.Millisecond))
+	fast, slow := newFake("order-1", "a", 1), newFake("order-2", "b", 1)
+	var atStart, atEnd int64
+	res := j.handleMsgs(context.Background(), []jetstream.Msg{fast, slow}, 1, func(ctx context.Context, m *Msg) error {
+		if m.Header(jetstream.MsgIDHeader) != "order-2" {
+			return nil
+		}
+		atStart = fast.progress.Load() // fast is acked: its result came first
+		deadline := time.Now().Add(10 * time.Second)
+		for slow.progress.Load() < 3 {
+			if time.Now().After(deadline) {
+				return errors.New("no in-progress signals")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		atEnd = fast.progress.Load()
+		return nil
+	}, nil)
+	for i, r := range res {
+		if r.Outcome != dedup.Processed || r.Err != nil {
+			t.Fatalf("message %d: %v %v", i, r.Outcome, r.Err)
+		}
+	}
+	if acks := fast.got(); len(acks) != 1 || acks[0] != "ack" {
+		t.Fatalf("fast message: %v, want one ack", acks)
+	}
+	if atEnd != atStart {
+		t.Fatalf("the settled message was marked in progress %d times more while the other ran", atEnd-atStart)
+	}
+}

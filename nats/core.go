@@ -49,9 +49,9 @@ func (c *Core) Handle(ctx context.Context, msg *natsgo.Msg, fn Func) (dedup.Resu
 		ack = pushAcker{msg}
 	}
 	key := c.cfg.strategy.Key(m)
-	acks := map[int]acker{}
+	var acks []acker
 	if ack != nil {
-		acks[0] = ack
+		acks = []acker{ack}
 	}
 	p := c.startProgress(c.cfg.progressEvery, acks)
 	returned := false

@@ -165,7 +165,7 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (dedup.Result, Action) {
 	m := viewJS(msg)
 	key := j.cfg.strategy.Key(m)
-	p := j.startProgress(j.cfg.progressEvery, map[int]acker{0: msg})
+	p := j.startProgress(j.cfg.progressEvery, []acker{msg})
 	returned := false
 	defer func() {
 		p.stop()
@@ -202,7 +202,7 @@ func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatc
 func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parallel int, fn Func, settled func(i int)) []dedup.ItemResult {
 	views := make([]*Msg, len(msgs))
 	items := make([]dedup.Item, len(msgs))
-	acks := make(map[int]acker, len(msgs))
+	acks := make([]acker, len(msgs))
 	for i, msg := range msgs {
 		views[i] = viewJS(msg)
 		items[i] = dedup.Item{Key: j.cfg.strategy.Key(views[i]), Payload: views[i].data}
