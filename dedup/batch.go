@@ -33,6 +33,10 @@ type ItemResult struct {
 // are in item order. An fn that calls runtime.Goexit ends the call with its item
 // Panicked; in ModeDo the claims not yet run are given back, and in ModeFilter the
 // items already marked still run, one at a time, on another goroutine.
+//
+// The fns of a batch share one context, derived from ctx and cancelled with cause
+// ErrClosed when the Deduper closes; it ends when the batch does, not when each fn
+// returns. In ModeDo each fn has its own under it, which a lost lease cancels.
 func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error) []ItemResult {
 	return h.handleBatch(ctx, items, 1, fn, nil)
 }

@@ -152,7 +152,7 @@ func TestHandleBatchRedisRoundTrips(t *testing.T) {
 					t.Fatalf("item %d: %v %v", i, r.Outcome, r.Err)
 				}
 			}
-			expectTrips(t, "HandleBatch of 64", tc, 2, 64*2+64) // SET NX PX GET and PTTL per claim, one completion each
+			expectTrips(t, "HandleBatch of 64", tc, 2, 64*3+64) // SET NX PX GET, PTTL and GET per claim, one completion each
 		})
 	}
 }

@@ -89,9 +89,14 @@ var fired = func() *chan struct{} {
 	return &c
 }()
 
-// fire releases the waiters, those to come included. Further calls do nothing.
+// fire releases the waiters, those to come included. A second fire panics, as a
+// second close of a channel would: the flight's answer would change under waiters
+// that may have read it.
 func (s *signal) fire() {
-	if old := s.p.Swap(fired); old != nil && old != fired {
+	switch old := s.p.Swap(fired); {
+	case old == fired:
+		panic("dedup: a flight signal fired twice")
+	case old != nil:
 		close(*old)
 	}
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // A signal releases the callers that waited before it fired and those that come
-// after, made their channels concurrently with fire, and a second fire is harmless.
+// after, made their channels concurrently with fire; a second fire panics, as a
+// second close of a channel does.
 func TestSignalReleasesEveryWaiter(t *testing.T) {
 	for range 200 {
 		var s signal
@@ -32,13 +33,22 @@ func TestSignalReleasesEveryWaiter(t *testing.T) {
 		close(start)
 		s.fire()
 		wg.Wait()
-		s.fire()
 		select {
 		case <-s.done():
 		default:
 			t.Fatal("done after fire: not closed")
 		}
 	}
+	func() {
+		var s signal
+		s.fire()
+		defer func() {
+			if recover() == nil {
+				t.Error("a second fire did not panic")
+			}
+		}()
+		s.fire()
+	}()
 	var s signal
 	if s.done() != s.done() {
 		t.Fatal("two waiters before fire got different channels")
@@ -130,9 +140,9 @@ func TestFilterBatchAllocationsPerItem(t *testing.T) {
 	}
 }
 
-// A Mark the local tier answers takes no part in Close, as a Do's does not: while
-// Close waits for a running fn, a key known DONE is still a Duplicate, a new key is
-// refused. The local answers are counted in Stats from their stripes.
+// A Mark (or filter-mode HandleKey) the local tier answers takes no part in Close, as
+// a Do's does not: while Close waits for a running fn, a key known DONE is still a
+// Duplicate, a new key is refused. The local answers are counted in Stats from their stripes.
 func TestMarkLocalHitDuringClose(t *testing.T) {
 	f := newFixture(t, true)
 	h := f.handler("orders", WithMode(ModeFilter))
@@ -150,6 +160,11 @@ func TestMarkLocalHitDuringClose(t *testing.T) {
 		t.Fatalf("stats: %d duplicates, %d local, %d first; want %d, %d, 1", st.Count(Duplicate), st.LocalDuplicates, st.Count(First), hits, hits)
 	}
 
+	payload := []byte(`{"order":1}`)
+	if res, err := h.HandleKey(ctx, "handled", payload, ok); err != nil || res.Outcome != Processed {
+		t.Fatalf("first HandleKey: %v %v", res.Outcome, err)
+	}
+
 	running, release := make(chan struct{}), make(chan struct{})
 	go h.Do(ctx, "slow", func(context.Context) error {
 		close(running)
@@ -164,6 +179,10 @@ func TestMarkLocalHitDuringClose(t *testing.T) {
 	}
 	if res, err := h.Mark(ctx, "seen"); err != nil || res.Outcome != Duplicate {
 		t.Errorf("Mark of a marked key while Close waits: %v %v, want Duplicate", res.Outcome, err)
+	}
+	ran := false
+	if res, err := h.HandleKey(ctx, "handled", payload, func(context.Context) error { ran = true; return nil }); err != nil || res.Outcome != Duplicate || ran {
+		t.Errorf("HandleKey of a handled key while Close waits: %v %v (fn ran: %v), want Duplicate", res.Outcome, err, ran)
 	}
 	if res, err := h.Mark(ctx, "new"); !errors.Is(err, ErrClosed) || res.Outcome != Cancelled {
 		t.Errorf("Mark of a new key while Close waits: %v %v, want Cancelled, ErrClosed", res.Outcome, err)

@@ -109,6 +109,10 @@ func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn 
 	if h.cfg.mode == ModeDo {
 		return h.do(ctx, key, fp, fn)
 	}
+	// A key the local tier holds is answered before enter, as in Mark.
+	if h.local != nil && h.local.Contains(localKey(keys.Normalize(key), fp)) {
+		return h.countLocalHit(), nil
+	}
 	// One enter for the mark and the run: once DONE is written, Close must not stop
 	// fn from running, or the message would be lost.
 	if !h.d.enter() {

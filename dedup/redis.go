@@ -268,13 +268,19 @@ func markAnswer(old string, err error, token, fingerprint string) (Answer, error
 }
 
 // ClaimMany implements Store in one round trip, with no script: per entry a SET NX
-// PX GET, which is the claim (atomic on its own), and a PTTL of the key, which says
-// how long a record found there has left. An entry that finds its own claim (a
-// retried claim whose first attempt landed, its reply lost) has its lease renewed
-// by the extend script, in a second round trip for those entries only. A batch
-// that names a key twice is one pipeline of claim scripts instead, so that each
-// entry sees the ones before it (a renewal included) as the table in DESIGN §3 says.
-// The claim script costs Redis about twice the CPU of SET NX PX GET and PTTL.
+// PX GET, which is the claim (atomic on its own), then a PTTL and a GET of the key,
+// which say how long a record found there has left. Those two are not atomic with the
+// SET (a pipeline is not a transaction: another client's commands may run between),
+// so the TTL is trusted only when the GET still finds the value the SET found;
+// values carry a random owner token. Otherwise a Duplicate has no TTL (the local
+// tier does not keep it) and an InProgress's is capped at the lease asked for.
+//
+// An entry that finds its own claim (a retried claim whose first attempt landed, its
+// reply lost) has its lease renewed by the extend script, in a second round trip for
+// those entries only; one whose claim ran out meanwhile is claimed again with the
+// claim script. A batch that names a key twice is one pipeline of claim scripts
+// instead, so that each entry sees the ones before it as the table in DESIGN §3
+// says. The claim script costs Redis about twice the CPU of these commands.
 func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
 	for _, e := range entries {
 		if err := checkEntry(e, "lease"); err != nil {
@@ -288,12 +294,14 @@ func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, 
 		return s.claimManyScripts(ctx, entries)
 	}
 	sets := make([]*redis.StatusCmd, len(entries))
-	ttls := make([]*redis.Cmd, len(entries)) // a plain Cmd: the direct codec reads it
-	sent := make([]redis.Cmder, 0, 2*len(entries))
+	ttls := make([]*redis.Cmd, len(entries)) // plain Cmds: the direct codec reads them
+	gets := make([]*redis.Cmd, len(entries))
+	sent := make([]redis.Cmder, 0, 3*len(entries))
 	for i, e := range entries {
 		sets[i] = redis.NewStatusCmd(ctx, setNXGet(stateInProgress, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 		ttls[i] = redis.NewCmd(ctx, "pttl", e.Key)
-		sent = append(sent, sets[i], ttls[i])
+		gets[i] = redis.NewCmd(ctx, "get", e.Key)
+		sent = append(sent, sets[i], ttls[i], gets[i])
 	}
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, storeErr("claim", err)
@@ -311,45 +319,73 @@ func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, 
 			continue
 		}
 		state, tok, fp, ok := decodeRecord(old)
-		pttl, _ := ttls[i].Int64()                            // an error leaves 0: no TTL known
+		pttl, perr := ttls[i].Int64()
 		ttl := time.Duration(max(pttl, 0)) * time.Millisecond // -2 gone, -1 no expiry
+		now, gerr := gets[i].Text()
+		same := perr == nil && gerr == nil && now == old // the TTL is that record's
 		switch {
 		case !ok:
 			out[i].Err = storeErr("claim", ErrBadRecord)
 		case state == stateInProgress && tok == e.Token:
 			own = append(own, i)
-		case state == stateInProgress:
+		case state == stateInProgress && same:
 			out[i] = Answer{Status: StatusInProgress, TTL: ttl}
+		case state == stateInProgress: // completed, released or taken meanwhile
+			out[i] = Answer{Status: StatusInProgress, TTL: min(ttl, e.TTL)}
 		case fingerprintsDiffer(fp, e.Fingerprint):
 			out[i] = Answer{Status: StatusConflict}
-		default:
+		case same:
 			out[i] = Answer{Status: StatusDuplicate, TTL: ttl}
+		default: // the record ended meanwhile: DONE when seen, for how long unknown
+			out[i] = Answer{Status: StatusDuplicate}
 		}
 	}
-	if len(own) == 0 {
-		return out, nil
+	if len(own) > 0 {
+		s.renewOwnClaims(ctx, entries, own, out)
 	}
-	renew := make([]Entry, len(own))
-	for j, i := range own {
-		renew[j] = entries[i]
+	return out, nil
+}
+
+// renewOwnClaims settles the entries own of ClaimMany, which found their own claim:
+// its lease is renewed (the extend script), or, where it ran out meanwhile, the key
+// is claimed again (the claim script), in one round trip each.
+func (s *RedisStore) renewOwnClaims(ctx context.Context, entries []Entry, own []int, out []Answer) {
+	subset := func(idx []int) []Entry {
+		es := make([]Entry, len(idx))
+		for j, i := range idx {
+			es[j] = entries[i]
+		}
+		return es
 	}
-	cmds, err := s.runScripts(ctx, extendScript, extendLua, renew, func(e Entry) []any {
+	cmds, err := s.runScripts(ctx, extendScript, extendLua, subset(own), func(e Entry) []any {
 		return []any{e.Token, ms(e.TTL)}
 	})
+	var lapsed []int
 	for j, i := range own {
 		rerr := err
 		if rerr == nil {
 			rerr = ownedReply("claim", cmds[j], cmds[j].Err())
 		}
-		if rerr != nil {
-			// no answer, or not ours any more (its lease ran out meanwhile): not
-			// claimed, so the message is left for a later delivery to try again
+		switch {
+		case rerr == nil:
+			out[i] = Answer{Status: StatusAcquired}
+		case errors.Is(rerr, ErrLeaseLost): // not ours any more: claim it as anyone would
+			lapsed = append(lapsed, i)
+		default:
 			out[i].Err = storeErr("claim", rerr)
-			continue
 		}
-		out[i] = Answer{Status: StatusAcquired}
 	}
-	return out, nil
+	if len(lapsed) == 0 {
+		return
+	}
+	again, err := s.claimManyScripts(ctx, subset(lapsed))
+	for j, i := range lapsed {
+		if err != nil {
+			out[i].Err = err
+		} else {
+			out[i] = again[j]
+		}
+	}
 }
 
 // repeatsAKey reports whether two entries have the same key.

@@ -65,7 +65,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			expectTrips(t, "ClaimMany", tc, 1, 2*n) // SET NX PX GET and PTTL per key
+			expectTrips(t, "ClaimMany", tc, 1, 3*n) // SET NX PX GET, PTTL and GET per key
 			for i, a := range claims {
 				wantSt := StatusAcquired
 				if i%10 == 0 {
