@@ -75,10 +75,7 @@ func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 	if key == "" {
 		return h.noKey(ctx, nil)
 	}
-	// A key the local tier holds is answered before enter, as Do's are: with no store
-	// call there is nothing for Close to wait for, and no write to the Deduper's
-	// shared state (enter's lock and counter) on the hottest path.
-	if h.local != nil && h.local.Contains(localKey(keys.Normalize(key), "")) {
+	if h.localDone(key, "") {
 		return h.countLocalHit(), nil
 	}
 	if !h.d.enter() {
@@ -109,8 +106,7 @@ func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn 
 	if h.cfg.mode == ModeDo {
 		return h.do(ctx, key, fp, fn)
 	}
-	// A key the local tier holds is answered before enter, as in Mark.
-	if h.local != nil && h.local.Contains(localKey(keys.Normalize(key), fp)) {
+	if h.localDone(key, fp) {
 		return h.countLocalHit(), nil
 	}
 	// One enter for the mark and the run: once DONE is written, Close must not stop
@@ -124,6 +120,14 @@ func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn 
 		return res, err
 	}
 	return h.run(ctx, fn, res.Unguarded, true)
+}
+
+// localDone reports whether the local tier holds key (with fingerprint fp) as DONE.
+// Mark and HandleKey ask it before enter, as Do's check does: a local answer makes no
+// store call, so there is nothing for Close to wait for, and the hottest path writes
+// nothing the Deduper shares (enter's lock and counter).
+func (h *Handler) localDone(key, fp string) bool {
+	return h.local != nil && h.local.Contains(localKey(keys.Normalize(key), fp))
 }
 
 // Fingerprint returns the payload fingerprint stored with records when fingerprinting
