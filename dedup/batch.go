@@ -191,7 +191,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		k := keys.Normalize(it.Key)
 		fp := h.fingerprint(it.Payload)
 		lk := localKey(k, fp)
-		if h.local != nil && h.local.Contains(lk) {
+		if h.localDone(lk) {
 			out.set(i, ItemResult{Result: h.countLocalHit()})
 			continue
 		}

@@ -75,14 +75,16 @@ func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 	if key == "" {
 		return h.noKey(ctx, nil)
 	}
-	if h.localDone(key, "") {
+	k := keys.Normalize(key)
+	lk := localKey(k, "")
+	if h.localDone(lk) {
 		return h.countLocalHit(), nil
 	}
 	if !h.d.enter() {
 		return h.count(Result{Outcome: Cancelled}), ErrClosed
 	}
 	defer h.d.running.Done()
-	res, err := h.mark(ctx, key, "")
+	res, err := h.mark(ctx, k, lk, "")
 	if res.Outcome == First {
 		h.count(res)
 	}
@@ -106,7 +108,9 @@ func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn 
 	if h.cfg.mode == ModeDo {
 		return h.do(ctx, key, fp, fn)
 	}
-	if h.localDone(key, fp) {
+	k := keys.Normalize(key)
+	lk := localKey(k, fp)
+	if h.localDone(lk) {
 		return h.countLocalHit(), nil
 	}
 	// One enter for the mark and the run: once DONE is written, Close must not stop
@@ -115,19 +119,19 @@ func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn 
 		return h.count(Result{Outcome: Cancelled}), ErrClosed
 	}
 	defer h.d.running.Done()
-	res, err := h.mark(ctx, key, fp)
+	res, err := h.mark(ctx, k, lk, fp)
 	if res.Outcome != First {
 		return res, err
 	}
 	return h.run(ctx, fn, res.Unguarded, true)
 }
 
-// localDone reports whether the local tier holds key (with fingerprint fp) as DONE.
-// Mark and HandleKey ask it before enter, as Do's check does: a local answer makes no
-// store call, so there is nothing for Close to wait for, and the hottest path writes
-// nothing the Deduper shares (enter's lock and counter).
-func (h *Handler) localDone(key, fp string) bool {
-	return h.local != nil && h.local.Contains(localKey(keys.Normalize(key), fp))
+// localDone reports whether the local tier holds lk (localKey) as DONE. Mark and
+// HandleKey ask it before enter, as Do's check does: a local answer makes no store
+// call, so there is nothing for Close to wait for, and the hottest path writes nothing
+// the Deduper shares (enter's lock and counter).
+func (h *Handler) localDone(lk string) bool {
+	return h.local != nil && h.local.Contains(lk)
 }
 
 // Fingerprint returns the payload fingerprint stored with records when fingerprinting
@@ -179,13 +183,13 @@ func (h *Handler) closeLocal() {
 // leader cancelled by its own context) it waits for the leader to leave and asks again.
 func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result, error) {
 	for {
-		if h.local != nil && h.local.Contains(lk) {
+		if h.localDone(lk) {
 			return nil, h.countLocalHit(), nil
 		}
 		f, lead := h.flights.join(k)
 		if lead {
 			f.fp = fp
-			if h.local != nil && h.local.Contains(lk) {
+			if h.localDone(lk) {
 				// a leader that left between our look and our join made it DONE
 				res := Result{Outcome: Duplicate, Tier: TierLocal}
 				f.answer(res, nil, false)
@@ -565,10 +569,9 @@ func (h *Handler) release(ctx context.Context, k, rk, token string) {
 	}
 }
 
-// mark is Mark after the caller has entered.
-func (h *Handler) mark(ctx context.Context, key, fp string) (Result, error) {
-	k := keys.Normalize(key)
-	lk := localKey(k, fp)
+// mark is Mark after the caller has entered, for k normalized and lk its localKey
+// with fp.
+func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 	f, res, err := h.check(ctx, k, lk, fp)
 	if f == nil {
 		return res, err

@@ -115,9 +115,9 @@ type adapter struct {
 
 // dispatcher returns what runs handle for each message handed to a Handler: one at a
 // time, waiting for each, when the adapter runs one message at a time, else on its own
-// goroutine once one of the
-// WithConcurrency slots is free. Blocking here, when all are busy, holds the client
-// library's delivery back: its buffer, not ours, absorbs the flow.
+// goroutine once one of the WithConcurrency slots is free. Blocking here, when all
+// are busy, holds the client library's delivery back: its buffer, not ours, absorbs
+// the flow.
 func (a *adapter) dispatcher() func(handle func()) {
 	if a.cfg.concurrency <= 1 {
 		return func(handle func()) {

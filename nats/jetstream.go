@@ -98,8 +98,9 @@ const (
 // being checked, a goroutine is started that takes the queue (up to maxBatch messages)
 // and handles it as one batch. As soon as the batch's checks are in, the goroutine
 // hands its turn on (another takes what has queued meanwhile), so that neither slow
-// fns nor messages waiting for another's run hold more than their slots. Each message is acknowledged, and its slot freed, as soon as its own
-// result is final. There is no timer: a lone message goes out at once.
+// fns nor messages waiting for another's run hold more than their slots. Each message
+// is acknowledged, and its slot freed, as soon as its own result is final. There is
+// no timer: a lone message goes out at once.
 func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandler {
 	slots := make(chan struct{}, j.cfg.concurrency)
 	var mu sync.Mutex
