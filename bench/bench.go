@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/dedupkit/dedupkit/dedup"
 	"github.com/dedupkit/dedupkit/internal/embedded"
@@ -34,6 +35,7 @@ type bench struct {
 	// storeRDB carries the library's commands; plainRDB the naive, direct and ceiling
 	// ones, and the clean-up. Both have go-redis's default options.
 	storeRDB, plainRDB *redis.Client
+	rue                rueidis.Client // the rueidis-* reference variants of scenario b
 	dd                 *dedup.Deduper // the Redis-backed Deduper of scenarios b, c, d
 	ddDirect           *dedup.Deduper // the same on direct connections (the *-direct variants)
 
@@ -169,6 +171,12 @@ func (b *bench) connect(ctx context.Context) error {
 		return err
 	}
 	b.closers = append(b.closers, b.ddDirect.Close)
+	// rueidis's defaults, but for its client-side cache, which needs RESP3 tracking
+	// and is of no use to keys that are never read twice.
+	if b.rue, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{b.srv.redisAddr}, DisableCache: true}); err != nil {
+		return fmt.Errorf("rueidis client for %s: %w", b.srv.redisAddr, err)
+	}
+	b.closers = append(b.closers, func() error { b.rue.Close(); return nil })
 	return nil
 }
 

@@ -4,10 +4,12 @@
 //   - a: the local tier: a hit in lru.Cache (and a Handler.Mark answered by it)
 //     against sync.Map.Load, in ns/op and allocs/op;
 //   - b: unique keys through Redis at each concurrency (-concurrency), in filter
-//     mode (Mark) and Do mode, against the naive way (one go-redis SetNX per message)
-//     and against the ceiling (redis-benchmark -P 64 SET NX PX, when it is on PATH
-//     and the server is real; and go-redis pipelines of 64); plus the latency of one
-//     Mark at concurrency 1 against the same SET NX GET sent directly, interleaved;
+//     mode (Mark) and Do mode, against the naive way (one go-redis SetNX per message),
+//     against rueidis (an auto-pipelining Go client) sending only the commands a check
+//     must send, and against the ceiling (redis-benchmark -P 64 SET NX PX, when it is
+//     on PATH and the server is real; and go-redis pipelines of 64); plus the latency
+//     of one Mark at concurrency 1 against the same SET NX GET sent directly,
+//     interleaved;
 //   - c: a duplicate-heavy Zipf mix in filter mode, with the local tier's hit ratio;
 //   - d: JetStream end to end: consuming a stream with Ack only, through the dnats
 //     adapter in filter and Do mode, and the naive way.

@@ -66,6 +66,7 @@ func TestRunEmbedded(t *testing.T) {
 	}
 	doc := readReport(t, filepath.Join(dir, "out.json"))
 	checkRatios(t, doc)
+	checkReferences(t, doc)
 	checkCPU(t, doc, false)
 	if doc.Machine.Meaningful || !doc.Machine.RedisEmbedded || !doc.Machine.NATSEmbedded {
 		t.Errorf("machine %+v: want embedded servers, not meaningful", doc.Machine)
@@ -133,6 +134,7 @@ func TestRunServers(t *testing.T) {
 	}
 	doc := readReport(t, filepath.Join(dir, "out.json"))
 	checkRatios(t, doc)
+	checkReferences(t, doc)
 	checkCPU(t, doc, true)
 	if _, ok := hostCPU(); ok {
 		for _, name := range []string{"jetstream_filter_vs_raw_cpu_bound", "jetstream_do_vs_raw_cpu_bound"} {
@@ -162,6 +164,18 @@ func TestRunServers(t *testing.T) {
 	}
 	if _, err := js.Stream(ctx, doc.Config.Stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("stream %s still there after the run (err %v)", doc.Config.Stream, err)
+	}
+}
+
+// checkReferences checks that the rueidis reference variants ran at concurrency 64
+// and that the ratios which compare with them are there.
+func checkReferences(t *testing.T, doc jsonReport) {
+	t.Helper()
+	for _, name := range []string{"rueidis_c64_vs_ceiling", "store_filter_c64_vs_rueidis",
+		"rueidis_setnx_setxx_c64_vs_ceiling", "store_do_c64_vs_rueidis_setnx_setxx"} {
+		if r, ok := doc.Ratios[name]; !ok || !(r > 0) {
+			t.Errorf("ratio %s = %v (present %v), want > 0", name, r, ok)
+		}
 	}
 }
 

@@ -137,6 +137,11 @@ var ratioDefs = []ratioDef{
 	{name: "store_filter_c64_vs_go_pipeline", num: []string{"store/dedup-filter/c64"}, den: []string{ceilingGo}, metric: mOps},
 	{name: "zipf_filter_vs_naive", num: []string{"zipf/dedup-filter/c64"}, den: []string{"zipf/naive-setnx/c64"}, metric: mOps},
 	{name: "jetstream_naive_vs_raw", num: []string{"jetstream/naive-setnx"}, den: []string{"jetstream/raw-ack"}, metric: mOps},
+	{name: "rueidis_c64_vs_ceiling", num: []string{"store/rueidis-setnx/c64"}, den: ceilings, metric: mOps},
+	{name: "store_filter_c64_vs_rueidis", num: []string{"store/dedup-filter/c64"}, den: []string{"store/rueidis-setnx/c64"}, metric: mOps},
+	{name: "store_filter_c64_direct_vs_rueidis", num: []string{"store/dedup-filter-direct/c64"}, den: []string{"store/rueidis-setnx/c64"}, metric: mOps},
+	{name: "rueidis_setnx_setxx_c64_vs_ceiling", num: []string{"store/rueidis-setnx-setxx/c64"}, den: ceilings, metric: mOps},
+	{name: "store_do_c64_vs_rueidis_setnx_setxx", num: []string{"store/dedup-do/c64"}, den: []string{"store/rueidis-setnx-setxx/c64"}, metric: mOps},
 	{name: "jetstream_filter_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 1},
 	{name: "jetstream_do_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 2},
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/dedupkit/dedupkit/dedup"
 )
@@ -24,6 +25,11 @@ import (
 // At each concurrency c, c goroutines check a new key per call, in a loop, for the
 // measurement's duration: dedup in filter mode (Handler.Mark), dedup in Do mode
 // (Handler.Do with an empty fn), and the naive way, one go-redis SetNX per key.
+// Beside them, the same goroutines on rueidis, a Go client built around automatic
+// pipelining, sending only what a check must at least send: one SET NX PX per call
+// (the floor for filter mode), and SET NX PX then SET XX PX (two round trips, as a
+// Do's claim and completion, without the completion's script). They say what a Go
+// client with one goroutine per call reaches on the machine, beside the ceiling.
 // Once per round, the ceiling: redis-benchmark -P 64 (50 connections, 64 commands in
 // flight on each) sending SET NX PX, and the same shape from go-redis pipelines.
 // Then the latency of one Mark against the SET NX PX GET it sends, issued directly,
@@ -43,10 +49,12 @@ const (
 	varFilterDirect = "dedup-filter-direct" // on direct connections (dedup.WithDirectConnections)
 	varDoDirect     = "dedup-do-direct"
 	varNaive        = "naive-setnx"
+	varRueidis      = "rueidis-setnx"       // one SET NX PX per call, on rueidis
+	varRueidis2     = "rueidis-setnx-setxx" // SET NX PX, then SET XX PX, on rueidis
 )
 
 // storeVariants are scenario b's, in the order of the report.
-var storeVariants = []string{varFilter, varDo, varFilterDirect, varDoDirect, varNaive}
+var storeVariants = []string{varFilter, varDo, varFilterDirect, varDoDirect, varNaive, varRueidis, varRueidis2}
 
 // noop is the handler fn of Do: the bench measures what dedup costs, not work.
 func noop(context.Context) error { return nil }
@@ -116,6 +124,19 @@ func (b *bench) storeOp(variant string, km keyMaker) op {
 			res, err := h.Do(ctx, km.key(w, i), noop)
 			if err == nil && res.Outcome != dedup.Processed {
 				err = fmt.Errorf("do of a new key answered %v", res.Outcome)
+			}
+			return err
+		}
+	case varRueidis, varRueidis2:
+		head := b.prefix + ":rueidis:"
+		return func(ctx context.Context, w, i int) error {
+			k := head + km.key(w, i)
+			err := b.rue.Do(ctx, b.rue.B().Set().Key(k).Value("1").Nx().PxMilliseconds(retention.Milliseconds()).Build()).Error()
+			if rueidis.IsRedisNil(err) {
+				err = errors.New("SET NX of a new key found it set")
+			}
+			if err == nil && variant == varRueidis2 {
+				err = b.rue.Do(ctx, b.rue.B().Set().Key(k).Value("2").Xx().PxMilliseconds(retention.Milliseconds()).Build()).Error()
 			}
 			return err
 		}
