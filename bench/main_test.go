@@ -142,6 +142,15 @@ func TestRunServers(t *testing.T) {
 				t.Errorf("ratio %s missing: every scenario ran on real servers", name)
 			}
 		}
+		// A 20 ms measurement may see no tick of /proc/stat: a store bound needs its
+		// reference's host CPU above 0 in some round.
+		for name, ref := range map[string]string{"store_filter_c64_vs_ceiling_cpu_bound": varRueidis,
+			"store_do_c64_vs_ceiling_cpu_bound": varRueidis2} {
+			_, ok := doc.Ratios[name]
+			if want := hostTicked(doc, ref, 64); ok != want {
+				t.Errorf("ratio %s present %v, want %v (its reference's host CPU above 0 in some round)", name, ok, want)
+			}
+		}
 	}
 	if !doc.Machine.Meaningful || doc.Machine.RedisVersion == "" || doc.Machine.NATSVersion == "" {
 		t.Errorf("machine %+v: want real servers with versions", doc.Machine)
@@ -177,6 +186,21 @@ func checkReferences(t *testing.T, doc jsonReport) {
 			t.Errorf("ratio %s = %v (present %v), want > 0", name, r, ok)
 		}
 	}
+}
+
+// hostTicked tells whether the store series variant at conc saw the host's CPU
+// above 0 in some round.
+func hostTicked(doc jsonReport, variant string, conc int) bool {
+	for _, s := range doc.Series {
+		if s.Scenario == "store" && s.Variant == variant && s.Concurrency == conc {
+			for _, m := range s.Rounds {
+				if m[mHostCPU] > 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // checkCPU checks that every store, Zipf and JetStream series reports the client's

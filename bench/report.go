@@ -200,8 +200,15 @@ func (b *bench) printRatios(details map[string]ratioResult) {
 	tw.Flush()
 	for _, def := range ratioDefs {
 		if _, ok := details[def.name]; ok && def.boundCmds > 0 {
-			fmt.Fprintf(b.out, "*_cpu_bound: the most this host's CPUs allow against the den in that round: its %d cores over the den's host CPU per message\n"+
+			fmt.Fprintf(b.out, "jetstream_*_cpu_bound: the most this host's CPUs allow against the den in that round: its %d cores over the den's host CPU per message\n"+
 				"  plus, per store command, a SET NX PX at the ceiling's cost (Redis's CPU, and go-redis's client CPU, per op); filter sends 1, Do 2\n", b.res.cores)
+			break
+		}
+	}
+	for _, def := range ratioDefs {
+		if _, ok := details[def.name]; ok && def.boundBy != "" {
+			fmt.Fprintf(b.out, "store_*_cpu_bound: the most this host's CPUs allow against the ceiling in that round if a check cost the host what a rueidis call\n"+
+				"  sending only its commands costs (host CPU per op at concurrency 64): its %d cores over that cost, over the ceiling's rate\n", b.res.cores)
 			break
 		}
 	}

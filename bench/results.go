@@ -116,6 +116,9 @@ type ratioDef struct {
 	// boundCmds, when above 0, makes this a CPU bound (cpuBound) over den for a
 	// variant that sends that many store commands per message; num is then unused.
 	boundCmds int
+	// boundBy, when set, makes this a CPU bound (refBound) over den for a variant
+	// that costs the host what the series boundBy costs per op; num is then unused.
+	boundBy string
 }
 
 // ratioDefs are the ratios of a run, required ones first.
@@ -142,6 +145,8 @@ var ratioDefs = []ratioDef{
 	{name: "store_filter_c64_direct_vs_rueidis", num: []string{"store/dedup-filter-direct/c64"}, den: []string{"store/rueidis-setnx/c64"}, metric: mOps},
 	{name: "rueidis_setnx_setxx_c64_vs_ceiling", num: []string{"store/rueidis-setnx-setxx/c64"}, den: ceilings, metric: mOps},
 	{name: "store_do_c64_vs_rueidis_setnx_setxx", num: []string{"store/dedup-do/c64"}, den: []string{"store/rueidis-setnx-setxx/c64"}, metric: mOps},
+	{name: "store_filter_c64_vs_ceiling_cpu_bound", den: ceilings, metric: mOps, boundBy: "store/rueidis-setnx/c64"},
+	{name: "store_do_c64_vs_ceiling_cpu_bound", den: ceilings, metric: mOps, boundBy: "store/rueidis-setnx-setxx/c64"},
 	{name: "jetstream_filter_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 1},
 	{name: "jetstream_do_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 2},
 }
@@ -177,8 +182,11 @@ func (rs *results) compute(def ratioDef) (ratioResult, bool) {
 		return ""
 	}
 	num, den := pick(def.num), pick(def.den)
-	if def.boundCmds > 0 {
+	switch {
+	case def.boundCmds > 0:
 		num = fmt.Sprintf("cpu bound (%d store command(s) per message)", def.boundCmds)
+	case def.boundBy != "":
+		num = fmt.Sprintf("cpu bound (host CPU per op of %s)", def.boundBy)
 	}
 	if num == "" || den == "" {
 		return ratioResult{}, false
@@ -187,9 +195,12 @@ func (rs *results) compute(def ratioDef) (ratioResult, bool) {
 	var vals []float64
 	for r := range rs.rounds {
 		var v float64
-		if def.boundCmds > 0 {
+		switch {
+		case def.boundCmds > 0:
 			v = rs.cpuBound(den, def.boundCmds, r)
-		} else {
+		case def.boundBy != "":
+			v = rs.refBound(def.boundBy, den, r)
+		default:
 			v = ratio(rs.get(num, def.metric, r), rs.get(den, def.metric, r))
 		}
 		if !math.IsNaN(v) {
@@ -211,6 +222,17 @@ func (rs *results) compute(def ratioDef) (ratioResult, bool) {
 		out.Met = &met
 	}
 	return out, true
+}
+
+// refBound is the most that CPU lets a variant reach against den in round r, if each
+// of its ops cost the whole host (host_cpu_us_per_op) what one of ref's did: with
+// every core busy its rate is then at most cores / ref's host µs, and the bound is
+// that over den's rate. ref is a reference client doing no more than a check must
+// send (scenario b's rueidis variants), so the bound says what the host allows a
+// client with one goroutine per call that is as cheap as that one. It is NaN when
+// the round lacks a figure.
+func (rs *results) refBound(ref, den string, r int) float64 {
+	return ratio(float64(rs.cores)*1e6/rs.get(ref, mHostCPU, r), rs.get(den, mOps, r))
 }
 
 // cpuBound is the most that CPU lets a variant reach against den (a JetStream
