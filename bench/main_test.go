@@ -142,10 +142,10 @@ func TestRunServers(t *testing.T) {
 				t.Errorf("ratio %s missing: every scenario ran on real servers", name)
 			}
 		}
-		// A 20 ms measurement may see no tick of /proc/stat: a store bound needs its
-		// reference's host CPU above 0 in some round.
-		for name, ref := range map[string]string{"store_filter_c64_vs_ceiling_cpu_bound": varRueidis,
-			"store_do_c64_vs_ceiling_cpu_bound": varRueidis2} {
+		// A 20 ms measurement may see no tick of /proc/stat: a store_*_at_rueidis_cost
+		// ratio needs its reference's host CPU above 0 in some round.
+		for name, ref := range map[string]string{"store_filter_c64_vs_ceiling_at_rueidis_cost": varRueidis,
+			"store_do_c64_vs_ceiling_at_rueidis_cost": varRueidis2} {
 			_, ok := doc.Ratios[name]
 			if want := hostTicked(doc, ref, 64); ok != want {
 				t.Errorf("ratio %s present %v, want %v (its reference's host CPU above 0 in some round)", name, ok, want)

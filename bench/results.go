@@ -116,9 +116,10 @@ type ratioDef struct {
 	// boundCmds, when above 0, makes this a CPU bound (cpuBound) over den for a
 	// variant that sends that many store commands per message; num is then unused.
 	boundCmds int
-	// boundBy, when set, makes this a CPU bound (refBound) over den for a variant
-	// that costs the host what the series boundBy costs per op; num is then unused.
-	boundBy string
+	// atCostOf, when set, makes this the rate the host's CPUs allow (atCost) over den
+	// for a variant that costs the host what the series atCostOf costs per op; num is
+	// then unused.
+	atCostOf string
 }
 
 // ratioDefs are the ratios of a run, required ones first.
@@ -145,8 +146,8 @@ var ratioDefs = []ratioDef{
 	{name: "store_filter_c64_direct_vs_rueidis", num: []string{"store/dedup-filter-direct/c64"}, den: []string{"store/rueidis-setnx/c64"}, metric: mOps},
 	{name: "rueidis_setnx_setxx_c64_vs_ceiling", num: []string{"store/rueidis-setnx-setxx/c64"}, den: ceilings, metric: mOps},
 	{name: "store_do_c64_vs_rueidis_setnx_setxx", num: []string{"store/dedup-do/c64"}, den: []string{"store/rueidis-setnx-setxx/c64"}, metric: mOps},
-	{name: "store_filter_c64_vs_ceiling_cpu_bound", den: ceilings, metric: mOps, boundBy: "store/rueidis-setnx/c64"},
-	{name: "store_do_c64_vs_ceiling_cpu_bound", den: ceilings, metric: mOps, boundBy: "store/rueidis-setnx-setxx/c64"},
+	{name: "store_filter_c64_vs_ceiling_at_rueidis_cost", den: ceilings, metric: mOps, atCostOf: "store/rueidis-setnx/c64"},
+	{name: "store_do_c64_vs_ceiling_at_rueidis_cost", den: ceilings, metric: mOps, atCostOf: "store/rueidis-setnx-setxx/c64"},
 	{name: "jetstream_filter_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 1},
 	{name: "jetstream_do_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 2},
 }
@@ -185,8 +186,8 @@ func (rs *results) compute(def ratioDef) (ratioResult, bool) {
 	switch {
 	case def.boundCmds > 0:
 		num = fmt.Sprintf("cpu bound (%d store command(s) per message)", def.boundCmds)
-	case def.boundBy != "":
-		num = fmt.Sprintf("cpu bound (host CPU per op of %s)", def.boundBy)
+	case def.atCostOf != "":
+		num = fmt.Sprintf("cores over the host CPU per op of %s", def.atCostOf)
 	}
 	if num == "" || den == "" {
 		return ratioResult{}, false
@@ -198,8 +199,8 @@ func (rs *results) compute(def ratioDef) (ratioResult, bool) {
 		switch {
 		case def.boundCmds > 0:
 			v = rs.cpuBound(den, def.boundCmds, r)
-		case def.boundBy != "":
-			v = rs.refBound(def.boundBy, den, r)
+		case def.atCostOf != "":
+			v = rs.atCost(def.atCostOf, den, r)
 		default:
 			v = ratio(rs.get(num, def.metric, r), rs.get(den, def.metric, r))
 		}
@@ -224,14 +225,14 @@ func (rs *results) compute(def ratioDef) (ratioResult, bool) {
 	return out, true
 }
 
-// refBound is the most that CPU lets a variant reach against den in round r, if each
-// of its ops cost the whole host (host_cpu_us_per_op) what one of ref's did: with
-// every core busy its rate is then at most cores / ref's host µs, and the bound is
-// that over den's rate. ref is a reference client doing no more than a check must
-// send (scenario b's rueidis variants), so the bound says what the host allows a
-// client with one goroutine per call that is as cheap as that one. It is NaN when
-// the round lacks a figure.
-func (rs *results) refBound(ref, den string, r int) float64 {
+// atCost is the most that CPU lets a variant reach against den in round r, if each of
+// its ops cost the whole host (host_cpu_us_per_op) what one of ref's did: with every
+// core busy its rate is then at most cores / ref's host µs, over den's rate. ref is a
+// reference client sending only what a check must send (scenario b's rueidis
+// variants), so this says what the host allows a client with one goroutine per call
+// that is exactly as cheap as that one. It is not a bound on dedup: a client cheaper
+// per call goes above it. It is NaN when the round lacks a figure.
+func (rs *results) atCost(ref, den string, r int) float64 {
 	return ratio(float64(rs.cores)*1e6/rs.get(ref, mHostCPU, r), rs.get(den, mOps, r))
 }
 

@@ -190,24 +190,24 @@ func TestCPUBound(t *testing.T) {
 	}
 }
 
-// refBound: the host's cores over the reference's host CPU per op, over the den's
-// rate; no bound in a round without the reference's figure.
-func TestRefBound(t *testing.T) {
+// atCost: the host's cores over the reference's host CPU per op, over the den's
+// rate; none in a round without the reference's figure.
+func TestAtCost(t *testing.T) {
 	rs := newResults(2)
 	rs.cores = 2
 	rs.add("ceiling", "redis-benchmark-P64", 0, 0, metrics{mOps: 400000, mRedisCPU: 2})
 	rs.add("store", "rueidis-setnx", 64, 0, metrics{mOps: 100000, mHostCPU: 10})
 	rs.add("ceiling", "redis-benchmark-P64", 0, 1, metrics{mOps: 400000, mRedisCPU: 2})
-	def := ratioDef{name: "b", den: ceilings, metric: mOps, boundBy: "store/rueidis-setnx/c64"}
+	def := ratioDef{name: "b", den: ceilings, metric: mOps, atCostOf: "store/rueidis-setnx/c64"}
 	rr, ok := rs.compute(def)
 	if !ok {
 		t.Fatal("not computed")
 	}
 	if want := 2e6 / 10 / 400000.0; math.Abs(*rr.Rounds[0]-want) > 1e-9 {
-		t.Errorf("bound %v, want %v", *rr.Rounds[0], want)
+		t.Errorf("ratio %v, want %v", *rr.Rounds[0], want)
 	}
 	if rr.Rounds[1] != nil {
-		t.Errorf("round 2 has no reference, yet a bound %v", *rr.Rounds[1])
+		t.Errorf("round 2 has no reference, yet a ratio %v", *rr.Rounds[1])
 	}
 	if !strings.Contains(rr.Num, "rueidis-setnx") {
 		t.Errorf("num %q does not name the reference", rr.Num)
