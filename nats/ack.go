@@ -236,8 +236,8 @@ func (a *adapter) settle(ctx context.Context, ack acker, m *Msg, res dedup.Resul
 // where names a delivery in a log line without its key or payload.
 func (a *adapter) where(m *Msg) []any {
 	attrs := []any{"handler", a.h.Name()}
-	if m.meta != nil {
-		attrs = append(attrs, "stream", m.meta.Stream, "stream_seq", strconv.FormatUint(m.meta.Sequence.Stream, 10), "delivered", m.meta.NumDelivered)
+	if md := m.Metadata(); md != nil {
+		attrs = append(attrs, "stream", md.Stream, "stream_seq", strconv.FormatUint(md.Sequence.Stream, 10), "delivered", md.NumDelivered)
 	}
 	return attrs
 }

@@ -30,6 +30,7 @@ type fakeMsg struct {
 	mu       sync.Mutex
 	acks     []string // "ack", "double-ack", "nak", "nak-with-delay <d>", "term", "term-with-reason <r>"
 	progress atomic.Int64
+	parsed   atomic.Int64 // Metadata calls
 }
 
 var _ jetstream.Msg = (*fakeMsg)(nil)
@@ -63,6 +64,7 @@ func (m *fakeMsg) got() []string {
 }
 
 func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	m.parsed.Add(1)
 	if m.meta == nil {
 		return nil, jetstream.ErrNotJSMessage
 	}
@@ -471,5 +473,37 @@ func TestBatchProgressSkipsSettledMessages(t *testing.T) {
 	}
 	if atEnd != atStart {
 		t.Fatalf("the settled message was marked in progress %d times more while the other ran", atEnd-atStart)
+	}
+}
+
+// A JetStream delivery's metadata (parsed from its reply subject on each
+// jetstream.Msg.Metadata call) is read only when something needs it, and once: a
+// message handled and acked by its Nats-Msg-Id needs none, a failed one reads it once
+// for its backoff however often it is asked, and the fn sees the same values.
+func TestMetadataReadOnlyWhenNeeded(t *testing.T) {
+	h := register(t, newDeduper(t, memStore(t)), "orders")
+	j := newJS(t, h, consumerWith(time.Second, 5), WithBackoff(func(n uint64) time.Duration { return time.Duration(n) * time.Second }))
+	ok := newFake("order-1", "a", 1)
+	if _, act := j.Handle(context.Background(), ok, func(context.Context, *Msg) error { return nil }); act != ActAck {
+		t.Fatalf("action %v, want ack", act)
+	}
+	if n := ok.parsed.Load(); n != 0 {
+		t.Errorf("metadata read %d times for a message acked by its Nats-Msg-Id, want 0", n)
+	}
+
+	failed := newFake("order-2", "b", 3)
+	var seen uint64
+	_, act := j.Handle(context.Background(), failed, func(_ context.Context, m *Msg) error {
+		seen = m.NumDelivered() + m.Metadata().Sequence.Stream
+		return errors.New("boom")
+	})
+	if act != ActNakWithDelay || seen != 3+7 {
+		t.Fatalf("action %v, fn saw delivered + sequence %d; want a delayed nak and 10", act, seen)
+	}
+	if got := failed.got(); len(got) != 1 || got[0] != "nak-with-delay 3s" {
+		t.Errorf("acks %v, want a nak with the backoff of the third delivery", got)
+	}
+	if n := failed.parsed.Load(); n != 1 {
+		t.Errorf("metadata read %d times, want once", n)
 	}
 }

@@ -45,7 +45,7 @@ func (c *Core) Handler(ctx context.Context, fn Func) natsgo.MsgHandler {
 func (c *Core) Handle(ctx context.Context, msg *natsgo.Msg, fn Func) (dedup.Result, Action) {
 	m := viewCore(msg)
 	var ack acker
-	if m.meta != nil {
+	if m.Metadata() != nil {
 		ack = pushAcker{msg}
 	}
 	key := c.cfg.strategy.Key(m)

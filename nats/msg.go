@@ -3,6 +3,7 @@ package nats
 import (
 	"net/textproto"
 	"strconv"
+	"sync"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,7 +17,11 @@ type Msg struct {
 	subject string
 	header  natsgo.Header
 	data    []byte
-	meta    *jetstream.MsgMetadata
+	// js is a JetStream delivery whose metadata is read from its reply subject on
+	// first use (metaOnce): a message that is handled once and acked needs none.
+	js       jetstream.Msg
+	metaOnce sync.Once
+	meta     *jetstream.MsgMetadata
 }
 
 var _ keys.Message = (*Msg)(nil)
@@ -48,23 +53,30 @@ func (m *Msg) Data() []byte { return m.data }
 
 // Metadata returns the JetStream delivery metadata: stream, sequences, NumDelivered.
 // It is nil for a core NATS message.
-func (m *Msg) Metadata() *jetstream.MsgMetadata { return m.meta }
+func (m *Msg) Metadata() *jetstream.MsgMetadata {
+	if m.js != nil {
+		m.metaOnce.Do(m.parseMeta)
+	}
+	return m.meta
+}
+
+func (m *Msg) parseMeta() {
+	if md, err := m.js.Metadata(); err == nil {
+		m.meta = md
+	}
+}
 
 // NumDelivered returns how many times JetStream has delivered the message (1 the first
 // time); 0 for a core NATS message.
 func (m *Msg) NumDelivered() uint64 {
-	if m.meta == nil {
-		return 0
+	if md := m.Metadata(); md != nil {
+		return md.NumDelivered
 	}
-	return m.meta.NumDelivered
+	return 0
 }
 
 func viewJS(msg jetstream.Msg) *Msg {
-	m := &Msg{subject: msg.Subject(), header: msg.Headers(), data: msg.Data()}
-	if md, err := msg.Metadata(); err == nil {
-		m.meta = md
-	}
-	return m
+	return &Msg{subject: msg.Subject(), header: msg.Headers(), data: msg.Data(), js: msg}
 }
 
 func viewCore(msg *natsgo.Msg) *Msg {
@@ -94,10 +106,14 @@ type streamSeq struct{}
 
 func (streamSeq) Key(msg keys.Message) string {
 	m, ok := msg.(*Msg)
-	if !ok || m == nil || m.meta == nil || m.meta.Stream == "" {
+	if !ok || m == nil {
 		return ""
 	}
-	return "js:" + m.meta.Stream + ":" + strconv.FormatUint(m.meta.Sequence.Stream, 10)
+	md := m.Metadata()
+	if md == nil || md.Stream == "" {
+		return ""
+	}
+	return "js:" + md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10)
 }
 
 // DefaultKeyStrategy is the Nats-Msg-Id header, else StreamSequence.
