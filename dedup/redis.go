@@ -155,7 +155,42 @@ func (s *RedisStore) Claim(ctx context.Context, key, token, fingerprint string, 
 // Mark (DONE, the retention): SET the record if the key is free, and return what was
 // there.
 func setNXGet(state byte, key, token, fingerprint string, ttl time.Duration) []any {
-	return []any{"set", key, encodeRecord(state, token, fingerprint), "px", ms(ttl), "nx", "get"}
+	return appendSetNXGet(make([]any, 0, 7), key, encodeRecord(state, token, fingerprint), ms(ttl))
+}
+
+func appendSetNXGet(dst []any, key, record, ttlMillis any) []any {
+	return append(dst, "set", key, record, "px", ttlMillis, "nx", "get")
+}
+
+// batchArgs builds the arguments of a batch's commands with fewer allocations than
+// one []any per command: all of them in one backing array, each key boxed once for
+// the commands that name it, and a TTL boxed once while the entries repeat it (a
+// batch's entries usually share their handler's).
+type batchArgs struct {
+	args  []any
+	ttl   time.Duration
+	boxed any // ms(ttl), boxed
+}
+
+func newBatchArgs(n, perEntry int) *batchArgs {
+	return &batchArgs{args: make([]any, 0, n*perEntry)}
+}
+
+// add appends one command's arguments and returns them.
+func (b *batchArgs) add(args ...any) []any {
+	i := len(b.args)
+	b.args = append(b.args, args...)
+	return b.args[i:len(b.args):len(b.args)]
+}
+
+// setNXGet is the package's setNXGet for e, its key boxed by the caller.
+func (b *batchArgs) setNXGet(state byte, key any, e Entry) []any {
+	if b.boxed == nil || e.TTL != b.ttl {
+		b.ttl, b.boxed = e.TTL, ms(e.TTL)
+	}
+	i := len(b.args)
+	b.args = appendSetNXGet(b.args, key, encodeRecord(state, e.Token, e.Fingerprint), b.boxed)
+	return b.args[i:len(b.args):len(b.args)]
 }
 
 // claimSetAnswer settles a fast claim from its reply (err is nil or redis.Nil): a free
@@ -297,10 +332,12 @@ func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, 
 	ttls := make([]*redis.Cmd, len(entries)) // plain Cmds: the direct codec reads them
 	gets := make([]*redis.Cmd, len(entries))
 	sent := make([]redis.Cmder, 0, 3*len(entries))
+	args := newBatchArgs(len(entries), 7+2+2)
 	for i, e := range entries {
-		sets[i] = redis.NewStatusCmd(ctx, setNXGet(stateInProgress, e.Key, e.Token, e.Fingerprint, e.TTL)...)
-		ttls[i] = redis.NewCmd(ctx, "pttl", e.Key)
-		gets[i] = redis.NewCmd(ctx, "get", e.Key)
+		key := any(e.Key)
+		sets[i] = redis.NewStatusCmd(ctx, args.setNXGet(stateInProgress, key, e)...)
+		ttls[i] = redis.NewCmd(ctx, args.add("pttl", key)...)
+		gets[i] = redis.NewCmd(ctx, args.add("get", key)...)
 		sent = append(sent, sets[i], ttls[i], gets[i])
 	}
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
@@ -459,12 +496,7 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 	if s.wait != nil {
 		return s.markManyWaiting(ctx, entries)
 	}
-	cmds := make([]*redis.StatusCmd, len(entries))
-	sent := make([]redis.Cmder, len(entries))
-	for i, e := range entries {
-		cmds[i] = redis.NewStatusCmd(ctx, setNXGet(stateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
-		sent[i] = cmds[i]
-	}
+	cmds, sent := markCmds(ctx, entries)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, storeErr("mark", err)
 	}
@@ -480,6 +512,18 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 		out[i] = a
 	}
 	return out, nil
+}
+
+// markCmds builds MarkMany's commands: cmds to read, sent (the same) to send.
+func markCmds(ctx context.Context, entries []Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
+	cmds = make([]*redis.StatusCmd, len(entries))
+	sent = make([]redis.Cmder, len(entries))
+	args := newBatchArgs(len(entries), 7)
+	for i, e := range entries {
+		cmds[i] = redis.NewStatusCmd(ctx, args.setNXGet(stateDone, e.Key, e)...)
+		sent[i] = cmds[i]
+	}
+	return cmds, sent
 }
 
 // runScripts sends one EVALSHA per entry in a single round trip. Entries answered
