@@ -137,6 +137,9 @@ func (b *bench) storeOp(variant string, km keyMaker) op {
 			}
 			if err == nil && variant == varRueidis2 {
 				err = b.rue.Do(ctx, b.rue.B().Set().Key(k).Value("2").Xx().PxMilliseconds(retention.Milliseconds()).Build()).Error()
+				if rueidis.IsRedisNil(err) {
+					err = errors.New("SET XX of a key just set found it gone")
+				}
 			}
 			return err
 		}

@@ -328,18 +328,7 @@ func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, 
 	if repeatsAKey(entries) {
 		return s.claimManyScripts(ctx, entries)
 	}
-	sets := make([]*redis.StatusCmd, len(entries))
-	ttls := make([]*redis.Cmd, len(entries)) // plain Cmds: the direct codec reads them
-	gets := make([]*redis.Cmd, len(entries))
-	sent := make([]redis.Cmder, 0, 3*len(entries))
-	args := newBatchArgs(len(entries), 7+2+2)
-	for i, e := range entries {
-		key := any(e.Key)
-		sets[i] = redis.NewStatusCmd(ctx, args.setNXGet(stateInProgress, key, e)...)
-		ttls[i] = redis.NewCmd(ctx, args.add("pttl", key)...)
-		gets[i] = redis.NewCmd(ctx, args.add("get", key)...)
-		sent = append(sent, sets[i], ttls[i], gets[i])
-	}
+	sets, ttls, gets, sent := claimCmds(ctx, entries)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, storeErr("claim", err)
 	}
@@ -512,6 +501,24 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 		out[i] = a
 	}
 	return out, nil
+}
+
+// claimCmds builds ClaimMany's commands: per entry a SET NX PX GET, a PTTL and a GET
+// to read, and all of them, in that order, to send.
+func claimCmds(ctx context.Context, entries []Entry) (sets []*redis.StatusCmd, ttls, gets []*redis.Cmd, sent []redis.Cmder) {
+	sets = make([]*redis.StatusCmd, len(entries))
+	ttls = make([]*redis.Cmd, len(entries)) // plain Cmds: the direct codec reads them
+	gets = make([]*redis.Cmd, len(entries))
+	sent = make([]redis.Cmder, 0, 3*len(entries))
+	args := newBatchArgs(len(entries), 7+2+2)
+	for i, e := range entries {
+		key := any(e.Key)
+		sets[i] = redis.NewStatusCmd(ctx, args.setNXGet(stateInProgress, key, e)...)
+		ttls[i] = redis.NewCmd(ctx, args.add("pttl", key)...)
+		gets[i] = redis.NewCmd(ctx, args.add("get", key)...)
+		sent = append(sent, sets[i], ttls[i], gets[i])
+	}
+	return sets, ttls, gets, sent
 }
 
 // markCmds builds MarkMany's commands: cmds to read, sent (the same) to send.

@@ -38,3 +38,45 @@ func TestMarkManyCommandAllocations(t *testing.T) {
 		t.Errorf("building %d commands allocates %.0f times, want at most %.0f", n, allocs, limit)
 	}
 }
+
+// ClaimMany's commands share the slab too: per entry a SET NX PX GET (the single
+// Claim's command), a PTTL and a GET of the same key, each without room to grow into
+// the next; six allocations per entry (three commands, the key and record boxed, the
+// record's bytes) and six per batch, where separate []any took twelve per entry.
+func TestClaimManyCommandAllocations(t *testing.T) {
+	ctx := context.Background()
+	const n = 64
+	entries := make([]Entry, n)
+	for i := range entries {
+		entries[i] = Entry{Key: fmt.Sprintf("dk:h:k%d", i), Token: fmt.Sprintf("tok%d", i), TTL: 30 * time.Second}
+	}
+	entries[5].TTL = time.Minute
+	sets, ttls, gets, sent := claimCmds(ctx, entries)
+	if len(sent) != 3*n {
+		t.Fatalf("%d commands sent, want %d", len(sent), 3*n)
+	}
+	for i, e := range entries {
+		for j, c := range []struct {
+			got  []any
+			want []any
+		}{
+			{sets[i].Args(), setNXGet(stateInProgress, e.Key, e.Token, e.Fingerprint, e.TTL)},
+			{ttls[i].Args(), []any{"pttl", e.Key}},
+			{gets[i].Args(), []any{"get", e.Key}},
+		} {
+			if !reflect.DeepEqual(c.got, c.want) || cap(c.got) != len(c.got) {
+				t.Fatalf("entry %d command %d: args %v (cap %d), want %v with no room to grow into the next", i, j, c.got, cap(c.got), c.want)
+			}
+		}
+		if sent[3*i] != sets[i] || sent[3*i+1] != ttls[i] || sent[3*i+2] != gets[i] {
+			t.Fatalf("entry %d: sent out of order", i)
+		}
+	}
+	for i := range entries {
+		entries[i].TTL = 30 * time.Second
+	}
+	allocs := testing.AllocsPerRun(20, func() { claimCmds(ctx, entries) })
+	if limit := float64(6*n + 6); allocs > limit {
+		t.Errorf("building %d entries' commands allocates %.0f times, want at most %.0f", n, allocs, limit)
+	}
+}

@@ -12,7 +12,8 @@ import (
 )
 
 // Msg is the read-only view of a delivery that a handler sees. The adapter owns the
-// acknowledgement, so Msg has no Ack methods.
+// acknowledgement, so Msg has no Ack methods. Use it by pointer: a Msg must not be
+// copied (it reads its JetStream metadata once, on first use).
 type Msg struct {
 	subject string
 	header  natsgo.Header
