@@ -198,21 +198,25 @@ func (b *bench) printRatios(details map[string]ratioResult) {
 			strings.Join(rounds, " "), rr.Num, rr.Den, rr.Metric)
 	}
 	tw.Flush()
+	if anyShown(details, func(def ratioDef) bool { return def.boundCmds > 0 }) {
+		fmt.Fprintf(b.out, "jetstream_*_cpu_bound: the most this host's CPUs allow against the den in that round: its %d cores over the den's host CPU per message\n"+
+			"  plus, per store command, a SET NX PX at the ceiling's cost (Redis's CPU, and go-redis's client CPU, per op); filter sends 1, Do 2\n", b.res.cores)
+	}
+	if anyShown(details, func(def ratioDef) bool { return def.atCostOf != "" }) {
+		fmt.Fprintf(b.out, "store_*_at_rueidis_cost: the most this host's CPUs allow against the ceiling in that round if a check cost the host what a rueidis\n"+
+			"  call sending only its commands costs (host CPU per op at concurrency 64): its %d cores over that cost, over the ceiling's rate;\n"+
+			"  a client cheaper per call than rueidis goes above it\n", b.res.cores)
+	}
+}
+
+// anyShown reports whether details holds a ratio whose definition is of the kind.
+func anyShown(details map[string]ratioResult, kind func(ratioDef) bool) bool {
 	for _, def := range ratioDefs {
-		if _, ok := details[def.name]; ok && def.boundCmds > 0 {
-			fmt.Fprintf(b.out, "jetstream_*_cpu_bound: the most this host's CPUs allow against the den in that round: its %d cores over the den's host CPU per message\n"+
-				"  plus, per store command, a SET NX PX at the ceiling's cost (Redis's CPU, and go-redis's client CPU, per op); filter sends 1, Do 2\n", b.res.cores)
-			break
+		if _, ok := details[def.name]; ok && kind(def) {
+			return true
 		}
 	}
-	for _, def := range ratioDefs {
-		if _, ok := details[def.name]; ok && def.atCostOf != "" {
-			fmt.Fprintf(b.out, "store_*_at_rueidis_cost: the most this host's CPUs allow against the ceiling in that round if a check cost the host what a rueidis\n"+
-				"  call sending only its commands costs (host CPU per op at concurrency 64): its %d cores over that cost, over the ceiling's rate;\n"+
-				"  a client cheaper per call than rueidis goes above it\n", b.res.cores)
-			break
-		}
-	}
+	return false
 }
 
 // jsonReport is the document -json writes.

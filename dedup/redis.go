@@ -180,8 +180,12 @@ func newBatchArgs(n, perEntry int) *batchArgs {
 func (b *batchArgs) add(args ...any) []any {
 	i := len(b.args)
 	b.args = append(b.args, args...)
-	return b.args[i:len(b.args):len(b.args)]
+	return b.since(i)
 }
+
+// since returns the arguments appended from index i on, with no room to grow into
+// the next command's.
+func (b *batchArgs) since(i int) []any { return b.args[i:len(b.args):len(b.args)] }
 
 // setNXGet is the package's setNXGet for e, its key boxed by the caller.
 func (b *batchArgs) setNXGet(state byte, key any, e Entry) []any {
@@ -190,7 +194,7 @@ func (b *batchArgs) setNXGet(state byte, key any, e Entry) []any {
 	}
 	i := len(b.args)
 	b.args = appendSetNXGet(b.args, key, encodeRecord(state, e.Token, e.Fingerprint), b.boxed)
-	return b.args[i:len(b.args):len(b.args)]
+	return b.since(i)
 }
 
 // claimSetAnswer settles a fast claim from its reply (err is nil or redis.Nil): a free
