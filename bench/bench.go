@@ -35,9 +35,10 @@ type bench struct {
 	// storeRDB carries the library's commands; plainRDB the naive, direct and ceiling
 	// ones, and the clean-up. Both have go-redis's default options.
 	storeRDB, plainRDB *redis.Client
-	rue                rueidis.Client // the rueidis-* reference variants of scenario b
-	dd                 *dedup.Deduper // the Redis-backed Deduper of scenarios b, c, d
-	ddDirect           *dedup.Deduper // the same on direct connections (the *-direct variants)
+	rue                rueidis.Client       // the rueidis-* reference variants of scenario b
+	goAuto             *redis.AutoPipeliner // scenario b's goredis-auto-setnx, on a client of its own
+	dd                 *dedup.Deduper       // the Redis-backed Deduper of scenarios b, c, d
+	ddDirect           *dedup.Deduper       // the same on direct connections (the *-direct variants)
 
 	local localState // scenario a
 	store storeState // scenario b
@@ -177,6 +178,14 @@ func (b *bench) connect(ctx context.Context) error {
 		return fmt.Errorf("rueidis client for %s: %w", b.srv.redisAddr, err)
 	}
 	b.closers = append(b.closers, func() error { b.rue.Close(); return nil })
+	// go-redis's automatic pipelining with its defaults (the blocking face), on a
+	// client of its own so that its batches share no pool with the others.
+	autoRDB := redis.NewClient(&redis.Options{Addr: b.srv.redisAddr})
+	b.closers = append(b.closers, autoRDB.Close)
+	if b.goAuto, err = autoRDB.AutoPipeline(); err != nil {
+		return fmt.Errorf("go-redis AutoPipeline: %w", err)
+	}
+	b.closers = append(b.closers, b.goAuto.Close)
 	return nil
 }
 

@@ -176,12 +176,14 @@ func TestRunServers(t *testing.T) {
 	}
 }
 
-// checkReferences checks that the rueidis reference variants ran at concurrency 64
-// and that the ratios which compare with them are there.
+// checkReferences checks that the reference variants (rueidis, go-redis's
+// AutoPipeline) ran at concurrency 64 and that the ratios which compare with them are
+// there.
 func checkReferences(t *testing.T, doc jsonReport) {
 	t.Helper()
 	for _, name := range []string{"rueidis_c64_vs_ceiling", "store_filter_c64_vs_rueidis",
-		"rueidis_setnx_setxx_c64_vs_ceiling", "store_do_c64_vs_rueidis_setnx_setxx"} {
+		"rueidis_setnx_setxx_c64_vs_ceiling", "store_do_c64_vs_rueidis_setnx_setxx",
+		"goredis_auto_c64_vs_ceiling", "store_filter_c64_vs_goredis_auto"} {
 		if r, ok := doc.Ratios[name]; !ok || !(r > 0) {
 			t.Errorf("ratio %s = %v (present %v), want > 0", name, r, ok)
 		}

@@ -146,6 +146,8 @@ var ratioDefs = []ratioDef{
 	{name: "store_filter_c64_direct_vs_rueidis", num: []string{"store/dedup-filter-direct/c64"}, den: []string{"store/rueidis-setnx/c64"}, metric: mOps},
 	{name: "rueidis_setnx_setxx_c64_vs_ceiling", num: []string{"store/rueidis-setnx-setxx/c64"}, den: ceilings, metric: mOps},
 	{name: "store_do_c64_vs_rueidis_setnx_setxx", num: []string{"store/dedup-do/c64"}, den: []string{"store/rueidis-setnx-setxx/c64"}, metric: mOps},
+	{name: "goredis_auto_c64_vs_ceiling", num: []string{"store/goredis-auto-setnx/c64"}, den: ceilings, metric: mOps},
+	{name: "store_filter_c64_vs_goredis_auto", num: []string{"store/dedup-filter/c64"}, den: []string{"store/goredis-auto-setnx/c64"}, metric: mOps},
 	{name: "store_filter_c64_vs_ceiling_at_rueidis_cost", den: ceilings, metric: mOps, atCostOf: "store/rueidis-setnx/c64"},
 	{name: "store_do_c64_vs_ceiling_at_rueidis_cost", den: ceilings, metric: mOps, atCostOf: "store/rueidis-setnx-setxx/c64"},
 	{name: "jetstream_filter_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 1},

@@ -30,6 +30,9 @@ import (
 // (the floor for filter mode), and SET NX PX then SET XX PX (two round trips, as a
 // Do's claim and completion, without the completion's script). They say what a Go
 // client with one goroutine per call reaches on the machine, beside the ceiling.
+// And one SET NX PX per call through go-redis's own automatic pipelining
+// (Client.AutoPipeline, experimental in go-redis v9.23), which is what a user of
+// go-redis would reach for before dedup's.
 // Once per round, the ceiling: redis-benchmark -P 64 (50 connections, 64 commands in
 // flight on each) sending SET NX PX, and the same shape from go-redis pipelines.
 // Then the latency of one Mark against the SET NX PX GET it sends, issued directly,
@@ -51,10 +54,11 @@ const (
 	varNaive        = "naive-setnx"
 	varRueidis      = "rueidis-setnx"       // one SET NX PX per call, on rueidis
 	varRueidis2     = "rueidis-setnx-setxx" // SET NX PX, then SET XX PX, on rueidis
+	varGoAuto       = "goredis-auto-setnx"  // one SET NX PX per call, through go-redis's AutoPipeline
 )
 
 // storeVariants are scenario b's, in the order of the report.
-var storeVariants = []string{varFilter, varDo, varFilterDirect, varDoDirect, varNaive, varRueidis, varRueidis2}
+var storeVariants = []string{varFilter, varDo, varFilterDirect, varDoDirect, varNaive, varRueidis, varRueidis2, varGoAuto}
 
 // noop is the handler fn of Do: the bench measures what dedup costs, not work.
 func noop(context.Context) error { return nil }
@@ -140,6 +144,15 @@ func (b *bench) storeOp(variant string, km keyMaker) op {
 				if rueidis.IsRedisNil(err) {
 					err = errors.New("SET XX of a key just set found it gone")
 				}
+			}
+			return err
+		}
+	case varGoAuto:
+		head := b.prefix + ":goauto:"
+		return func(ctx context.Context, w, i int) error {
+			ok, err := b.goAuto.SetNX(ctx, head+km.key(w, i), 1, retention).Result()
+			if err == nil && !ok {
+				err = errors.New("SETNX of a new key found it set")
 			}
 			return err
 		}
