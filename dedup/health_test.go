@@ -203,12 +203,7 @@ func TestHealthACL(t *testing.T) {
 // never answers, by the context's deadline.
 func TestHealthUnreachable(t *testing.T) {
 	t.Parallel()
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := free.Addr().String()
-	free.Close() // nothing listens there now
+	addr := testenv.RefusedAddr(t) // nothing listens there, and nothing can start to
 	down := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { down.Close() })
 	code, rep, body := serve(t, redisDeduper(t, down))

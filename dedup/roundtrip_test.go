@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -154,12 +153,7 @@ func TestBatchSurvivesScriptFlush(t *testing.T) {
 
 // A Redis that is down is ErrStoreUnavailable, for single and batch calls.
 func TestRedisDownIsStoreUnavailable(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
+	addr := testenv.RefusedAddr(t) // nothing listens there, and nothing can start to
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer c.Close()
 	s, _ := NewRedisStore(c)
