@@ -148,23 +148,23 @@ func (b *bench) storeOp(variant string, km keyMaker) op {
 			return err
 		}
 	case varGoAuto:
-		head := b.prefix + ":goauto:"
-		return func(ctx context.Context, w, i int) error {
-			ok, err := b.goAuto.SetNX(ctx, head+km.key(w, i), 1, retention).Result()
-			if err == nil && !ok {
-				err = errors.New("SETNX of a new key found it set")
-			}
-			return err
-		}
+		return setNXOp(b.goAuto, b.prefix+":goauto:", km)
 	default:
-		head := b.prefix + ":naive:"
-		return func(ctx context.Context, w, i int) error {
-			ok, err := b.plainRDB.SetNX(ctx, head+km.key(w, i), 1, retention).Result()
-			if err == nil && !ok {
-				err = errors.New("SETNX of a new key found it set")
-			}
-			return err
+		return setNXOp(b.plainRDB, b.prefix+":naive:", km)
+	}
+}
+
+// setNXOp is one SetNX per call on c (the naive way, or go-redis's AutoPipeline) of
+// the new keys of km under head.
+func setNXOp(c interface {
+	SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd
+}, head string, km keyMaker) op {
+	return func(ctx context.Context, w, i int) error {
+		ok, err := c.SetNX(ctx, head+km.key(w, i), 1, retention).Result()
+		if err == nil && !ok {
+			err = errors.New("SETNX of a new key found it set")
 		}
+		return err
 	}
 }
 
