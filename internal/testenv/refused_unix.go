@@ -16,7 +16,14 @@ import (
 // merely closed.
 func RefusedAddr(t testing.TB) string {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	// As the net package does where SOCK_CLOEXEC is missing (darwin): no child
+	// forked between socket and CloseOnExec inherits it.
+	syscall.ForkLock.RLock()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fd)
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		t.Fatalf("socket: %v", err)
 	}
