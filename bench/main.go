@@ -6,7 +6,7 @@
 //   - b: unique keys through Redis at each concurrency (-concurrency), in filter
 //     mode (Mark) and Do mode, against the naive way (one go-redis SetNX per message),
 //     against rueidis (an auto-pipelining Go client) sending only the commands a check
-//     must send, against one SET NX PX per call through go-redis's own AutoPipeline,
+//     must send, against one go-redis SetNX per call through go-redis's AutoPipeline,
 //     and against the ceiling (redis-benchmark -P 64 SET NX PX, when it is
 //     on PATH and the server is real; and go-redis pipelines of 64); plus the latency
 //     of one Mark at concurrency 1 against the same SET NX GET sent directly,

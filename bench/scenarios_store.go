@@ -30,7 +30,7 @@ import (
 // (the floor for filter mode), and SET NX PX then SET XX PX (two round trips, as a
 // Do's claim and completion, without the completion's script). They say what a Go
 // client with one goroutine per call reaches on the machine, beside the ceiling.
-// And one SET NX PX per call through go-redis's own automatic pipelining
+// And the naive way's SetNX (SET NX EX) through go-redis's own automatic pipelining
 // (Client.AutoPipeline, experimental in go-redis v9.23), which is what a user of
 // go-redis would reach for before dedup's.
 // Once per round, the ceiling: redis-benchmark -P 64 (50 connections, 64 commands in
@@ -54,7 +54,7 @@ const (
 	varNaive        = "naive-setnx"
 	varRueidis      = "rueidis-setnx"       // one SET NX PX per call, on rueidis
 	varRueidis2     = "rueidis-setnx-setxx" // SET NX PX, then SET XX PX, on rueidis
-	varGoAuto       = "goredis-auto-setnx"  // one SET NX PX per call, through go-redis's AutoPipeline
+	varGoAuto       = "goredis-auto-setnx"  // one SetNX per call, through go-redis's AutoPipeline
 )
 
 // storeVariants are scenario b's, in the order of the report.
