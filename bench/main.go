@@ -13,7 +13,8 @@
 //     interleaved;
 //   - c: a duplicate-heavy Zipf mix in filter mode, with the local tier's hit ratio;
 //   - d: JetStream end to end: consuming a stream with Ack only, through the dnats
-//     adapter in filter and Do mode, and the naive way.
+//     adapter in filter and Do mode (-js-concurrency messages at once), and the naive
+//     way.
 //
 // Every selected scenario runs once in each round (-rounds), one after the other,
 // so that a noisy neighbour hits all of them alike; the tables give the median of the
@@ -53,6 +54,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/internal/embedded"
+	dnats "github.com/dedupkit/dedupkit/nats"
 )
 
 func main() {
@@ -74,6 +76,7 @@ type config struct {
 	only               map[string]bool // scenario letters to run
 	ceilingRequests    int
 	jsMessages         int
+	jsConcurrency      int // dnats.WithConcurrency of the dedup variants
 	jsTimeout          time.Duration
 	jsonPath, svgPath  string
 	cpuProfile         string
@@ -96,6 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.ceilingRequests, "ceiling-requests", 500_000, "requests of each redis-benchmark run")
 	// 50k: at 200k msg/s raw-ack still spans 25 ticks of /proc/stat (10 ms each)
 	fs.IntVar(&c.jsMessages, "js-messages", 50_000, "messages in the JetStream stream; each variant reads them all")
+	fs.IntVar(&c.jsConcurrency, "js-concurrency", dnats.DefaultConcurrency, "messages each dedup variant of scenario d handles at once (dnats.WithConcurrency)")
 	fs.DurationVar(&c.jsTimeout, "js-timeout", 2*time.Minute, "give up on a JetStream variant that has not acked every message by then")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results to this file as JSON")
 	fs.StringVar(&c.svgPath, "svg", "", "draw the throughput chart to this file")
@@ -127,6 +131,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("-ceiling-requests %d is not positive", c.ceilingRequests)
 	case c.jsMessages < 1 || c.jsMessages > 10_000_000:
 		return c, fmt.Errorf("-js-messages %d is outside 1..10000000", c.jsMessages)
+	case c.jsConcurrency < 1 || c.jsConcurrency > dnats.MaxConcurrency:
+		return c, fmt.Errorf("-js-concurrency %d is outside 1..%d", c.jsConcurrency, dnats.MaxConcurrency)
 	case c.jsTimeout <= 0:
 		return c, fmt.Errorf("-js-timeout %v is not positive", c.jsTimeout)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
+	dnats "github.com/dedupkit/dedupkit/nats"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m, nil) }
@@ -36,7 +37,7 @@ var requiredRatios = []string{
 func tinyArgs(dir string) []string {
 	return []string{
 		"-rounds", "2", "-duration", "20ms", "-concurrency", "1,64",
-		"-js-messages", "300", "-ceiling-requests", "2000", "-js-timeout", "30s",
+		"-js-messages", "300", "-js-concurrency", "3", "-ceiling-requests", "2000", "-js-timeout", "30s",
 		"-json", filepath.Join(dir, "out.json"), "-svg", filepath.Join(dir, "out.svg"),
 	}
 }
@@ -72,6 +73,9 @@ func TestRunEmbedded(t *testing.T) {
 		t.Errorf("machine %+v: want embedded servers, not meaningful", doc.Machine)
 	}
 	checkSVG(t, filepath.Join(dir, "out.svg"))
+	if doc.Config.JSConcurrency != 3 {
+		t.Errorf("config js_concurrency %d, want the 3 of -js-concurrency", doc.Config.JSConcurrency)
+	}
 
 	if keys := mr.Keys(); len(keys) > 0 {
 		t.Errorf("%d keys left behind, e.g. %q", len(keys), keys[0])
@@ -240,6 +244,7 @@ func TestFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-rounds", "0"}, {"-duration", "0s"}, {"-concurrency", "0"}, {"-concurrency", "a"},
 		{"-only", "e"}, {"-js-messages", "0"}, {"-js-timeout", "0s"}, {"-ceiling-requests", "0"},
+		{"-js-concurrency", "0"}, {"-js-concurrency", "4097"},
 		{"extra"},
 	} {
 		if _, err := parseFlags(args, new(bytes.Buffer)); err == nil {
@@ -255,6 +260,9 @@ func TestFlags(t *testing.T) {
 	}
 	if !cfg.only["b"] || !cfg.only["d"] || cfg.only["a"] || cfg.only["c"] {
 		t.Errorf("only %v, want b and d", cfg.only)
+	}
+	if cfg.jsConcurrency != dnats.DefaultConcurrency {
+		t.Errorf("default -js-concurrency %d, want dnats.DefaultConcurrency %d", cfg.jsConcurrency, dnats.DefaultConcurrency)
 	}
 }
 

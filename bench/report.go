@@ -253,6 +253,7 @@ type jsonConfig struct {
 	Scenarios       []string `json:"scenarios"`
 	CeilingRequests int      `json:"ceiling_requests"`
 	JSMessages      int      `json:"js_messages"`
+	JSConcurrency   int      `json:"js_concurrency"`
 	KeyPrefix       string   `json:"key_prefix"`
 	Stream          string   `json:"stream,omitempty"`
 }
@@ -277,7 +278,8 @@ func (b *bench) writeJSON(ratios map[string]float64, details map[string]ratioRes
 		Config: jsonConfig{
 			Rounds: b.cfg.rounds, Duration: b.cfg.duration.String(), Concurrency: b.cfg.concurrency,
 			Scenarios: scs, CeilingRequests: b.cfg.ceilingRequests, JSMessages: b.cfg.jsMessages,
-			KeyPrefix: b.prefix, Stream: b.js.stream,
+			JSConcurrency: b.cfg.jsConcurrency,
+			KeyPrefix:     b.prefix, Stream: b.js.stream,
 		},
 		Notes:    append([]string{}, b.notes...),
 		Ratios:   ratios,

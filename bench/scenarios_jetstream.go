@@ -54,6 +54,11 @@ const (
 	jsAckWait       = 30 * time.Second
 	jsMaxDeliver    = 5
 	jsMaxAckPending = 1000
+	// jsPullHeartbeat is every variant's Consume idle heartbeat. nats.go's Consume can
+	// stop pulling while the server holds no pull request for it
+	// (nats-io/nats.go#1622), until twice the heartbeat has passed without one: 30 s
+	// at the default of 15 s, which would swamp a variant's time; 2 s at this one.
+	jsPullHeartbeat = time.Second
 	jsPayload       = `{"order":"0000000000","sku":"bench-sku","qty":1,"note":"dedupkit"}`
 )
 
@@ -213,6 +218,7 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (metrics, error
 	meter := b.startCPU(ctx)
 	start := time.Now()
 	cc, err := cons.Consume(func(msg jetstream.Msg) { handle(countedMsg{msg, t}) },
+		jetstream.PullHeartbeat(jsPullHeartbeat),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if consumeErrs.Add(1) == 1 {
 				firstErr.Store(err.Error())
@@ -272,7 +278,7 @@ func (b *bench) jsHandler(ctx context.Context, r int, v string, cons jetstream.C
 		if err != nil {
 			return nil, nil, err
 		}
-		a, err := dnats.NewJetStream(h, cons)
+		a, err := dnats.NewJetStream(h, cons, dnats.WithConcurrency(b.cfg.jsConcurrency))
 		if err != nil {
 			return nil, nil, err
 		}
