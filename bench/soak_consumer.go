@@ -348,6 +348,7 @@ func consume(ctx context.Context, cfg consumerConfig, stderr io.Writer) error {
 		handle(lossyMsg{Msg: msg, c: c, recordKey: c.h.RecordKey(msg.Headers().Get(jetstream.MsgIDHeader))})
 	},
 		jetstream.PullMaxMessages(cfg.buffer),
+		jetstream.PullHeartbeat(jsPullHeartbeat), // as scenario d: nats-io/nats.go#1622
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			logger.Warn("soak: consume", "err", err)
 		}))

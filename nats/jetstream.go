@@ -77,6 +77,13 @@ const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 // message is acknowledged, and its slot freed, as soon as its own result is final. A
 // message whose key an earlier one is being marked for waits for that mark's answer
 // (a Duplicate, then), and one whose key is being run waits for the run's end.
+//
+// Pass Consume a short idle heartbeat, such as jetstream.PullHeartbeat(time.Second).
+// nats.go's Consume can stop pulling while the server holds no pull request for it
+// (nats-io/nats.go#1622), until twice the heartbeat (15 s by default) has passed
+// without one: nothing is lost, but nothing is delivered for 30 s. The more messages
+// are unacknowledged at once (WithConcurrency here, plus Consume's own buffer), the
+// likelier it is.
 func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
 	ctx = dedup.WaitForRunning(ctx)
 	if j.cfg.concurrency > 1 {

@@ -82,8 +82,9 @@ const (
 	dupWindow     = 200 * time.Millisecond
 	ackWait       = time.Second
 	maxDeliver    = 10
-	consumeBuffer = 50  // messages Consume keeps buffered per instance
-	fetchBatch    = 100 // messages per Fetch
+	consumeBuffer = 50          // messages Consume keeps buffered per instance
+	pullHeartbeat = time.Second // Consume's idle heartbeat
+	fetchBatch    = 100         // messages per Fetch
 	fetchWait     = 250 * time.Millisecond
 	leaseTime     = 5 * time.Second // each handler's dedup lease
 )
@@ -713,6 +714,7 @@ func (f *fleet) start(ctx context.Context, i, instances int, natsURL string, rt 
 		handle := a.Handler(ctx, t.work)
 		cc, err := cons.Consume(func(msg jetstream.Msg) { handle(t.deliver(msg)) },
 			jetstream.PullMaxMessages(consumeBuffer),
+			jetstream.PullHeartbeat(pullHeartbeat), // bounds nats.go's lost-pull stall (nats-io/nats.go#1622)
 			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 				f.logger.Warn("consume", "handler", spec.name, "instance", i+1, "err", err)
 			}))
