@@ -99,7 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.ceilingRequests, "ceiling-requests", 500_000, "requests of each redis-benchmark run")
 	// 50k: at 200k msg/s raw-ack still spans 25 ticks of /proc/stat (10 ms each)
 	fs.IntVar(&c.jsMessages, "js-messages", 50_000, "messages in the JetStream stream; each variant reads them all")
-	fs.IntVar(&c.jsConcurrency, "js-concurrency", dnats.DefaultConcurrency, "messages each dedup variant of scenario d handles at once (dnats.WithConcurrency)")
+	fs.IntVar(&c.jsConcurrency, "js-concurrency", dnats.DefaultConcurrency, "messages each dedup variant of scenario d handles at once (dnats.WithConcurrency); above the consumers' MaxAckPending (1000) it changes nothing")
 	fs.DurationVar(&c.jsTimeout, "js-timeout", 2*time.Minute, "give up on a JetStream variant that has not acked every message by then")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results to this file as JSON")
 	fs.StringVar(&c.svgPath, "svg", "", "draw the throughput chart to this file")

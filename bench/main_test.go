@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -263,6 +264,11 @@ func TestFlags(t *testing.T) {
 	}
 	if cfg.jsConcurrency != dnats.DefaultConcurrency {
 		t.Errorf("default -js-concurrency %d, want dnats.DefaultConcurrency %d", cfg.jsConcurrency, dnats.DefaultConcurrency)
+	}
+	for _, n := range []string{"1", strconv.Itoa(dnats.MaxConcurrency)} {
+		if cfg, err := parseFlags([]string{"-js-concurrency", n}, new(bytes.Buffer)); err != nil || strconv.Itoa(cfg.jsConcurrency) != n {
+			t.Errorf("parseFlags(-js-concurrency %s) = %d, %v; want %s, nil", n, cfg.jsConcurrency, err, n)
+		}
 	}
 }
 

@@ -55,9 +55,10 @@ const (
 	jsMaxDeliver    = 5
 	jsMaxAckPending = 1000
 	// jsPullHeartbeat is every variant's Consume idle heartbeat. nats.go's Consume can
-	// stop pulling while the server holds no pull request for it
-	// (nats-io/nats.go#1622), until twice the heartbeat has passed without one: 30 s
-	// at the default of 15 s, which would swamp a variant's time; 2 s at this one.
+	// stop receiving messages while the server holds no pull request for it (see
+	// nats-io/nats.go#1622), until nothing, not even a heartbeat, has arrived for twice
+	// the heartbeat: 30 s at the default of 15 s, which would swamp a variant's time;
+	// about 2 s at this one.
 	jsPullHeartbeat = time.Second
 	jsPayload       = `{"order":"0000000000","sku":"bench-sku","qty":1,"note":"dedupkit"}`
 )

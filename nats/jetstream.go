@@ -79,11 +79,11 @@ const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 // (a Duplicate, then), and one whose key is being run waits for the run's end.
 //
 // Pass Consume a short idle heartbeat, such as jetstream.PullHeartbeat(time.Second).
-// nats.go's Consume can stop pulling while the server holds no pull request for it
-// (nats-io/nats.go#1622), until twice the heartbeat (15 s by default) has passed
-// without one: nothing is lost, but nothing is delivered for 30 s. The more messages
-// are unacknowledged at once (WithConcurrency here, plus Consume's own buffer), the
-// likelier it is.
+// nats.go's Consume can stop receiving messages while the server holds no pull
+// request for it (see nats-io/nats.go#1622), until nothing, not even a heartbeat, has
+// arrived for twice the heartbeat: at the default of half of PullExpiry (15 s),
+// delivery stops for about 30 s. No message is lost; the stall only delays delivery.
+// It was seen at WithConcurrency 512 and 1024, not at 128 or 256 (see the README).
 func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
 	ctx = dedup.WaitForRunning(ctx)
 	if j.cfg.concurrency > 1 {
@@ -170,6 +170,7 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 
 // Handle runs fn for one message (from Consumer.Messages, Next or a Fetch batch read
 // one by one) and acknowledges it. It returns the dedup result and the action taken.
+// Give Messages a short idle heartbeat, as Consume (see Handler).
 func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (dedup.Result, Action) {
 	m := viewJS(msg)
 	key := j.cfg.strategy.Key(m)
