@@ -277,9 +277,9 @@ func (b *bench) writeJSON(ratios map[string]float64, details map[string]ratioRes
 		},
 		Config: jsonConfig{
 			Rounds: b.cfg.rounds, Duration: b.cfg.duration.String(), Concurrency: b.cfg.concurrency,
-			Scenarios: scs, CeilingRequests: b.cfg.ceilingRequests, JSMessages: b.cfg.jsMessages,
-			JSConcurrency: b.cfg.jsConcurrency,
-			KeyPrefix:     b.prefix, Stream: b.js.stream,
+			Scenarios: scs, CeilingRequests: b.cfg.ceilingRequests,
+			JSMessages: b.cfg.jsMessages, JSConcurrency: b.cfg.jsConcurrency,
+			KeyPrefix: b.prefix, Stream: b.js.stream,
 		},
 		Notes:    append([]string{}, b.notes...),
 		Ratios:   ratios,

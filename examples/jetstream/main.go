@@ -714,7 +714,7 @@ func (f *fleet) start(ctx context.Context, i, instances int, natsURL string, rt 
 		handle := a.Handler(ctx, t.work)
 		cc, err := cons.Consume(func(msg jetstream.Msg) { handle(t.deliver(msg)) },
 			jetstream.PullMaxMessages(consumeBuffer),
-			jetstream.PullHeartbeat(pullHeartbeat), // bounds nats.go's lost-pull stall (nats-io/nats.go#1622)
+			jetstream.PullHeartbeat(pullHeartbeat), // bounds nats.go's Consume stall (nats-io/nats.go#1622)
 			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 				f.logger.Warn("consume", "handler", spec.name, "instance", i+1, "err", err)
 			}))
