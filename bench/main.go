@@ -32,6 +32,10 @@
 // `go run ./bench soak` is the chaos soak instead (soak.go): consumer processes, faults
 // injected throughout, one JSON line, and a non-zero exit unless no message was lost
 // and none succeeded twice.
+//
+// `go run ./bench stall` counts nats.go's Consume stalls instead (stall.go): runs of a
+// stream through a JetStream handler, and those in which Consume reported a missed
+// heartbeat.
 package main
 
 import (
@@ -173,6 +177,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			return runSoak(ctx, args[1:], stdout, os.Stderr)
 		case "soak-consumer": // a consumer process the soak starts
 			return runSoakConsumer(ctx, args[1:], os.Stderr)
+		case "stall":
+			return runStall(ctx, args[1:], stdout, os.Stderr)
 		}
 	}
 	cfg, err := parseFlags(args, os.Stderr)
