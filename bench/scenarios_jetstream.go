@@ -95,18 +95,8 @@ func (b *bench) publish(ctx context.Context) error {
 	st := &b.js
 	pctx, cancel := context.WithTimeout(ctx, b.cfg.jsTimeout)
 	defer cancel()
-	for i := range b.cfg.jsMessages {
-		msg := natsgo.NewMsg(st.subject)
-		msg.Header.Set(jetstream.MsgIDHeader, "m-"+strconv.Itoa(i))
-		msg.Data = []byte(jsPayload)
-		if _, err := st.js.PublishMsgAsync(msg); err != nil {
-			return fmt.Errorf("publish: %w", err)
-		}
-	}
-	select {
-	case <-st.js.PublishAsyncComplete():
-	case <-pctx.Done():
-		return fmt.Errorf("publish: %d acks outstanding: %w", st.js.PublishAsyncPending(), pctx.Err())
+	if err := publishMsgs(pctx, st.js, st.subject, b.cfg.jsMessages); err != nil {
+		return err
 	}
 	s, err := st.js.Stream(pctx, st.stream)
 	if err != nil {
@@ -116,6 +106,25 @@ func (b *bench) publish(ctx context.Context) error {
 		return fmt.Errorf("stream holds %d messages after publishing %d", n, b.cfg.jsMessages)
 	}
 	return nil
+}
+
+// publishMsgs publishes n messages (ids m-0, m-1, ...) on subject and waits for
+// every publish ack.
+func publishMsgs(ctx context.Context, js jetstream.JetStream, subject string, n int) error {
+	for i := range n {
+		msg := natsgo.NewMsg(subject)
+		msg.Header.Set(jetstream.MsgIDHeader, "m-"+strconv.Itoa(i))
+		msg.Data = []byte(jsPayload)
+		if _, err := js.PublishMsgAsync(msg); err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("publish: %d acks outstanding: %w", js.PublishAsyncPending(), ctx.Err())
+	}
 }
 
 func (b *bench) deleteStream() error {

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -117,18 +116,8 @@ func stall(ctx context.Context, cfg stallConfig, srv servers, stdout io.Writer) 
 		defer cancel()
 		_ = js.DeleteStream(dctx, stream)
 	}()
-	for i := range cfg.messages {
-		msg := natsgo.NewMsg(subject)
-		msg.Header.Set(jetstream.MsgIDHeader, "m-"+strconv.Itoa(i))
-		msg.Data = []byte(jsPayload)
-		if _, err := js.PublishMsgAsync(msg); err != nil {
-			return fmt.Errorf("publish: %w", err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := publishMsgs(ctx, js, subject, cfg.messages); err != nil {
+		return err
 	}
 
 	var dd *dedup.Deduper
