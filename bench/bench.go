@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -29,6 +32,7 @@ type bench struct {
 	srv     servers
 	out     io.Writer
 	id      string // random; names the run's key prefix and stream
+	rev     string // the code measured: revision()
 	prefix  string // every Redis key the run writes starts with prefix + ":"
 	started time.Time
 
@@ -62,7 +66,7 @@ type scenario struct {
 // tables, writes -json and -svg, and deletes every key and stream it made, also when
 // it fails.
 func runBench(ctx context.Context, cfg config, srv servers, out io.Writer) (err error) {
-	b := &bench{cfg: cfg, srv: srv, out: out, id: runID(), started: time.Now()}
+	b := &bench{cfg: cfg, srv: srv, out: out, id: runID(), rev: revision(), started: time.Now()}
 	b.prefix = "dkbench-" + b.id
 	b.res = newResults(cfg.rounds)
 	defer func() { err = errors.Join(err, b.close()) }()
@@ -121,8 +125,8 @@ func setBenchtime(d time.Duration) {
 }
 
 func (b *bench) printHeader() {
-	fmt.Fprintf(b.out, "dedupkit bench, run %s: %s, GOMAXPROCS %d, %d rounds, %v per measurement\n",
-		b.id, runtime.Version(), runtime.GOMAXPROCS(0), b.cfg.rounds, b.cfg.duration)
+	fmt.Fprintf(b.out, "dedupkit bench, run %s of %s: %s, GOMAXPROCS %d, %d rounds, %v per measurement\n",
+		b.id, b.rev, runtime.Version(), runtime.GOMAXPROCS(0), b.cfg.rounds, b.cfg.duration)
 	if w := b.embeddedWarning(); w != "" {
 		fmt.Fprintln(b.out, w)
 	}
@@ -215,4 +219,36 @@ func (b *bench) deleteKeys() error {
 // note records something skipped or noticed, for the report and the JSON.
 func (b *bench) note(format string, args ...any) {
 	b.notes = append(b.notes, fmt.Sprintf(format, args...))
+}
+
+// revision names the code the run measured: the commit the binary was built from
+// (Go stamps it on go build in a git checkout), else the work tree's HEAD, with
+// "+modified" when tracked files differ from it; "unknown" outside a git checkout.
+func revision() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		var rev, modified string
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				modified = s.Value
+			}
+		}
+		if rev != "" {
+			if modified == "true" {
+				rev += "+modified"
+			}
+			return rev
+		}
+	}
+	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	rev := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		rev += "+modified"
+	}
+	return rev
 }

@@ -70,6 +70,7 @@ func TestRunEmbedded(t *testing.T) {
 	checkRatios(t, doc)
 	checkReferences(t, doc)
 	checkCPU(t, doc, false)
+	checkRevision(t, doc)
 	if doc.Machine.Meaningful || !doc.Machine.RedisEmbedded || !doc.Machine.NATSEmbedded {
 		t.Errorf("machine %+v: want embedded servers, not meaningful", doc.Machine)
 	}
@@ -287,7 +288,7 @@ func readReport(t *testing.T, path string) jsonReport {
 
 func checkRatios(t *testing.T, doc jsonReport) {
 	t.Helper()
-	for _, name := range requiredRatios {
+	for _, name := range append(requiredRatios, "local_insert_ns") {
 		v, ok := doc.Ratios[name]
 		if !ok {
 			t.Errorf("ratio %s missing from the JSON", name)
@@ -296,6 +297,27 @@ func checkRatios(t *testing.T, doc jsonReport) {
 		if !(v > 0) || math.IsInf(v, 0) {
 			t.Errorf("ratio %s = %v, want a finite positive number", name, v)
 		}
+	}
+	// the insert figure (issue 4 §3) is lru-add's own ns/op, against its target
+	if d := doc.Detailed["local_insert_ns"]; d.Num != "local/lru-add" || d.Target != "<= 400" {
+		t.Errorf("local_insert_ns details %+v: want local/lru-add's ns_per_op against <= 400", d)
+	}
+}
+
+// checkRevision wants the JSON to name the commit measured: the work tree's HEAD
+// when the test runs in a git checkout.
+func checkRevision(t *testing.T, doc jsonReport) {
+	t.Helper()
+	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		if doc.Revision == "" {
+			t.Error("revision empty, want \"unknown\" outside a git checkout")
+		}
+		return
+	}
+	head := strings.TrimSpace(string(out))
+	if doc.Revision != head && doc.Revision != head+"+modified" {
+		t.Errorf("revision %q, want HEAD %s (with +modified if the tree differs)", doc.Revision, head)
 	}
 }
 

@@ -194,8 +194,12 @@ func (b *bench) printRatios(details map[string]ratioResult) {
 				verdict = "NOT MET"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%.3f\t%s\t%s\t%s\t%s / %s (%s)\n", def.name, rr.Median, rr.Target, verdict,
-			strings.Join(rounds, " "), rr.Num, rr.Den, rr.Metric)
+		what := fmt.Sprintf("%s / %s (%s)", rr.Num, rr.Den, rr.Metric)
+		if def.figure {
+			what = fmt.Sprintf("%s (%s): a figure, not a ratio", rr.Num, rr.Metric)
+		}
+		fmt.Fprintf(tw, "%s\t%.3f\t%s\t%s\t%s\t%s\n", def.name, rr.Median, rr.Target, verdict,
+			strings.Join(rounds, " "), what)
 	}
 	tw.Flush()
 	if anyShown(details, func(def ratioDef) bool { return def.boundCmds > 0 }) {
@@ -222,6 +226,7 @@ func anyShown(details map[string]ratioResult, kind func(ratioDef) bool) bool {
 // jsonReport is the document -json writes.
 type jsonReport struct {
 	Run      string                 `json:"run"`
+	Revision string                 `json:"revision"` // the commit measured, "+modified" if the tree differed
 	Started  time.Time              `json:"started"`
 	Machine  machine                `json:"machine"`
 	Config   jsonConfig             `json:"config"`
@@ -266,8 +271,9 @@ func (b *bench) writeJSON(ratios map[string]float64, details map[string]ratioRes
 		}
 	}
 	doc := jsonReport{
-		Run:     b.id,
-		Started: b.started,
+		Run:      b.id,
+		Revision: b.rev,
+		Started:  b.started,
 		Machine: machine{
 			GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, NumCPU: runtime.NumCPU(),
 			GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),

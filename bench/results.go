@@ -120,6 +120,9 @@ type ratioDef struct {
 	// for a variant that costs the host what the series atCostOf costs per op; num is
 	// then unused.
 	atCostOf string
+	// figure makes this num's metric itself, not a ratio: a figure with an absolute
+	// target (the local tier's insert cost, issue 4 §3). den is then unused.
+	figure bool
 }
 
 // ratioDefs are the ratios of a run, required ones first.
@@ -131,6 +134,7 @@ var ratioDefs = []ratioDef{
 	{name: "jetstream_filter_vs_raw", num: []string{"jetstream/dedup-filter"}, den: []string{"jetstream/raw-ack"}, metric: mOps, target: 0.90, required: true},
 	{name: "jetstream_do_vs_raw", num: []string{"jetstream/dedup-do"}, den: []string{"jetstream/raw-ack"}, metric: mOps, target: 0.80, required: true},
 	{name: "c1_p50_vs_direct", num: []string{"latency/dedup-mark/c1"}, den: []string{"latency/direct-set-nx-get/c1"}, metric: mP50, target: 1.10, atMost: true, required: true},
+	{name: "local_insert_ns", num: []string{"local/lru-add"}, metric: mNsOp, target: 400, atMost: true, figure: true},
 	{name: "mark_local_hit_vs_syncmap", num: []string{"local/mark-local-hit"}, den: []string{"local/syncmap-load"}, metric: mNsOp, atMost: true},
 	{name: "store_do_c64_vs_naive", num: []string{"store/dedup-do/c64"}, den: []string{"store/naive-setnx/c64"}, metric: mOps},
 	{name: "store_filter_c64_direct_vs_ceiling", num: []string{"store/dedup-filter-direct/c64"}, den: ceilings, metric: mOps},
@@ -190,6 +194,8 @@ func (rs *results) compute(def ratioDef) (ratioResult, bool) {
 		num = fmt.Sprintf("cpu bound (%d store command(s) per message)", def.boundCmds)
 	case def.atCostOf != "":
 		num = fmt.Sprintf("cores over the host CPU per op of %s", def.atCostOf)
+	case def.figure:
+		den = "-"
 	}
 	if num == "" || den == "" {
 		return ratioResult{}, false
@@ -203,6 +209,8 @@ func (rs *results) compute(def ratioDef) (ratioResult, bool) {
 			v = rs.cpuBound(den, def.boundCmds, r)
 		case def.atCostOf != "":
 			v = rs.atCost(def.atCostOf, den, r)
+		case def.figure:
+			v = rs.get(num, def.metric, r)
 		default:
 			v = ratio(rs.get(num, def.metric, r), rs.get(den, def.metric, r))
 		}

@@ -21,11 +21,15 @@ import (
 // lru.Cache.Contains (the local tier itself), sync.Map.Load (the baseline), and
 // Handler.Mark on a key the local tier holds (what a caller sees: the full path of a
 // local duplicate). Mark's handler is on a MemoryStore, which a local hit never
-// reaches, so the scenario writes nothing to Redis.
+// reaches, so the scenario writes nothing to Redis. A fourth, lru-add, is the insert
+// (issue 4 §3: at most 400 ns), as BenchmarkAdd measures it: the same goroutines add
+// the 64Ki keys over and over to a cache that holds an eighth of them, so that every
+// Add beyond the first 8Ki of a round inserts a key that is not there and evicts one.
 
 const (
 	localKeys = 1 << 16
 	localMask = localKeys - 1
+	addSize   = localKeys / 8 // lru-add's cache: most of the keys added are absent
 )
 
 // Local tier variants.
@@ -33,6 +37,7 @@ const (
 	varLRU     = "lru-contains"
 	varSyncMap = "syncmap-load"
 	varMarkHit = "mark-local-hit"
+	varLRUAdd  = "lru-add"
 )
 
 // localState is what scenario a keeps across rounds.
@@ -90,6 +95,12 @@ func (b *bench) setupLocal(ctx context.Context) error {
 
 func (b *bench) roundLocal(ctx context.Context, r int) error {
 	st := &b.local
+	// lru-add's cache is new each round, so that each round measures the same thing.
+	addCache, err := lru.New(addSize, time.Hour)
+	if err != nil {
+		return err
+	}
+	defer addCache.Close()
 	// Each loop calls its lookup directly, as lru's own benchmark does: a call
 	// through a func value would add the same few ns to every variant.
 	variants := []struct {
@@ -121,6 +132,12 @@ func (b *bench) roundLocal(ctx context.Context, r int) error {
 			}
 			return miss
 		}},
+		{varLRUAdd, func(pb *testing.PB, i uint64) (miss int64) {
+			for ; pb.Next(); i++ {
+				addCache.Add(st.probe[i&localMask])
+			}
+			return 0
+		}},
 	}
 	for j := range variants {
 		v := variants[(j+r)%len(variants)]
@@ -134,6 +151,9 @@ func (b *bench) roundLocal(ctx context.Context, r int) error {
 		})
 		if n := misses.Load(); n > 0 {
 			return fmt.Errorf("%s: %d lookups of present keys missed", v.name, n)
+		}
+		if v.name == varLRUAdd && addCache.Len() > addSize {
+			return fmt.Errorf("%s: the cache holds %d keys, more than its size %d", v.name, addCache.Len(), addSize)
 		}
 		if res.N == 0 {
 			return fmt.Errorf("%s: testing.Benchmark ran nothing", v.name)

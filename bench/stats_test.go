@@ -213,3 +213,37 @@ func TestAtCost(t *testing.T) {
 		t.Errorf("num %q does not name the reference", rr.Num)
 	}
 }
+
+// TestFigure: a figure is num's own metric in each round, its median checked against
+// an absolute target, with no den needed.
+func TestFigure(t *testing.T) {
+	def := ratioDef{name: "f", num: []string{"local/lru-add"}, metric: mNsOp, target: 400, atMost: true, figure: true}
+	for _, tc := range []struct {
+		ns  [3]float64
+		med float64
+		met bool
+	}{
+		{[3]float64{150, 250, 300}, 250, true},
+		{[3]float64{450, 390, 500}, 450, false},
+	} {
+		rs := newResults(3)
+		for r, v := range tc.ns {
+			rs.add("local", "lru-add", 0, r, metrics{mNsOp: v})
+		}
+		rr, ok := rs.compute(def)
+		if !ok {
+			t.Fatal("not computed")
+		}
+		if rr.Median != tc.med || rr.Met == nil || *rr.Met != tc.met || rr.Target != "<= 400" {
+			t.Errorf("%v: median %v met %v target %q, want %v %v \"<= 400\"", tc.ns, rr.Median, rr.Met, rr.Target, tc.med, tc.met)
+		}
+		for r, v := range rr.Rounds {
+			if v == nil || *v != tc.ns[r] {
+				t.Errorf("%v: round %d is %v, want the figure itself", tc.ns, r, v)
+			}
+		}
+	}
+	if _, ok := newResults(1).compute(def); ok {
+		t.Error("a figure computed with no measurement")
+	}
+}
