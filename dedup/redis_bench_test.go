@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +15,7 @@ import (
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-// BenchmarkRedisStore measures the store's single calls on unique keys from c
+// BenchmarkRedisStore measures the store's single calls on unique keys from exactly c
 // concurrent goroutines against DEDUP_REDIS_ADDR, with auto-pipelining on and off, and
 // the naive SETNX for scale. ops/s is the figure to compare within one run.
 //
@@ -54,18 +54,14 @@ func BenchmarkRedisStore(b *testing.B) {
 			for _, conc := range []int{1, 16, 64, 256} {
 				b.Run(fmt.Sprintf("op=%s/pipeline=%s/conc=%d", op.name, pipe.name, conc), func(b *testing.B) {
 					b.ReportAllocs()
-					b.SetParallelism(max(1, conc/runtime.GOMAXPROCS(0)))
 					ctx := context.Background()
 					start := time.Now()
-					b.RunParallel(func(pb *testing.PB) {
-						for pb.Next() {
-							key := fmt.Sprintf("%s:k%d", prefix, seq.Add(1))
-							if err := op.run(ctx, pipe.s, key); err != nil {
-								b.Error(err)
-								return
-							}
-						}
+					err := runConc(b.N, conc, func() error {
+						return op.run(ctx, pipe.s, fmt.Sprintf("%s:k%d", prefix, seq.Add(1)))
 					})
+					if err != nil {
+						b.Fatal(err)
+					}
 					b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
 				})
 			}
@@ -73,7 +69,7 @@ func BenchmarkRedisStore(b *testing.B) {
 	}
 }
 
-// BenchmarkRedisDo measures Handler.Do on unique keys from c goroutines against
+// BenchmarkRedisDo measures Handler.Do on unique keys from exactly c goroutines against
 // DEDUP_REDIS_ADDR: the claim, the run (an empty fn) and the completion.
 //
 //	DEDUP_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench RedisDo -benchmem ./dedup
@@ -108,20 +104,19 @@ func BenchmarkRedisDo(b *testing.B) {
 		for _, conc := range []int{1, 64} {
 			b.Run(fmt.Sprintf("mode=%s/conc=%d", mode.name, conc), func(b *testing.B) {
 				b.ReportAllocs()
-				b.SetParallelism(max(1, conc/runtime.GOMAXPROCS(0)))
 				ctx := context.Background()
 				tc.Reset()
 				start := time.Now()
-				b.RunParallel(func(pb *testing.PB) {
-					for pb.Next() {
-						key := fmt.Sprint("k", seq.Add(1))
-						res, err := h.HandleKey(ctx, key, nil, func(context.Context) error { return nil })
-						if err != nil || (res.Outcome != Processed && res.Outcome != First) {
-							b.Errorf("%v %v", res.Outcome, err)
-							return
-						}
+				err := runConc(b.N, conc, func() error {
+					res, err := h.HandleKey(ctx, fmt.Sprint("k", seq.Add(1)), nil, func(context.Context) error { return nil })
+					if err == nil && res.Outcome != Processed && res.Outcome != First {
+						err = fmt.Errorf("outcome %v", res.Outcome)
 					}
+					return err
 				})
+				if err != nil {
+					b.Fatal(err)
+				}
 				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
 				b.ReportMetric(float64(tc.Cmds())/float64(max(1, tc.Trips())), "cmds/trip")
 			})
@@ -148,4 +143,30 @@ func benchRedis(b *testing.B) (*redis.Client, string) {
 		c.Close()
 	})
 	return c, prefix
+}
+
+// runConc calls op n times from exactly conc goroutines (b.RunParallel would run a
+// multiple of GOMAXPROCS, so conc=1 would be 2 here), and returns the first error,
+// after which the goroutines stop.
+func runConc(n, conc int, op func() error) error {
+	var (
+		next    atomic.Int64
+		failed  atomic.Bool
+		errOnce sync.Once
+		first   error
+		wg      sync.WaitGroup
+	)
+	for range conc {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) && !failed.Load() {
+				if err := op(); err != nil {
+					errOnce.Do(func() { first = err })
+					failed.Store(true)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
 }
