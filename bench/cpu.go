@@ -19,6 +19,12 @@ const (
 	mClientCPU = "client_cpu_us_per_op" // CPU µs this process spent per operation
 	mRedisCPU  = "redis_cpu_us_per_op"  // CPU µs the Redis server spent per operation
 	mHostCPU   = "host_cpu_us_per_op"   // CPU µs the whole machine was busy per operation
+	// mCmdsPerRead is how many commands Redis executed per read from a client socket
+	// (INFO stats: total_commands_processed over total_reads_processed): the pipeline
+	// depth the server saw, all clients together. Redis pays its per-read costs (the
+	// event loop, the read and the reply's write) once per read, so a shallow depth
+	// is a dear command.
+	mCmdsPerRead = "redis_cmds_per_read"
 )
 
 // cpuMeter holds the readings at the start of one measurement.
@@ -27,6 +33,7 @@ type cpuMeter struct {
 	start                     time.Time
 	client, redis, host       float64 // CPU seconds so far
 	clientOK, redisOK, hostOK bool    // whether each was read
+	io                        redisIO // Redis's command and read counts so far
 }
 
 // cpuUse is what each side used over a measurement, in cores (CPU seconds per
@@ -34,13 +41,14 @@ type cpuMeter struct {
 type cpuUse struct {
 	client, redis, host       float64
 	clientOK, redisOK, hostOK bool
+	cmdsPerRead               float64 // 0 when not read
 }
 
 // startCPU reads the CPU counters before a measurement.
 func (b *bench) startCPU(ctx context.Context) cpuMeter {
 	m := cpuMeter{b: b}
 	m.client, m.clientOK = processCPU()
-	m.redis, m.redisOK = b.redisCPU(ctx)
+	m.redis, m.io, m.redisOK = b.redisCPU(ctx)
 	m.host, m.hostOK = hostCPU()
 	m.start = time.Now()
 	return m
@@ -53,8 +61,11 @@ func (m cpuMeter) stop(ctx context.Context) cpuUse {
 	if c, ok := processCPU(); ok && m.clientOK && wall > 0 {
 		u.client, u.clientOK = (c-m.client)/wall, true
 	}
-	if r, ok := m.b.redisCPU(ctx); ok && m.redisOK && wall > 0 {
+	if r, io, ok := m.b.redisCPU(ctx); ok && m.redisOK && wall > 0 {
 		u.redis, u.redisOK = (r-m.redis)/wall, true
+		if io.ok && m.io.ok && io.reads > m.io.reads {
+			u.cmdsPerRead = (io.cmds - m.io.cmds) / (io.reads - m.io.reads)
+		}
 	}
 	if h, ok := hostCPU(); ok && m.hostOK && wall > 0 {
 		u.host, u.hostOK = (h-m.host)/wall, true
@@ -78,19 +89,56 @@ func (u cpuUse) addTo(mt metrics) {
 	if u.hostOK {
 		mt[mHostCPU] = u.host / ops * 1e6
 	}
+	if u.cmdsPerRead > 0 {
+		mt[mCmdsPerRead] = u.cmdsPerRead
+	}
 }
 
-// redisCPU returns the Redis server's CPU seconds so far, or false on miniredis or
-// when INFO fails (the report then has no Redis column).
-func (b *bench) redisCPU(ctx context.Context) (float64, bool) {
+// redisIO is Redis's count of commands executed and of reads from client sockets.
+type redisIO struct {
+	cmds, reads float64
+	ok          bool
+}
+
+// redisCPU returns the Redis server's CPU seconds so far, and its command and read
+// counts, or false on miniredis or when INFO fails (the report then has no Redis
+// columns).
+func (b *bench) redisCPU(ctx context.Context) (float64, redisIO, bool) {
 	if b.srv.redisEmbedded || b.plainRDB == nil {
-		return 0, false
+		return 0, redisIO{}, false
 	}
-	info, err := b.plainRDB.Info(ctx, "cpu").Result()
+	info, err := b.plainRDB.Info(ctx, "cpu", "stats").Result()
 	if err != nil {
-		return 0, false
+		return 0, redisIO{}, false
 	}
-	return parseRedisCPU(info)
+	cpu, ok := parseRedisCPU(info)
+	return cpu, parseRedisIO(info), ok
+}
+
+// parseRedisIO reads total_commands_processed and total_reads_processed from INFO
+// stats (the second is in Redis 6.2 and later; without it ok is false).
+func parseRedisIO(info string) redisIO {
+	var io redisIO
+	found := 0
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		name, val, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok || (name != "total_commands_processed" && name != "total_reads_processed") {
+			continue
+		}
+		v, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			return redisIO{}
+		}
+		if name == "total_commands_processed" {
+			io.cmds = v
+		} else {
+			io.reads = v
+		}
+		found++
+	}
+	io.ok = found == 2
+	return io
 }
 
 // parseRedisCPU sums used_cpu_user and used_cpu_sys from INFO cpu.

@@ -84,6 +84,7 @@ var columns = []column{
 	{mClientCPU, "client CPU µs/op", fmtMicros},
 	{mRedisCPU, "redis CPU µs/op", fmtMicros},
 	{mHostCPU, "host CPU µs/op", fmtMicros},
+	{mCmdsPerRead, "redis cmds/read", func(v float64) string { return fmt.Sprintf("%.1f", v) }},
 }
 
 func fmtMicros(v float64) string { return fmt.Sprintf("%.2f", v) }

@@ -150,6 +150,18 @@ func TestParseRedisCPU(t *testing.T) {
 	}
 }
 
+func TestParseRedisIO(t *testing.T) {
+	info := "# CPU\r\nused_cpu_sys:1.25\r\n# Stats\r\ntotal_connections_received:7\r\ntotal_commands_processed:5000\r\ntotal_reads_processed:125\r\ntotal_writes_processed:120\r\n"
+	if got := parseRedisIO(info); !got.ok || got.cmds != 5000 || got.reads != 125 {
+		t.Errorf("parseRedisIO = %+v; want 5000 commands, 125 reads", got)
+	}
+	for _, bad := range []string{"", "total_commands_processed:5\r\n", "total_commands_processed:5\r\ntotal_reads_processed:x\r\n"} {
+		if got := parseRedisIO(bad); got.ok {
+			t.Errorf("parseRedisIO(%q) = %+v; want not ok", bad, got)
+		}
+	}
+}
+
 func TestParseProcStat(t *testing.T) {
 	// user nice system idle iowait irq softirq steal guest guest_nice
 	stat := "cpu  100 20 30 5000 70 4 6 10 50 0\ncpu0 50 10 15 2500 35 2 3 5 25 0\nintr 1 2 3\n"
