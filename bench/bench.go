@@ -205,13 +205,37 @@ func (b *bench) close() error {
 
 // deleteKeys deletes every key under the run's prefix with SCAN and UNLINK: the
 // server may be shared, so never FLUSHDB. It has its own deadline, as it also runs
-// after an interrupt; a full run leaves millions of keys (most expire within the
-// retention anyway), and 30 s was seen to be too short on this machine.
+// after an interrupt, which may leave a measurement's keys (up to a million or so)
+// behind; most of them expire within the retention anyway.
 func (b *bench) deleteKeys() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := embedded.DeleteKeys(ctx, b.plainRDB, b.prefix); err != nil {
 		return fmt.Errorf("delete keys under %s: %w", b.prefix, err)
+	}
+	return nil
+}
+
+// record adds a measurement of round r, then deletes the keys the run has written
+// (forget), so that the next measurement starts on a small keyspace.
+func (b *bench) record(ctx context.Context, scenario, variant string, conc, r int, m metrics) error {
+	b.res.add(scenario, variant, conc, r, m)
+	return b.forget(ctx)
+}
+
+// forget deletes every key the run has written so far, between two measurements
+// (outside their timers and CPU meters). Redis grows a database's hash tables by
+// doubling them, and then moves every key to the new table a little at a time, on
+// each command and in its cron: a resize of millions of keys made its commands 2 to
+// 4 times dearer in CPU for seconds (a redis-benchmark SET NX PX run that crossed
+// 4Mi keys here: 180–276k/s and 3.6–5.5 µs of Redis per SET for 6 s, then 530–660k/s
+// and 1.5–1.9 µs). A run that kept its keys (over 20M by its end) paid for those
+// resizes in whichever measurements happened to run then.
+func (b *bench) forget(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := embedded.DeleteKeys(ctx, b.plainRDB, b.prefix); err != nil {
+		return fmt.Errorf("delete the keys of the last measurement under %s: %w", b.prefix, err)
 	}
 	return nil
 }

@@ -150,7 +150,9 @@ func (b *bench) roundJetStream(ctx context.Context, r int) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", v, err)
 		}
-		b.res.add("jetstream", v, 0, r, m)
+		if err := b.record(ctx, "jetstream", v, 0, r, m); err != nil {
+			return err
+		}
 	}
 	return nil
 }

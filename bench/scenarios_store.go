@@ -101,7 +101,7 @@ func (b *bench) setupStore(ctx context.Context) error {
 			return fmt.Errorf("warm-up %s: %w", v, err)
 		}
 	}
-	return nil
+	return b.forget(ctx)
 }
 
 // storeOp returns variant's operation on the new keys of km.
@@ -179,13 +179,17 @@ func (b *bench) roundStore(ctx context.Context, r int) error {
 		use.clientOK = false // the client is redis-benchmark, not this process
 		m := metrics{mOps: rps}
 		use.addTo(m)
-		b.res.add("ceiling", "redis-benchmark-P64", 0, r, m)
+		if err := b.record(ctx, "ceiling", "redis-benchmark-P64", 0, r, m); err != nil {
+			return err
+		}
 	}
 	m, err := b.goPipelineCeiling(ctx, r)
 	if err != nil {
 		return fmt.Errorf("go-redis pipeline ceiling: %w", err)
 	}
-	b.res.add("ceiling", "go-redis-pipeline-P64", 0, r, m)
+	if err := b.record(ctx, "ceiling", "go-redis-pipeline-P64", 0, r, m); err != nil {
+		return err
+	}
 	if err := b.pairedLatency(ctx, r); err != nil {
 		return fmt.Errorf("latency at concurrency 1: %w", err)
 	}
@@ -205,7 +209,9 @@ func (b *bench) roundStore(ctx context.Context, r int) error {
 				return fmt.Errorf("%s at concurrency %d: %w", v, c, err)
 			}
 			meter.stop(ctx).addTo(m)
-			b.res.add("store", v, c, r, m)
+			if err := b.record(ctx, "store", v, c, r, m); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -332,7 +338,7 @@ func (b *bench) pairedLatency(ctx context.Context, r int) error {
 		s := merge([]latencies{p.l})
 		b.res.add("latency", p.variant, 1, r, metrics{mP50: float64(percentile(s, 50)), mP99: float64(percentile(s, 99))})
 	}
-	return nil
+	return b.forget(ctx)
 }
 
 // Variants of the latency pair.

@@ -115,7 +115,9 @@ func (b *bench) roundZipf(ctx context.Context, r int) error {
 		if v.name == varFilter {
 			m[mLocalHit] = float64(sum.local) / float64(sum.ops)
 		}
-		b.res.add("zipf", v.name, zipfConc, r, m)
+		if err := b.record(ctx, "zipf", v.name, zipfConc, r, m); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"context"
 	"math"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestMedian(t *testing.T) {
@@ -257,5 +261,26 @@ func TestFigure(t *testing.T) {
 	}
 	if _, ok := newResults(1).compute(def); ok {
 		t.Error("a figure computed with no measurement")
+	}
+}
+
+// TestRecordForgetsKeys: recording a measurement deletes every key under the run's
+// prefix, and no other, so that the next measurement starts on a small keyspace.
+func TestRecordForgetsKeys(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { c.Close() })
+	b := &bench{prefix: "dkbench-test", plainRDB: c, res: newResults(1)}
+	for _, k := range []string{"dkbench-test:filter:k1", "dkbench-test:ceil0:000000000042", "dkbench-test:jsnaive-r0:m1", "other:k"} {
+		mr.Set(k, "v")
+	}
+	if err := b.record(context.Background(), "store", "dedup-filter", 64, 0, metrics{mOps: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if keys := mr.Keys(); len(keys) != 1 || keys[0] != "other:k" {
+		t.Errorf("keys after record: %q, want only other:k", keys)
+	}
+	if !b.res.has("store/dedup-filter/c64", mOps) {
+		t.Error("the measurement was not recorded")
 	}
 }
