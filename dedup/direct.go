@@ -35,9 +35,9 @@ import (
 // Close. WithWaitReplicas writes keep using the client.
 //
 // It cuts the client's CPU per command: at 64 concurrent Marks on this project's
-// 2-core test machine it ran 1.1–1.9× the rate of the default (go-redis pipelines),
-// and JetStream filter handlers from no faster to 1.27× (see the README's
-// Performance section).
+// 2-core test machine it ran 1.06–1.27× the rate of the default (go-redis
+// pipelines), and JetStream handlers 0.85–1.32×, where the client is not the limit
+// (the rounds of the README's Performance run).
 func WithDirectConnections() RedisOption {
 	return func(s *RedisStore) error {
 		c, ok := s.c.(*redis.Client)
