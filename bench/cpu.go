@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -118,47 +119,44 @@ func (b *bench) redisCPU(ctx context.Context) (float64, redisIO, bool) {
 // parseRedisIO reads total_commands_processed and total_reads_processed from INFO
 // stats (the second is in Redis 6.2 and later; without it ok is false).
 func parseRedisIO(info string) redisIO {
-	var io redisIO
-	found := 0
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		name, val, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok || (name != "total_commands_processed" && name != "total_reads_processed") {
-			continue
-		}
-		v, err := strconv.ParseFloat(val, 64)
-		if err != nil {
-			return redisIO{}
-		}
-		if name == "total_commands_processed" {
-			io.cmds = v
-		} else {
-			io.reads = v
-		}
-		found++
+	v, ok := infoFloats(info, "total_commands_processed", "total_reads_processed")
+	if !ok {
+		return redisIO{}
 	}
-	io.ok = found == 2
-	return io
+	return redisIO{cmds: v[0], reads: v[1], ok: true}
 }
 
 // parseRedisCPU sums used_cpu_user and used_cpu_sys from INFO cpu.
 func parseRedisCPU(info string) (float64, bool) {
-	var sum float64
-	found := 0
+	v, ok := infoFloats(info, "used_cpu_user", "used_cpu_sys")
+	if !ok {
+		return 0, false
+	}
+	return v[0] + v[1], true
+}
+
+// infoFloats returns the values of the named INFO fields, in the order named, and
+// whether every one was there and a number.
+func infoFloats(info string, names ...string) ([]float64, bool) {
+	vals := make([]float64, len(names))
+	seen := make([]bool, len(names))
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
 		name, val, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
+		if !ok {
+			continue
+		}
+		i := slices.Index(names, name)
+		if i < 0 {
 			continue
 		}
 		v, err := strconv.ParseFloat(val, 64)
 		if err != nil {
-			return 0, false
+			return nil, false
 		}
-		sum += v
-		found++
+		vals[i], seen[i] = v, true
 	}
-	return sum, found == 2
+	return vals, !slices.Contains(seen, false)
 }
 
 // procStat is where Linux counts the time each CPU spent in each state.

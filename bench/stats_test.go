@@ -159,7 +159,8 @@ func TestParseRedisIO(t *testing.T) {
 	if got := parseRedisIO(info); !got.ok || got.cmds != 5000 || got.reads != 125 {
 		t.Errorf("parseRedisIO = %+v; want 5000 commands, 125 reads", got)
 	}
-	for _, bad := range []string{"", "total_commands_processed:5\r\n", "total_commands_processed:5\r\ntotal_reads_processed:x\r\n"} {
+	for _, bad := range []string{"", "total_commands_processed:5\r\n", "total_commands_processed:5\r\ntotal_reads_processed:x\r\n",
+		"total_commands_processed:5\r\ntotal_commands_processed:6\r\n"} {
 		if got := parseRedisIO(bad); got.ok {
 			t.Errorf("parseRedisIO(%q) = %+v; want not ok", bad, got)
 		}
