@@ -245,9 +245,12 @@ func (b *bench) note(format string, args ...any) {
 	b.notes = append(b.notes, fmt.Sprintf(format, args...))
 }
 
-// revision names the code the run measured: the commit the binary was built from
-// (Go stamps it on go build in a git checkout), else the work tree's HEAD, with
-// "+modified" when tracked files differ from it; "unknown" outside a git checkout.
+// revision names the code the run measured: the commit Go stamped into the binary
+// (go build in a git checkout, unless -buildvcs=false; go run never stamps), else the
+// HEAD of the git work tree the program runs in, which is the code measured when it
+// runs as `go run ./bench` from a checkout. "+modified" marks a tree that differs
+// from its commit, untracked files included, as Go's own vcs.modified does; "unknown"
+// outside a git checkout.
 func revision() string {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		var rev, modified string
@@ -271,7 +274,7 @@ func revision() string {
 		return "unknown"
 	}
 	rev := strings.TrimSpace(string(out))
-	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+	if st, err := exec.Command("git", "status", "--porcelain").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
 		rev += "+modified"
 	}
 	return rev

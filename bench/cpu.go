@@ -22,9 +22,10 @@ const (
 	mHostCPU   = "host_cpu_us_per_op"   // CPU µs the whole machine was busy per operation
 	// mCmdsPerRead is how many commands Redis executed per read from a client socket
 	// (INFO stats: total_commands_processed over total_reads_processed): the pipeline
-	// depth the server saw, all clients together. Redis pays its per-read costs (the
-	// event loop, the read and the reply's write) once per read, so a shallow depth
-	// is a dear command.
+	// depth the server saw, all clients together, the meter's own INFO included (one
+	// command in one read, so a variant with nothing else in flight reads 1.0). Redis
+	// pays its per-read costs (the event loop, the read and the reply's write) once
+	// per read, so a shallow depth is a dear command.
 	mCmdsPerRead = "redis_cmds_per_read"
 )
 
@@ -117,7 +118,8 @@ func (b *bench) redisCPU(ctx context.Context) (float64, redisIO, bool) {
 }
 
 // parseRedisIO reads total_commands_processed and total_reads_processed from INFO
-// stats (the second is in Redis 6.2 and later; without it ok is false).
+// stats. INFO with two sections, as redisCPU asks, needs Redis 7.0 (this project's
+// floor); without either field ok is false.
 func parseRedisIO(info string) redisIO {
 	v, ok := infoFloats(info, "total_commands_processed", "total_reads_processed")
 	if !ok {

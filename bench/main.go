@@ -2,7 +2,8 @@
 // Redis and NATS can do at most, on the machine it runs on:
 //
 //   - a: the local tier: a hit in lru.Cache (and a Handler.Mark answered by it)
-//     against sync.Map.Load, in ns/op and allocs/op;
+//     against sync.Map.Load, in ns/op and allocs/op, and an insert (lru-add, the
+//     local_insert_ns figure);
 //   - b: unique keys through Redis at each concurrency (-concurrency), in filter
 //     mode (Mark) and Do mode, against the naive way (one go-redis SetNX per message),
 //     against rueidis (an auto-pipelining Go client) sending only the commands a check
@@ -24,7 +25,9 @@
 // With no -redis and -nats (nor DEDUP_REDIS_ADDR and DEDUP_NATS_URL) it runs on
 // miniredis and an in-process NATS server: it works, and its figures then mean nothing
 // for throughput. On real servers it writes only keys under a prefix of its own and
-// one stream of its own, and deletes them at exit (SCAN and UNLINK, never FLUSHDB).
+// one stream of its own. It deletes its keys after every measurement (outside its
+// timers: Redis's hash-table resizes would otherwise land in later measurements, see
+// forget) and at exit, and the stream at exit (SCAN and UNLINK, never FLUSHDB).
 //
 //	go run ./bench
 //	go run ./bench -redis 127.0.0.1:6379 -nats nats://127.0.0.1:4222 -json out.json -svg out.svg

@@ -145,10 +145,11 @@ func benchRedis(b *testing.B) (*redis.Client, string) {
 	return c, prefix
 }
 
-// runConc calls op n times from exactly conc goroutines (b.RunParallel would run a
-// multiple of GOMAXPROCS, so conc=1 would be 2 here), and returns the first error,
-// after which the goroutines stop.
+// runConc calls op n times from exactly conc goroutines (at least one;
+// b.RunParallel would run a multiple of GOMAXPROCS, so conc=1 would be 2 here), and
+// returns the first error, after which the goroutines stop.
 func runConc(n, conc int, op func() error) error {
+	conc = max(conc, 1)
 	var (
 		next    atomic.Int64
 		failed  atomic.Bool

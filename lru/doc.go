@@ -49,8 +49,8 @@
 // per shard over a Go map, the obvious alternative (impl:rwmutexmap in
 // BenchmarkHit), measured 33–39 and 27–28 ns on the shuffled and
 // insertion-order hits against this package's 16–25 and 10–12 ns (three
-// runs on a quieter host than the table below): its two atomic updates of
-// the lock word per hit cost more than the whole lookup here.
+// runs on a quieter host than the table below): it makes two atomic
+// read-modify-writes on a lock word per hit, where Contains makes none.
 //
 // # Why not golang-lru's expirable.LRU
 //
