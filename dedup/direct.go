@@ -35,8 +35,8 @@ import (
 // Close. WithWaitReplicas writes keep using the client.
 //
 // It cuts the client's CPU per command: at 64 concurrent Marks on this project's
-// 2-core test machine it ran 1.06–1.27× the rate of the default (go-redis
-// pipelines), and JetStream handlers 0.85–1.32×, where the client is not the limit
+// 2-core test machine it ran 1.08–1.34× the rate of the default (go-redis
+// pipelines), and JetStream handlers 0.82–1.18×, where the client is not the limit
 // (the rounds of the README's Performance run).
 func WithDirectConnections() RedisOption {
 	return func(s *RedisStore) error {
