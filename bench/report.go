@@ -205,7 +205,7 @@ func (b *bench) printRatios(details map[string]ratioResult) {
 	tw.Flush()
 	if anyShown(details, func(def ratioDef) bool { return def.boundCmds > 0 }) {
 		fmt.Fprintf(b.out, "jetstream_*_cpu_bound: the most this host's CPUs allow against the den in that round: its %d cores over the den's host CPU per message\n"+
-			"  plus, per store command, a SET NX PX at the ceiling's cost (Redis's CPU, and go-redis's client CPU, per op); filter sends 1, Do 2\n", b.res.cores)
+			"  plus, per store command, a SET NX PX as cheap as in 64-deep pipelines (the lower Redis CPU of the two ceilings, plus go-redis's client CPU, per op); filter sends 1, Do 2\n", b.res.cores)
 	}
 	if anyShown(details, func(def ratioDef) bool { return def.atCostOf != "" }) {
 		fmt.Fprintf(b.out, "store_*_at_rueidis_cost: the most this host's CPUs allow against the ceiling in that round if a check cost the host what a rueidis\n"+
