@@ -23,7 +23,8 @@ const (
 	// mCmdsPerRead is how many commands Redis executed per read from a client socket
 	// (INFO stats: total_commands_processed over total_reads_processed): the pipeline
 	// depth the server saw, all clients together, the meter's own INFO included (one
-	// command in one read, so a variant with nothing else in flight reads 1.0). Redis
+	// command in one read, so a variant with nothing else in flight reads 1.0; another
+	// client's traffic, or a command that spans reads, can take it below 1). Redis
 	// pays its per-read costs (the event loop, the read and the reply's write) once
 	// per read, so a shallow depth is a dear command.
 	mCmdsPerRead = "redis_cmds_per_read"

@@ -231,9 +231,10 @@ func checkCPU(t *testing.T, doc jsonReport, realRedis bool) {
 			if c, ok := m[mRedisCPU]; ok != realRedis || ok && !(c > 0) {
 				t.Errorf("%s/%s round %d: Redis CPU per op %v (present %v), want present %v and > 0", s.Scenario, s.Variant, r, c, ok, realRedis)
 			}
-			// every measurement reads and executes at least the INFO that ends it
-			if c, ok := m[mCmdsPerRead]; ok != realRedis || ok && !(c >= 1) {
-				t.Errorf("%s/%s round %d: Redis commands per read %v (present %v), want present %v and >= 1", s.Scenario, s.Variant, r, c, ok, realRedis)
+			// every measurement executes at least the INFO that ends it; reads may
+			// outnumber commands (a command split over reads, other clients' traffic)
+			if c, ok := m[mCmdsPerRead]; ok != realRedis || ok && !(c > 0) {
+				t.Errorf("%s/%s round %d: Redis commands per read %v (present %v), want present %v and > 0", s.Scenario, s.Variant, r, c, ok, realRedis)
 			}
 			// a short measurement may see no tick of /proc/stat: present, not > 0
 			if c, ok := m[mHostCPU]; ok != hostOK || ok && !(c >= 0) {
