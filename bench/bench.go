@@ -207,14 +207,7 @@ func (b *bench) close() error {
 // server may be shared, so never FLUSHDB. It has its own deadline, as it also runs
 // after an interrupt, which may leave a measurement's keys (up to a million or so)
 // behind; most of them expire within the retention anyway.
-func (b *bench) deleteKeys() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := embedded.DeleteKeys(ctx, b.plainRDB, b.prefix); err != nil {
-		return fmt.Errorf("delete keys under %s: %w", b.prefix, err)
-	}
-	return nil
-}
+func (b *bench) deleteKeys() error { return b.unlinkAll(context.Background(), 3*time.Minute) }
 
 // record adds a measurement of round r, then deletes the keys the run has written
 // (forget), so that the next measurement starts on a small keyspace.
@@ -231,11 +224,14 @@ func (b *bench) record(ctx context.Context, scenario, variant string, conc, r in
 // 4Mi keys here: 180–276k/s and 3.6–5.5 µs of Redis per SET for 6 s, then 530–660k/s
 // and 1.5–1.9 µs). A run that kept its keys (over 20M by its end) paid for those
 // resizes in whichever measurements happened to run then.
-func (b *bench) forget(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+func (b *bench) forget(ctx context.Context) error { return b.unlinkAll(ctx, 2*time.Minute) }
+
+// unlinkAll deletes every key under the run's prefix, within timeout.
+func (b *bench) unlinkAll(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := embedded.DeleteKeys(ctx, b.plainRDB, b.prefix); err != nil {
-		return fmt.Errorf("delete the keys of the last measurement under %s: %w", b.prefix, err)
+		return fmt.Errorf("delete keys under %s: %w", b.prefix, err)
 	}
 	return nil
 }
