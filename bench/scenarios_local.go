@@ -96,6 +96,11 @@ func (b *bench) setupLocal(ctx context.Context) error {
 	return nil
 }
 
+// addShare is the index of the k-th key lru-add's goroutine number w adds, out of
+// procs goroutines: every procs-th key from w on, so that no two goroutines add
+// the same key.
+func addShare(w, procs, k uint64) uint64 { return (w%procs + k*procs) & localMask }
+
 func (b *bench) roundLocal(ctx context.Context, r int) error {
 	st := &b.local
 	// lru-add's cache is new each round, so that each round measures the same thing;
@@ -139,9 +144,9 @@ func (b *bench) roundLocal(ctx context.Context, r int) error {
 			return miss
 		}},
 		{varLRUAdd, func(pb *testing.PB, _ uint64) (miss int64) {
-			w, step := uint64(addWorker.Add(1)-1), uint64(runtime.GOMAXPROCS(0))
-			for i := w; pb.Next(); i += step {
-				addCache.Add(st.probe[i&localMask])
+			w, procs := uint64(addWorker.Add(1)-1), uint64(runtime.GOMAXPROCS(0))
+			for k := uint64(0); pb.Next(); k++ {
+				addCache.Add(st.probe[addShare(w, procs, k)])
 			}
 			return 0
 		}},
