@@ -24,10 +24,14 @@ type ItemResult struct {
 }
 
 // HandleBatch guards fn for every item by the handler's mode with one store round trip
-// for the checks (ClaimMany or MarkMany) and, in ModeDo, one for the completions
-// (CompleteMany), instead of one or two per item. fn(ctx, i) runs for item i, one item
-// at a time in order (keyless items, under ProcessMissingKey, last); while they run,
-// one heartbeat extends every claim the batch still holds. Items answered by the local
+// for the checks (ClaimMany or MarkMany) instead of one per item. fn(ctx, i) runs for
+// item i, one item at a time in order (keyless items, under ProcessMissingKey, last);
+// while they run, one heartbeat extends every claim the batch still holds. In ModeDo
+// each item's claim is completed as soon as its fn returns, while the next item's fn
+// runs: the completion goes out at once (CompleteMany) with those of the handler's
+// other items that are ready, or, when several round trips of completions are out
+// already, with the next. So a crash repeats at most the items whose completion is in
+// flight, never the items that ran earlier in the batch. Items answered by the local
 // tier make no store call. An item whose key appears earlier in the same batch follows
 // that item: Duplicate if it succeeded, InProgress (to be retried) if not. The results
 // are in item order. An fn that calls runtime.Goexit ends the call with its item
@@ -47,9 +51,10 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 // caller's goroutine runs them in turn, and if it is not done within a millisecond
 // (spawnAfter), other goroutines join it, so that fast fns cost no goroutine each and
 // slow ones run side by side. It returns when all have run. In ModeDo one heartbeat
-// extends every claim still running, and the claims of the fns that succeed are
-// completed as they come, several in one round trip (CompleteMany) while the other
-// fns run. parallel < 1 counts as 1, and is then HandleBatch.
+// extends every claim still running, and the claim of each fn that succeeds is
+// completed as soon as it returns (as in HandleBatch: coalesced with the other
+// completions ready at once, CompleteMany), while the other fns run. parallel < 1
+// counts as 1, and is then HandleBatch.
 //
 // An item whose key another call in this process holds waits for that call's store
 // answer, as Do does; in ModeDo, under WaitForRunning, it also waits for that call's
@@ -66,7 +71,8 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 // done, when not nil, is called once per item as soon as its result is final (from
 // the goroutine that made it, so several at once), before HandleBatchParallel
 // returns: a caller can acknowledge each message without waiting for the batch's
-// slowest fn.
+// slowest fn. In ModeDo a Processed item's result is final once its completion has
+// been answered, so its acknowledgement follows its own DONE write.
 func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(i int, r ItemResult)) []ItemResult {
 	return h.handleBatch(ctx, items, max(parallel, 1), fn, done)
 }
@@ -517,11 +523,8 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 	if len(claimed) == 0 {
 		out.flush() // the checks are in (WhenChecked), before any unguarded run below
 	}
-	switch {
-	case len(claimed) > 1 && parallel > 1:
-		h.runClaimedParallel(ctx, claimed, parallel, fn, out)
-	case len(claimed) > 0:
-		h.runClaimed(ctx, claimed, fn, out) // does not return if a fn calls Goexit
+	if len(claimed) > 0 {
+		h.runClaimed(ctx, claimed, parallel, fn, out) // does not return if a fn calls Goexit (parallel 1)
 	}
 	for _, b := range unguarded {
 		if h.d.ctx.Err() != nil { // Close began while the claimed ones ran: leave it unrun
@@ -532,49 +535,60 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 	}
 }
 
-func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, fn func(context.Context, int) error, out *batchOut) {
+// runClaimed runs the fns of the claimed items under one heartbeat, and completes
+// each claim whose fn succeeds as soon as it returns (see completer), while the others
+// run. With parallel 1 the items run one at a time, in order, on the caller's
+// goroutine; an fn that ends it (runtime.Goexit) ends the batch, and the claims not run
+// yet are given back. Otherwise they run as in runParallel.
+func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
 	hb := h.startBatchBeat(claimed)
-	// every flight is answered and the heartbeat runs: now the results known so far
-	out.flush()
+	out.flush() // every flight is answered and the heartbeat runs: now the results known so far
+	c := &completer{h: h, ctx: ctx, hb: hb, out: out}
+	defer hb.stop()
+	defer c.wg.Wait() // before the heartbeat stops; also when an fn ends this goroutine
 	fnCtx, endFns := h.fnContext(ctx)
 	defer endFns()
-	finished := 0         // claimed[:finished] are released, lost or in done
-	var done []*batchItem // fn succeeded: to complete
-	defer func() {
-		hb.stop()
-		if finished == len(claimed) {
-			return
-		}
-		// fn called runtime.Goexit: record what succeeded (its side effects happened)
-		// and give back every claim not yet settled
-		bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
-		defer bgDone()
-		if len(done) > 0 {
-			entries := make([]Entry, len(done))
-			for j, b := range done {
-				entries[j] = Entry{Key: b.rk, Token: b.token, TTL: h.cfg.retention}
+	if parallel == 1 || len(claimed) == 1 {
+		finished := 0 // claimed[:finished] are settled or being completed
+		defer func() {
+			if finished == len(claimed) {
+				return
 			}
-			if errs, err := h.d.store.CompleteMany(bg, entries); err == nil {
-				for j, b := range done {
-					if errs[j] == nil {
-						h.remember(b.lk)
-					}
-				}
+			// fn called runtime.Goexit: give back its claim and every claim not run yet
+			bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+			defer bgDone()
+			for _, b := range claimed[finished:] {
+				hb.forget(b)
+				h.release(bg, b.k, b.rk, b.token)
+			}
+		}()
+		for _, b := range claimed {
+			ok := h.runClaimedItem(ctx, fnCtx, hb, b, fn, out)
+			finished++
+			if ok {
+				c.add(b)
 			}
 		}
-		for _, b := range claimed[finished:] {
-			h.release(bg, b.k, b.rk, b.token)
-		}
-	}()
-	for _, b := range claimed {
-		ok := h.runClaimedItem(ctx, fnCtx, hb, b, fn, out)
-		finished++
-		if ok {
-			done = append(done, b)
-		}
+		return
 	}
-	hb.stop() // the claims in done stay ours for a lease: long enough to complete
-	h.completeItems(ctx, done, out)
+	h.runParallel(len(claimed), parallel, func(k int) {
+		b := claimed[k]
+		ran := false
+		defer func() {
+			if !ran { // fn called runtime.Goexit: give the claim back
+				hb.forget(b)
+				// before the result, which lets a call waiting for the key go on
+				bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+				h.release(bg, b.k, b.rk, b.token)
+				bgDone()
+				out.set(b.i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
+			}
+		}()
+		if h.runClaimedItem(ctx, fnCtx, hb, b, fn, out) {
+			c.add(b)
+		}
+		ran = true
+	})
 }
 
 // runClaimedItem runs fn for the claimed item b under the batch's heartbeat, in a
@@ -624,106 +638,106 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *b
 	return false
 }
 
-// completeItems completes the claims of items whose fn succeeded, in one round trip
-// (CompleteMany), and records their results. The heartbeat no longer extends them:
-// a claim stays its owner's for a lease after its last extension, long enough.
-func (h *Handler) completeItems(ctx context.Context, done []*batchItem, out *batchOut) {
-	if len(done) == 0 {
-		return
-	}
-	entries := make([]Entry, len(done))
-	for j, b := range done {
-		entries[j] = Entry{Key: b.rk, Token: b.token, TTL: h.cfg.retention}
-	}
-	bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
-	defer bgDone()
-	errs, err := h.d.store.CompleteMany(bg, entries)
-	for j, b := range done {
-		cerr := err
-		if err == nil {
-			cerr = errs[j]
-		}
-		res, rerr := h.completed(b.k, b.lk, cerr)
-		out.set(b.i, ItemResult{res, rerr})
-	}
-}
-
-// runClaimedParallel is runClaimed for a parallel batch: the fns run as in
-// runParallel, and the claims of those that succeed are completed as they come,
-// while the others still run (see completer).
-func (h *Handler) runClaimedParallel(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
-	hb := h.startBatchBeat(claimed)
-	out.flush() // every flight is answered and the heartbeat runs
-	c := &completer{h: h, ctx: ctx, hb: hb, out: out}
-	defer hb.stop()
-	defer c.wg.Wait() // before the heartbeat stops; also when an fn ends this goroutine
-	fnCtx, endFns := h.fnContext(ctx)
-	defer endFns()
-	h.runParallel(len(claimed), parallel, func(k int) {
-		b := claimed[k]
-		ran := false
-		defer func() {
-			if !ran { // fn called runtime.Goexit: give the claim back
-				hb.forget(b)
-				// before the result, which lets a call waiting for the key go on
-				bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
-				h.release(bg, b.k, b.rk, b.token)
-				bgDone()
-				out.set(b.i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
-			}
-		}()
-		if h.runClaimedItem(ctx, fnCtx, hb, b, fn, out) {
-			c.add(b)
-		}
-		ran = true
-	})
-}
-
-// completer completes the claims of a parallel batch as their fns succeed: the
-// first success starts a round trip (CompleteMany) on a goroutine of its own, and
-// those that come while it is out go together in the next. No timer: a lone success
-// is completed at once, and a fast fn never waits for a round trip before the next
-// item starts.
+// completer completes the claims of one batch's items as their fns succeed, through
+// the handler's completions: each item's completion goes out as soon as its fn
+// returns, coalesced with the others out at once, never held for the rest of the
+// batch. The item's result, and so its ack, follows its own completion. A crash then
+// repeats at most the items whose completion is in flight, not every item that ran
+// earlier in the batch.
 type completer struct {
 	h   *Handler
 	ctx context.Context
 	hb  *batchBeat
 	out *batchOut
-	wg  sync.WaitGroup
-
-	mu    sync.Mutex
-	queue []*batchItem
-	busy  bool
+	wg  sync.WaitGroup // the batch's completions not yet answered
 }
 
+// add sends b's completion. The heartbeat stops extending b's claim first: a claim
+// stays its owner's for a lease after its last extension, long enough to complete,
+// as in Do.
 func (c *completer) add(b *batchItem) {
-	c.mu.Lock()
-	c.queue = append(c.queue, b)
-	start := !c.busy
-	c.busy = true
-	c.mu.Unlock()
-	if start {
-		c.wg.Add(1)
-		go c.run()
+	c.hb.forget(b)
+	c.wg.Add(1)
+	c.h.completions.add(pendingCompletion{c: c, b: b})
+}
+
+// completionsInFlight is how many completion round trips (CompleteMany) a handler
+// has out at once; the completions that come meanwhile queue and go together in the
+// next. maxCompletions bounds one round trip.
+const (
+	completionsInFlight = DefaultPipelinesInFlight
+	maxCompletions      = DefaultPipelineBatch
+)
+
+// completions coalesces the completions of a handler's batch items, from all its
+// batches: a completion goes out at once, on a goroutine that then sends whatever has
+// queued meanwhile, while fewer than completionsInFlight round trips are out;
+// otherwise it queues, and the next round trip to end takes it. So a success waits at
+// most for a round trip to end, never for the rest of its batch, and concurrent
+// batches share pipelines. No timer, and no goroutine outlives the completions that
+// need it (each batch waits for its own, and Close for the batches).
+type completions struct {
+	h        *Handler
+	mu       sync.Mutex
+	queue    []pendingCompletion
+	flushers int
+}
+
+type pendingCompletion struct {
+	c *completer
+	b *batchItem
+}
+
+func (q *completions) add(p pendingCompletion) {
+	q.mu.Lock()
+	q.queue = append(q.queue, p)
+	spawn := q.flushers < completionsInFlight
+	if spawn {
+		q.flushers++
+	}
+	q.mu.Unlock()
+	if spawn {
+		go q.flush()
 	}
 }
 
-func (c *completer) run() {
-	defer c.wg.Done()
+// flush sends the queue, maxCompletions at a time, until it is empty.
+func (q *completions) flush() {
+	h := q.h
+	var batch []pendingCompletion
+	var entries []Entry
 	for {
-		c.mu.Lock()
-		done := c.queue
-		c.queue = nil
-		if len(done) == 0 {
-			c.busy = false
-			c.mu.Unlock()
+		q.mu.Lock()
+		n := min(len(q.queue), maxCompletions)
+		if n == 0 {
+			q.flushers--
+			q.mu.Unlock()
 			return
 		}
-		c.mu.Unlock()
-		for _, b := range done { // completed from now on, not extended
-			c.hb.forget(b)
+		batch = append(batch[:0], q.queue[:n]...)
+		rest := copy(q.queue, q.queue[n:])
+		clear(q.queue[rest:])
+		q.queue = q.queue[:rest]
+		q.mu.Unlock()
+
+		entries = entries[:0]
+		for _, p := range batch {
+			entries = append(entries, Entry{Key: p.b.rk, Token: p.b.token, TTL: h.cfg.retention})
 		}
-		c.h.completeItems(c.ctx, done, c.out)
+		// the first item's context, for its values (tracing): the others' are alike
+		ctx, done := context.WithTimeout(context.WithoutCancel(batch[0].c.ctx), h.cfg.lease)
+		errs, err := h.d.store.CompleteMany(ctx, entries)
+		done()
+		for j, p := range batch {
+			cerr := err
+			if err == nil {
+				cerr = errs[j]
+			}
+			res, rerr := h.completed(p.b.k, p.b.lk, cerr)
+			p.c.out.set(p.b.i, ItemResult{res, rerr})
+			p.c.wg.Done()
+		}
+		clear(batch)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,8 +51,10 @@ func TestHandleBatchOutcomes(t *testing.T) {
 	if fmt.Sprint(ran) != "[0 1 6 8]" {
 		t.Errorf("fn ran for items %v, want [0 1 6 8]", ran)
 	}
-	// one ClaimMany and one CompleteMany; no per-item claims or completions
-	if f.store.batches.Load() != 2 || f.store.claims.Load() != 0 || f.store.completes.Load() != 0 {
+	// one ClaimMany, and one CompleteMany per success or fewer (each success's
+	// completion goes out as its fn returns, with those queued meanwhile); no per-item
+	// claims or completions
+	if b := f.store.batches.Load(); b < 2 || b > 3 || f.store.claims.Load() != 0 || f.store.completes.Load() != 0 {
 		t.Errorf("batches %d claims %d completes %d", f.store.batches.Load(), f.store.claims.Load(), f.store.completes.Load())
 	}
 	// the failures were released: a retry runs them
@@ -152,7 +155,12 @@ func TestHandleBatchRedisRoundTrips(t *testing.T) {
 					t.Fatalf("item %d: %v %v", i, r.Outcome, r.Err)
 				}
 			}
-			expectTrips(t, "HandleBatch of 64", tc, 2, 64*3+64) // SET NX PX GET, PTTL and GET per claim, one completion each
+			// the claims in one round trip (SET NX PX GET, PTTL and GET per claim); the
+			// completions, one script each, as the fns return, coalesced
+			if !strings.HasPrefix(tc.String(), "set×192, ") || tc.Cmds() != 64*3+64 || tc.Trips() < 2 {
+				t.Fatalf("HandleBatch of 64: %d round trips carrying %d commands (%s), want the claims in the first and %d commands in all",
+					tc.Trips(), tc.Cmds(), tc, 64*3+64)
+			}
 		})
 	}
 }

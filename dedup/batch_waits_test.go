@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -10,54 +11,80 @@ import (
 	"time"
 )
 
-// slowFirstComplete holds the first CompleteMany until its deadline.
+// slowFirstComplete holds the first completion (Complete or CompleteMany) until its
+// deadline.
 type slowFirstComplete struct {
 	Store
 	n atomic.Int64
 }
 
-func (s *slowFirstComplete) CompleteMany(ctx context.Context, e []Entry) ([]error, error) {
+func (s *slowFirstComplete) hang(ctx context.Context) bool {
 	if s.n.Add(1) == 1 { // a hung connection: no answer before the call's deadline
 		<-ctx.Done()
+		return true
+	}
+	return false
+}
+
+func (s *slowFirstComplete) Complete(ctx context.Context, key, token string, retention time.Duration) error {
+	if s.hang(ctx) {
+		return ctx.Err()
+	}
+	return s.Store.Complete(ctx, key, token, retention)
+}
+
+func (s *slowFirstComplete) CompleteMany(ctx context.Context, e []Entry) ([]error, error) {
+	if s.hang(ctx) {
 		return nil, ctx.Err()
 	}
 	return s.Store.CompleteMany(ctx, e)
 }
 
-// An item whose fn succeeds while an earlier CompleteMany of its batch is out (here
-// one that hangs until its deadline) stays under the heartbeat until its own
-// completion is sent: otherwise its lease runs out while it waits its turn, and
-// another process claims the key and runs it again.
-func TestBatchQueuedCompletionKeepsItsLease(t *testing.T) {
-	mem, _ := NewMemoryStore()
-	st := &slowFirstComplete{Store: mem}
-	h := newDeduperOver(t, st).mustRegister(t, "q", WithLease(300*time.Millisecond))
-	d2, _ := New(mem, WithLogger(quiet)) // another process
-	defer d2.Close()
-	h2, _ := d2.Register("q", WithLease(300*time.Millisecond))
+// An item whose fn succeeds while an earlier item's completion is out (here one that
+// hangs until its deadline) has its own completion sent at once, not behind that one:
+// it is DONE, and answered (acked), while the other still waits. Otherwise a crash
+// meanwhile would run it again, and its claim would wait without a heartbeat, so that
+// another process could claim and run it once the lease ran out.
+func TestBatchCompletionIsNotHeldBehindAnother(t *testing.T) {
+	for _, parallel := range []int{1, 2} {
+		t.Run(fmt.Sprint("parallel=", parallel), func(t *testing.T) {
+			mem, _ := NewMemoryStore()
+			st := &slowFirstComplete{Store: mem}
+			h := newDeduperOver(t, st).mustRegister(t, "q", WithLease(300*time.Millisecond))
+			d2, _ := New(mem, WithLogger(quiet)) // another process
+			defer d2.Close()
+			h2, _ := d2.Register("q", WithLease(300*time.Millisecond))
 
-	var runs atomic.Int64
-	go func() {
-		time.Sleep(200 * time.Millisecond)
-		for range 40 {
-			res, _ := h2.Do(context.Background(), "b", func(context.Context) error { runs.Add(1); return nil })
-			if res.Outcome == Processed {
-				return
+			var runs atomic.Int64
+			var mu sync.Mutex
+			var order []int
+			bDone := make(chan struct{})
+			res := h.HandleBatchParallel(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, parallel, func(ctx context.Context, i int) error {
+				if i == 1 {
+					time.Sleep(20 * time.Millisecond)
+					runs.Add(1)
+				}
+				return nil
+			}, func(i int, r ItemResult) {
+				mu.Lock()
+				order = append(order, i)
+				mu.Unlock()
+				if i == 1 {
+					close(bDone)
+					// another process's copy of b, while a's completion still hangs
+					if r, _ := h2.Do(context.Background(), "b", func(context.Context) error { runs.Add(1); return nil }); r.Outcome != Duplicate {
+						t.Errorf("another process's copy of b: %v, want Duplicate", r.Outcome)
+					}
+				}
+			})
+			t.Logf("a: %v %v; b: %v; results in order %v; b's fn ran %d times", res[0].Outcome, res[0].Err, res[1].Outcome, order, runs.Load())
+			if res[1].Outcome != Processed || runs.Load() != 1 {
+				t.Errorf("b: %v, its fn ran %d times; want Processed, once", res[1].Outcome, runs.Load())
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
-	res := h.HandleBatchParallel(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, 2, func(ctx context.Context, i int) error {
-		if i == 1 {
-			time.Sleep(20 * time.Millisecond)
-			runs.Add(1)
-		}
-		return nil
-	}, nil)
-	time.Sleep(300 * time.Millisecond)
-	t.Logf("a: %v; b: %v %v; b's fn ran %d times", res[0].Outcome, res[1].Outcome, res[1].Err, runs.Load())
-	if runs.Load() > 1 {
-		t.Errorf("b's fn ran %d times: its claim ran out while its completion waited its turn", runs.Load())
+			if len(order) != 2 || order[0] != 1 {
+				t.Errorf("results in order %v: b's waited for a's hung completion", order)
+			}
+		})
 	}
 }
 

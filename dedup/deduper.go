@@ -73,6 +73,7 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		log:     d.cfg.logger.With("handler", name),
 		met:     d.met.forHandler(name),
 	}
+	h.completions.h = h
 	if cfg.localSize > 0 {
 		c, err := lru.New(cfg.localSize, cfg.localTTL)
 		if err != nil {

@@ -22,10 +22,12 @@ type Handler struct {
 	cfg     handlerConfig
 	local   *lru.Cache // DONE keys only; nil when the tier is off
 	flights *flights
-	keyHead string // "<prefix>:<name>:", the head of every record key
-	log     *slog.Logger
-	stats   counters
-	met     *handlerMetrics // nil: metrics off (metrics.go)
+	// completions coalesces the completions of batch items (batch.go)
+	completions completions
+	keyHead     string // "<prefix>:<name>:", the head of every record key
+	log         *slog.Logger
+	stats       counters
+	met         *handlerMetrics // nil: metrics off (metrics.go)
 }
 
 // Name returns the handler's name.

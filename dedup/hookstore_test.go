@@ -11,6 +11,7 @@ import (
 type hookStore struct {
 	Store
 	claims, completes, releases, extends, marks, batches atomic.Int64
+	completeManys                                        atomic.Int64 // also counted in batches
 	// fail, when set, is asked before each call; a non-nil error is returned instead.
 	fail atomic.Pointer[func(op string) error]
 }
@@ -75,6 +76,7 @@ func (s *hookStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, er
 }
 
 func (s *hookStore) CompleteMany(ctx context.Context, entries []Entry) ([]error, error) {
+	s.completeManys.Add(1)
 	if err := s.hook("complete-many", &s.batches); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,8 @@ package nats
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,9 +14,10 @@ import (
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-// A Fetch batch costs one store round trip for its claims and one for its completions,
-// whatever its size: counted on the Redis client, over miniredis and a real server.
-func TestFetchBatchIsTwoRoundTrips(t *testing.T) {
+// A Fetch batch costs one store round trip for its claims, whatever its size, and one
+// script per completion, each sent as its fn returns, coalesced with those out at
+// once: counted on the Redis client, over miniredis and a real server.
+func TestFetchBatchClaimsInOneRoundTrip(t *testing.T) {
 	const n, done = 10, 3 // messages, and how many of them are already DONE
 	eachServer(t, func(t *testing.T, e *env) {
 		e.newStream()
@@ -61,9 +64,11 @@ func TestFetchBatchIsTwoRoundTrips(t *testing.T) {
 				if len(results) != n || ran != n-done {
 					t.Fatalf("%d results, %d runs; want %d and %d", len(results), ran, n, n-done)
 				}
-				// a claim is SET NX PX GET, PTTL and GET; a completion one script
-				if tc.Trips() != 2 || tc.Cmds() != 3*n+n-done {
-					t.Fatalf("%d round trips carrying %d commands (%s); want 2 carrying %d", tc.Trips(), tc.Cmds(), tc, 3*n+n-done)
+				// a claim is SET NX PX GET, PTTL and GET, all in one round trip; a
+				// completion one script
+				if !strings.HasPrefix(tc.String(), fmt.Sprintf("set×%d, ", 3*n)) || tc.Cmds() != 3*n+n-done || tc.Trips() > 1+n-done {
+					t.Fatalf("%d round trips carrying %d commands (%s); want the claims in the first, %d commands in all",
+						tc.Trips(), tc.Cmds(), tc, 3*n+n-done)
 				}
 				for i, r := range results {
 					want := dedup.Processed
@@ -81,4 +86,98 @@ func TestFetchBatchIsTwoRoundTrips(t *testing.T) {
 			})
 		}
 	})
+}
+
+// ackWatch is a delivery whose Ack closes acked.
+type ackWatch struct {
+	jetstream.Msg
+	acked chan struct{}
+}
+
+func (m ackWatch) Ack() error {
+	err := m.Msg.Ack()
+	close(m.acked)
+	return err
+}
+
+// watchedBatch hands HandleBatch the deliveries of a Fetch batch, each an ackWatch.
+type watchedBatch struct {
+	jetstream.MessageBatch
+	msgs []ackWatch
+}
+
+func (b *watchedBatch) Messages() <-chan jetstream.Msg {
+	out := make(chan jetstream.Msg, 64)
+	for msg := range b.MessageBatch.Messages() {
+		w := ackWatch{Msg: msg, acked: make(chan struct{})}
+		b.msgs = append(b.msgs, w)
+		out <- w
+	}
+	close(out)
+	return out
+}
+
+// In a Fetch batch each message is completed and acked as soon as its own fn returns,
+// not when the batch ends: the fn of each message waits for the previous message's
+// ack, and checks that its completion was answered first. With the completions held
+// for the end of the batch, it would wait in vain.
+func TestFetchBatchAcksEachMessageAsItsFnReturns(t *testing.T) {
+	eachServer(t, func(t *testing.T, e *env) {
+		e.newStream()
+		const n = 5
+		for i := range n {
+			e.publish("new", fmt.Sprintf("order-%d", i), "x")
+		}
+		c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 5 * time.Second })
+		store := &countedCompletes{Store: memStore(t)}
+		h := register(t, newDeduper(t, store), "orders")
+		j := newJS(t, h, c)
+		fetched, err := c.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wb := &watchedBatch{MessageBatch: fetched}
+		i := 0
+		results, err := j.HandleBatch(context.Background(), wb, func(ctx context.Context, m *Msg) error {
+			defer func() { i++ }()
+			if i == 0 {
+				return nil
+			}
+			select { // the previous message: completed, then acked
+			case <-wb.msgs[i-1].acked:
+				if got := store.answered.Load(); got != int64(i) {
+					return fmt.Errorf("message %d acked with %d completions answered", i-1, got)
+				}
+				return nil
+			case <-time.After(5 * time.Second):
+				return fmt.Errorf("message %d not acked 5s after its fn returned", i-1)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, r := range results {
+			if r.Outcome != dedup.Processed {
+				t.Errorf("message %d: %v %v", k, r.Outcome, r.Err)
+			}
+		}
+	})
+}
+
+// countedCompletes counts the completions the store has answered.
+type countedCompletes struct {
+	dedup.Store
+	answered atomic.Int64
+}
+
+func (s *countedCompletes) Complete(ctx context.Context, key, token string, retention time.Duration) error {
+	err := s.Store.Complete(ctx, key, token, retention)
+	s.answered.Add(1)
+	return err
+}
+
+func (s *countedCompletes) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+	errs, err := s.Store.CompleteMany(ctx, entries)
+	s.answered.Add(int64(len(entries)))
+	return errs, err
 }

@@ -72,8 +72,9 @@ const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 // With concurrency above 1 it batches: the messages that arrive while earlier ones are
 // being checked are checked together, with one store round trip (MarkMany or
 // ClaimMany, through dedup.Handler.HandleBatchParallel), and their fns then run, side
-// by side once one takes over a millisecond. In ModeDo the claims of the fns that
-// succeed are completed together too (CompleteMany), while the others still run. Each
+// by side once one takes over a millisecond. In ModeDo the claim of each fn that
+// succeeds is completed as soon as it returns, while the others still run (coalesced
+// with the other completions ready at once: CompleteMany). Each
 // message is acknowledged, and its slot freed, as soon as its own result is final. A
 // message whose key an earlier one is being marked for waits for that mark's answer
 // (a Duplicate, then), and one whose key is being run waits for the run's end.
@@ -188,10 +189,12 @@ func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (ded
 	return res, j.settle(ctx, msg, m, res, err)
 }
 
-// HandleBatch drains a Fetch batch and runs fn for each message with one store round
-// trip for the checks and one for the completions (dedup.Handler.HandleBatch), then
-// acknowledges each message. Messages waiting their turn are kept in progress. It
-// returns the batch's own error (batch.Error()).
+// HandleBatch drains a Fetch batch and runs fn for each message, one at a time, with
+// one store round trip for the checks (dedup.Handler.HandleBatch). Each message's claim
+// is completed as soon as its fn returns, and the message acknowledged once that
+// completion is answered, while the next message's fn runs: a crash repeats at most
+// the messages whose completion is in flight. Messages waiting their turn are kept in
+// progress. It returns the batch's own error (batch.Error()).
 func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatch, fn Func) ([]dedup.ItemResult, error) {
 	var msgs []jetstream.Msg
 	for msg := range batch.Messages() {

@@ -729,8 +729,8 @@ func (f *fleet) start(ctx context.Context, i, instances int, natsURL string, rt 
 	return nil
 }
 
-// fetchLoop pulls batches and runs each with one store round trip for the checks and
-// one for the completions, until ctx is cancelled.
+// fetchLoop pulls batches and runs each with one store round trip for the checks (each
+// order's completion goes out as its fn returns), until ctx is cancelled.
 func (f *fleet) fetchLoop(ctx context.Context, cons jetstream.Consumer, a *dnats.JetStream, t *tally) {
 	defer f.fetchers.Done()
 	for ctx.Err() == nil {
