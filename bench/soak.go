@@ -42,8 +42,9 @@ import (
 // awaiting an ack, the soak stops the consumers (SIGTERM), reads the ledger
 // (soak_ledger.go), and prints one JSON line, last on stdout:
 //
-//	{"messages":…,"deliveries":…,"lost":0,"duplicate_successes":0,"consumer_kills":2,
-//	 "redis_restarts":1,"naks_injected":…,"acks_dropped":…,"store_unavailable":…, …}
+//	{"messages":…,"deliveries":…,"lost":0,"duplicate_successes":0,"uncommitted_effects":…,
+//	 "kills":[{"pid":…,"at_commits":…,"handlers_in_flight":…,"effects_in_flight":…,
+//	 "uncommitted_effects":…},…],"consumer_kills":2,"redis_restarts":1,"naks_injected":…, …}
 //
 // It exits non-zero unless lost, duplicate_successes and phantom_successes are 0, every
 // fault was injected, no consumer exited on its own, and it finished within -timeout
@@ -57,7 +58,11 @@ import (
 // effects of runs that never succeeded: a consumer SIGKILLed after its side effect and
 // before its DONE write leaves one, and the message rightly runs again. That is the
 // crash window of any at-least-once consumer, so it is reported and does not fail the
-// soak. Nor is an ack dropped after NotRecorded: a lost DONE write and a lost ack
+// soak. kills lists each SIGKILL with the runs the process had in hand
+// (handlers_in_flight), those of them that had made their side effect
+// (effects_in_flight), and the process's uncommitted effects: since each run's
+// completion is sent as its fn returns, those are at most its effects in flight.
+// Nor is an ack dropped after NotRecorded: a lost DONE write and a lost ack
 // together make the duplicate the README's Limits name, not one dedup claims to stop.
 //
 // Servers: the dedup Redis and the ledger Redis are redis-server processes it spawns
@@ -146,21 +151,23 @@ func parseSoakFlags(args []string, stderr io.Writer) (soakConfig, error) {
 
 // soakReport is the JSON line.
 type soakReport struct {
-	Messages           int     `json:"messages"`
-	Deliveries         uint64  `json:"deliveries"`
-	Lost               int     `json:"lost"`
-	DuplicateSuccesses int     `json:"duplicate_successes"`
-	PhantomSuccesses   int     `json:"phantom_successes"`
-	UncommittedEffects int     `json:"uncommitted_effects"`
-	NotRecordedRepeats int     `json:"not_recorded_repeats"`
-	ConsumerKills      int     `json:"consumer_kills"`
-	RedisRestarts      int     `json:"redis_restarts"`
-	RedisDownS         float64 `json:"redis_down_s"`
-	NaksInjected       int64   `json:"naks_injected"`
-	AcksDropped        int64   `json:"acks_dropped"`
-	StoreUnavailable   uint64  `json:"store_unavailable"`
-	NotRecorded        uint64  `json:"not_recorded"`
-	Exhausted          int64   `json:"exhausted"`
+	Messages           int    `json:"messages"`
+	Deliveries         uint64 `json:"deliveries"`
+	Lost               int    `json:"lost"`
+	DuplicateSuccesses int    `json:"duplicate_successes"`
+	PhantomSuccesses   int    `json:"phantom_successes"`
+	UncommittedEffects int    `json:"uncommitted_effects"`
+	// Kills says, per consumer SIGKILL, what the process had in hand and what it left.
+	Kills              []soakKill `json:"kills"`
+	NotRecordedRepeats int        `json:"not_recorded_repeats"`
+	ConsumerKills      int        `json:"consumer_kills"`
+	RedisRestarts      int        `json:"redis_restarts"`
+	RedisDownS         float64    `json:"redis_down_s"`
+	NaksInjected       int64      `json:"naks_injected"`
+	AcksDropped        int64      `json:"acks_dropped"`
+	StoreUnavailable   uint64     `json:"store_unavailable"`
+	NotRecorded        uint64     `json:"not_recorded"`
+	Exhausted          int64      `json:"exhausted"`
 	// Outcomes and actions as the consumers counted them, summed over every process;
 	// a killed process's last quarter second is missing.
 	Outcomes      map[string]uint64 `json:"outcomes"`
@@ -171,6 +178,18 @@ type soakReport struct {
 	TimedOut      bool              `json:"timed_out,omitempty"`
 	Error         string            `json:"error,omitempty"`
 	OK            bool              `json:"ok"`
+}
+
+// soakKill is one consumer SIGKILL: the runs the process had in hand at the kill
+// (its handler had started them; dedup had not completed or released their claims),
+// how many of those had made their side effect, and how many of its runs' side
+// effects never became successful (its share of uncommitted_effects).
+type soakKill struct {
+	PID                int `json:"pid"`
+	AtCommits          int `json:"at_commits"`
+	HandlersInFlight   int `json:"handlers_in_flight"`
+	EffectsInFlight    int `json:"effects_in_flight"`
+	UncommittedEffects int `json:"uncommitted_effects"`
 }
 
 // verdict says why the report fails, or nil.
@@ -461,8 +480,9 @@ func (s *soakRun) live() []*consumerProc {
 	return out
 }
 
-// killConsumer SIGKILLs a random live consumer, reaps it, and starts a replacement.
-func (s *soakRun) killConsumer() error {
+// killConsumer SIGKILLs a random live consumer, reaps it, notes what it had in hand,
+// and starts a replacement.
+func (s *soakRun) killConsumer(ctx context.Context, progress int) error {
 	live := s.live()
 	if len(live) == 0 {
 		return errors.New("no live consumer to kill")
@@ -472,7 +492,28 @@ func (s *soakRun) killConsumer() error {
 	_ = p.cmd.Process.Kill()
 	<-p.done
 	s.rep.ConsumerKills++
-	s.logf("consumer pid %d SIGKILLed", p.cmd.Process.Pid)
+	pid := p.cmd.Process.Pid
+	k := soakKill{PID: pid, AtCommits: progress}
+	runs, err := s.ledger.SMembers(ctx, runKey(pid)).Result()
+	if err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	k.HandlersInFlight = len(runs)
+	for _, r := range runs {
+		i, token, ok := parseRunName(r)
+		if !ok {
+			return fmt.Errorf("ledger: %q is not a run", r)
+		}
+		made, err := s.ledger.SIsMember(ctx, effectKey(i), token).Result()
+		if err != nil {
+			return fmt.Errorf("ledger: %w", err)
+		}
+		if made {
+			k.EffectsInFlight++
+		}
+	}
+	s.rep.Kills = append(s.rep.Kills, k)
+	s.logf("consumer pid %d SIGKILLed with %d runs in hand, %d of them with their side effect made", pid, k.HandlersInFlight, k.EffectsInFlight)
 	return s.startConsumer()
 }
 
@@ -543,7 +584,7 @@ func (s *soakRun) run(ctx context.Context) error {
 		}
 		for len(evs) > 0 && progress >= evs[0].at {
 			if evs[0].kill {
-				err = s.killConsumer()
+				err = s.killConsumer(ctx, progress)
 			} else {
 				err = s.restartRedis(ctx)
 			}
@@ -631,6 +672,15 @@ func (s *soakRun) finish(ctx context.Context) error {
 	s.rep.Lost, s.rep.DuplicateSuccesses = t.Lost, t.DuplicateSuccesses
 	s.rep.PhantomSuccesses, s.rep.UncommittedEffects = t.Phantoms, t.Uncommitted
 	s.rep.NotRecordedRepeats = t.NotRecordedRepeats
+	for j := range s.rep.Kills {
+		k := &s.rep.Kills[j]
+		made, err := s.ledger.SMembers(ctx, procEffectsKey(k.PID)).Result()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ledger: %w", err))
+			continue
+		}
+		k.UncommittedEffects = l.uncommitted(made)
+	}
 	return errors.Join(errs...)
 }
 

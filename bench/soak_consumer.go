@@ -92,6 +92,7 @@ type soakStore struct {
 	dedup.Store
 	ledger *redis.Client
 	fatal  func(error)
+	pid    int
 
 	tokens      sync.Map // record key -> token of this process's live claim
 	notRecorded sync.Map // record key -> struct{}: Complete failed; the ack follows
@@ -162,6 +163,7 @@ func (s *soakStore) completed(key, token string, err error) error {
 		if err != nil {
 			p.SAdd(lctx, notRecordedKey(i), token)
 		}
+		p.SRem(lctx, runKey(s.pid), runName(i, token))
 		p.Incr(lctx, ledgerProgress)
 		return nil
 	}); lerr != nil {
@@ -170,10 +172,18 @@ func (s *soakStore) completed(key, token string, err error) error {
 	return err
 }
 
-// Release forgets the claim's token.
+// Release forgets the claim's token, and the run, which is no longer in hand.
 func (s *soakStore) Release(ctx context.Context, key, token string) error {
 	s.tokens.Delete(key)
-	return s.Store.Release(ctx, key, token)
+	err := s.Store.Release(ctx, key, token)
+	if i := recordIndex(key); i >= 0 {
+		lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if lerr := s.ledger.SRem(lctx, runKey(s.pid), runName(i, token)).Err(); lerr != nil {
+			s.fatal(fmt.Errorf("ledger: record a release: %w", lerr))
+		}
+	}
+	return err
 }
 
 // lossyMsg is a delivery whose Ack may be silently not sent, as when it is lost on
@@ -233,8 +243,9 @@ func (c *soakConsumer) fault(field string) {
 	}
 }
 
-// work is the handler: it fails for a share of its runs, and otherwise makes its side
-// effect, adding its claim's token to the message's set in the ledger.
+// work is the handler: it records the run as in hand, fails for a share of its runs,
+// and otherwise makes its side effect, adding its claim's token to the message's set
+// in the ledger (and the run to the process's, in the same transaction).
 func (c *soakConsumer) work(ctx context.Context, m *dnats.Msg) error {
 	id := m.Header(jetstream.MsgIDHeader)
 	i := soakIndex(id)
@@ -244,11 +255,20 @@ func (c *soakConsumer) work(ctx context.Context, m *dnats.Msg) error {
 		c.fatal(fmt.Errorf("handler run without a soak message id or a claim token (seq %d)", m.Metadata().Sequence.Stream))
 		return errors.New("soak: bad run")
 	}
+	run := runName(i, token)
+	if err := c.ledger.SAdd(ctx, runKey(c.store.pid), run).Err(); err != nil {
+		return err
+	}
 	if rand.Float64() < c.cfg.nakRate {
 		c.fault(faultNaks)
 		return errInjectedNak
 	}
-	return c.ledger.SAdd(ctx, effectKey(i), token).Err()
+	_, err := c.ledger.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.SAdd(ctx, effectKey(i), token)
+		p.SAdd(ctx, procEffectsKey(c.store.pid), run)
+		return nil
+	})
+	return err
 }
 
 // flush writes the consumer's counters to soak:proc:<pid>.
@@ -320,7 +340,7 @@ func consume(ctx context.Context, cfg consumerConfig, stderr io.Writer) error {
 		return err
 	}
 	c := &soakConsumer{cfg: cfg, ledger: ledger, fatal: fatal}
-	c.store = &soakStore{Store: rs, ledger: ledger, fatal: fatal}
+	c.store = &soakStore{Store: rs, ledger: ledger, fatal: fatal, pid: os.Getpid()}
 	d, err := dedup.New(c.store, dedup.WithPrefix(cfg.prefix), dedup.WithLogger(logger))
 	if err != nil {
 		return err

@@ -25,7 +25,12 @@ import (
 //     write failed (NotRecorded: the message is acked anyway).
 //
 // and the hashes soak:faults (what was injected) and soak:proc:<pid> (each consumer's
-// counters, flushed every quarter second and at exit).
+// counters, flushed every quarter second and at exit). Per consumer process, runs are
+// also named "<i>:<token>" in two sets: soak:run:<pid>, the runs in hand (added as
+// the handler starts, removed once dedup has completed or released the claim), read
+// when the soak SIGKILLs the process; and soak:pfx:<pid>, the runs that made their
+// side effect (added with it, atomically), which attribute uncommitted effects to
+// the kill that left them.
 const (
 	ledgerPrefix   = "soak"
 	ledgerFaults   = ledgerPrefix + ":faults"
@@ -47,7 +52,25 @@ func commitKey(i int) string { return ledgerPrefix + ":ok:" + strconv.Itoa(i) }
 // notRecordedKey holds the tokens of message i's commits whose DONE write failed.
 func notRecordedKey(i int) string { return ledgerPrefix + ":nr:" + strconv.Itoa(i) }
 func procKey(pid int) string      { return ledgerPrefix + ":proc:" + strconv.Itoa(pid) }
-func soakMsgID(i int) string      { return soakIDPrefix + strconv.Itoa(i) }
+
+// runKey holds consumer pid's runs in hand; procEffectsKey its runs that made their
+// side effect. Both hold runName entries.
+func runKey(pid int) string         { return ledgerPrefix + ":run:" + strconv.Itoa(pid) }
+func procEffectsKey(pid int) string { return ledgerPrefix + ":pfx:" + strconv.Itoa(pid) }
+
+// runName names the run of message i under a claim token, in runKey and procEffectsKey.
+func runName(i int, token string) string { return strconv.Itoa(i) + ":" + token }
+
+// parseRunName reads a runName back; ok is false for anything else.
+func parseRunName(s string) (i int, token string, ok bool) {
+	n, token, found := strings.Cut(s, ":")
+	i, err := strconv.Atoi(n)
+	if !found || err != nil || i < 0 || token == "" {
+		return 0, "", false
+	}
+	return i, token, true
+}
+func soakMsgID(i int) string { return soakIDPrefix + strconv.Itoa(i) }
 
 // soakIndex reads the message number back from a Nats-Msg-Id; -1 if it is not one
 // of the soak's.
@@ -140,6 +163,23 @@ func (l ledgerState) count(n int) soakTally {
 		}
 	}
 	return t
+}
+
+// successful reports whether token's run of message i is a success (see soakTally).
+func (l ledgerState) successful(i int, token string) bool {
+	return slices.Contains(soakAt(l.commits, i), token) || (i < len(l.done) && l.done[i] == token)
+}
+
+// uncommitted counts the runs among runs (runName entries, each with its side effect
+// made) that never became successful.
+func (l ledgerState) uncommitted(runs []string) int {
+	n := 0
+	for _, r := range runs {
+		if i, token, ok := parseRunName(r); ok && !l.successful(i, token) {
+			n++
+		}
+	}
+	return n
 }
 
 func soakAt(s [][]string, i int) []string {

@@ -103,6 +103,29 @@ func TestSoak(t *testing.T) {
 	if rep["ok"] != true {
 		t.Errorf("ok = %v", rep["ok"])
 	}
+	// each kill: what the process had in hand, and what it left uncommitted
+	kills, _ := rep["kills"].([]any)
+	if len(kills) != 2 {
+		t.Fatalf("kills %v, want 2", rep["kills"])
+	}
+	left := 0.0
+	for _, k := range kills {
+		m, _ := k.(map[string]any)
+		pid, _ := m["pid"].(float64)
+		inHand, _ := m["handlers_in_flight"].(float64)
+		fx, ok1 := m["effects_in_flight"].(float64)
+		un, ok2 := m["uncommitted_effects"].(float64)
+		if pid <= 0 || !ok1 || !ok2 || fx > inHand {
+			t.Errorf("kill %v: want a pid, and effects in flight among the handlers in flight", m)
+		}
+		if un > fx {
+			t.Errorf("kill %v: more uncommitted effects than effects in flight at the kill", m)
+		}
+		left += un
+	}
+	if left > num("uncommitted_effects") {
+		t.Errorf("the kills left %v uncommitted effects, more than the %v in all", left, num("uncommitted_effects"))
+	}
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -257,5 +280,23 @@ func TestSoakSubcommand(t *testing.T) {
 	err = run(context.Background(), []string{"soak-consumer", "-nats", "x"}, new(bytes.Buffer))
 	if err == nil || !strings.Contains(err.Error(), "are required") {
 		t.Errorf("soak-consumer without servers: %v, want the consumer's flag error", err)
+	}
+}
+
+// A killed process's uncommitted effects are its runs with a side effect that never
+// became successful: not committed, and not the token of the message's DONE record.
+func TestSoakUncommittedOfAKill(t *testing.T) {
+	l := ledgerState{commits: [][]string{{"a"}, nil, nil}, done: []string{"", "b", ""}}
+	runs := []string{runName(0, "a"), runName(1, "b"), runName(2, "c"), runName(0, "k")}
+	if got := l.uncommitted(runs); got != 2 {
+		t.Errorf("uncommitted(%v) = %d, want 2 (0:k and 2:c)", runs, got)
+	}
+	for _, bad := range []string{"", "x:tok", "-1:tok", "3:", "3"} {
+		if _, _, ok := parseRunName(bad); ok {
+			t.Errorf("parseRunName(%q) ok", bad)
+		}
+	}
+	if i, tok, ok := parseRunName(runName(12, "t:k")); !ok || i != 12 || tok != "t:k" {
+		t.Errorf("round trip: %d %q %v", i, tok, ok)
 	}
 }
