@@ -42,7 +42,7 @@ type ItemResult struct {
 // ErrClosed when the Deduper closes; it ends when the batch does, not when each fn
 // returns. In ModeDo each fn has its own under it, which a lost lease cancels.
 func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error) []ItemResult {
-	return h.handleBatch(ctx, items, 1, fn, nil)
+	return h.handleBatch(ctx, items, 1, fn, nil, nil)
 }
 
 // HandleBatchParallel is HandleBatch for handlers whose fn may run for several items
@@ -74,7 +74,7 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 // slowest fn. In ModeDo a Processed item's result is final once its completion has
 // been answered, so its acknowledgement follows its own DONE write.
 func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(i int, r ItemResult)) []ItemResult {
-	return h.handleBatch(ctx, items, max(parallel, 1), fn, done)
+	return h.handleBatch(ctx, items, max(parallel, 1), fn, done, nil)
 }
 
 type whenCheckedKey struct{}
@@ -164,7 +164,9 @@ func (o *batchOut) sweep(h *Handler) {
 	o.flush()
 }
 
-func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(int, ItemResult)) []ItemResult {
+// handleBatch is HandleBatchParallel; step is a transactional batch's transaction
+// (HandleBatchTx, parallel 1), in which the claimed items' fns run, nil otherwise.
+func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(int, ItemResult), step runStep) []ItemResult {
 	checked, _ := ctx.Value(whenCheckedKey{}).(func())
 	if checked != nil {
 		ctx = context.WithValue(ctx, whenCheckedKey{}, nil) // not to the fns' calls
@@ -213,7 +215,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 				if h.cfg.mode == ModeDo && parallel > 1 && waitsForRunning(ctx) {
 					// as Do does: wait for a run to end, then the key is DONE, or
 					// free again and this item claims it and runs
-					res, err := h.do(ctx, it.Key, fp, func(c context.Context) error { return fn(c, i) })
+					res, err := h.do(ctx, it.Key, fp, func(c context.Context) error { return fn(c, i) }, freshOf(step))
 					out.set(i, ItemResult{res, err})
 					return
 				}
@@ -231,11 +233,11 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		out.mu.Unlock()
 	}
 	if len(leads) > 0 {
-		h.runLeads(ctx, leads, parallel, fn, out)
+		h.runLeads(ctx, leads, parallel, fn, out, step)
 	}
 	out.flush()
 	for _, i := range keyless {
-		res, err := h.noKey(ctx, func(c context.Context) error { return fn(c, i) })
+		res, err := h.noKey(ctx, func(c context.Context) error { return fn(c, i) }, freshOf(step))
 		out.set(i, ItemResult{res, err})
 	}
 	for i, b := range follows {
@@ -280,7 +282,7 @@ func (h *Handler) joined(ctx context.Context, f *flight, fp string) ItemResult {
 	return ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: min(h.cfg.lease, time.Second)})}
 }
 
-func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
+func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
 	if !h.d.enter() {
 		for _, b := range leads {
 			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
@@ -288,10 +290,10 @@ func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int
 		return
 	}
 	defer h.d.running.Done() // deferred: fn may end its goroutine (runtime.Goexit)
-	if h.cfg.mode == ModeFilter {
+	if h.cfg.mode == ModeFilter && step == nil {
 		h.markBatch(ctx, leads, parallel, fn, out)
 	} else {
-		h.claimBatch(ctx, leads, parallel, fn, out)
+		h.claimBatch(ctx, leads, parallel, fn, out, step)
 	}
 }
 
@@ -321,14 +323,26 @@ func (h *Handler) settle(out *batchOut, b *batchItem, res Result, err error) {
 	out.set(b.i, ItemResult{res, err})
 }
 
-// storeItemFailed is storeFailed for one item of a batch.
-func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchItem, err error, fn func(context.Context, int) error) {
+// storeItemFailed is storeFailed for one item of a batch; step is a transactional
+// batch's, whose items then run each in a transaction of its own, on its marker alone.
+func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchItem, err error, fn func(context.Context, int) error, step runStep) {
 	switch {
 	case ctx.Err() != nil:
 		h.settle(out, b, Result{Outcome: Cancelled}, errors.Join(err, context.Cause(ctx)))
 		return
 	case !errors.Is(err, ErrStoreUnavailable):
 		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	if step != nil && h.cfg.storeFailure != FailClosed {
+		h.log.Warn("dedup: store unavailable, running on the database marker alone", "key_hash", keyHash(b.k), "err", err)
+		if !b.answered {
+			b.answered = true
+			b.f.answer(Result{}, nil, true)
+		}
+		c := claimed{k: b.k, lk: b.lk, rk: b.rk, fp: b.fp, token: b.token}
+		res, ferr := h.runOnMarker(ctx, c, func(ctx context.Context) error { return fn(ctx, b.i) }, step.fresh())
+		out.set(b.i, ItemResult{res, ferr})
+		return
 	}
 	if h.cfg.storeFailure == FailOpen {
 		h.met.failOpen()
@@ -337,7 +351,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
 		}
-		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, b.i) }, true, false)
+		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, b.i) }, true, false, nil)
 		out.set(b.i, ItemResult{res, ferr})
 		return
 	}
@@ -370,7 +384,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 				runs = append(runs, pending{b, aerr})
 				continue
 			}
-			h.storeItemFailed(ctx, out, b, aerr, fn)
+			h.storeItemFailed(ctx, out, b, aerr, fn, nil)
 			continue
 		}
 		res := h.marked(b.k, b.lk, a)
@@ -389,7 +403,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 	defer end()
 	runOne := func(p pending) {
 		if p.err != nil {
-			h.storeItemFailed(ctx, out, p.b, p.err, fn)
+			h.storeItemFailed(ctx, out, p.b, p.err, fn, nil)
 			return
 		}
 		res, ferr := h.runIn(fctx, func(c context.Context) error { return fn(c, p.b.i) }, false, true)
@@ -475,7 +489,7 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 // (HandleBatchParallel), ended that goroutine with runtime.Goexit.
 var errGoexit = fmt.Errorf("%w: fn called runtime.Goexit", ErrPanic)
 
-func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
+func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
 	entries := make([]Entry, len(leads))
 	for j, b := range leads {
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
@@ -494,14 +508,15 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 		}
 		if aerr := errors.Join(err, a.Err); aerr != nil {
 			h.releaseUnanswered(ctx, b.k, b.rk, b.token)
-			if h.cfg.storeFailure == FailOpen && ctx.Err() == nil {
+			// FailOpen, or a transactional batch under DatabaseOnly: to be run later
+			if ctx.Err() == nil && (h.cfg.storeFailure == FailOpen || (step != nil && h.cfg.storeFailure == DatabaseOnly)) {
 				unguarded = append(unguarded, b)
 				unguardedErr[b] = aerr
 				b.answered = true
 				b.f.answer(Result{}, nil, true) // waiters see InProgress, as in Do
 				continue
 			}
-			h.storeItemFailed(ctx, out, b, aerr, fn)
+			h.storeItemFailed(ctx, out, b, aerr, fn, step)
 			continue
 		}
 		switch a.Status {
@@ -524,14 +539,14 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 		out.flush() // the checks are in (WhenChecked), before any unguarded run below
 	}
 	if len(claimed) > 0 {
-		h.runClaimed(ctx, claimed, parallel, fn, out) // does not return if a fn calls Goexit (parallel 1)
+		h.runClaimed(ctx, claimed, parallel, fn, out, step) // does not return if a fn calls Goexit (parallel 1)
 	}
 	for _, b := range unguarded {
 		if h.d.ctx.Err() != nil { // Close began while the claimed ones ran: leave it unrun
 			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
 			continue
 		}
-		h.storeItemFailed(ctx, out, b, unguardedErr[b], fn)
+		h.storeItemFailed(ctx, out, b, unguardedErr[b], fn, step)
 	}
 }
 
@@ -540,7 +555,13 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 // run. With parallel 1 the items run one at a time, in order, on the caller's
 // goroutine; an fn that ends it (runtime.Goexit) ends the batch, and the claims not run
 // yet are given back. Otherwise they run as in runParallel.
-func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
+//
+// step, for a transactional batch (parallel 1), is the transaction the fns run in:
+// it opens with every item's marker (items whose marker is found answer Duplicate, and
+// their claims are completed), each fn runs behind a savepoint when several do (a
+// failed item's work and marker are rolled back to it), and the successes are held
+// until the COMMIT, then completed together.
+func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
 	hb := h.startBatchBeat(claimed)
 	out.flush() // every flight is answered and the heartbeat runs: now the results known so far
 	c := &completer{h: h, ctx: ctx, hb: hb, out: out}
@@ -548,26 +569,49 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 	defer c.wg.Wait() // before the heartbeat stops; also when an fn ends this goroutine
 	fnCtx, endFns := h.fnContext(ctx)
 	defer endFns()
+	if step != nil {
+		if claimed = h.beginBatch(ctx, fnCtx, hb, c, claimed, step, out); len(claimed) == 0 {
+			return
+		}
+	}
 	if parallel == 1 || len(claimed) == 1 {
-		finished := 0 // claimed[:finished] are settled or being completed
+		finished := 0         // claimed[:finished] are settled, held or being completed
+		var held []*batchItem // succeeded in step's transaction: to commit, then complete
 		defer func() {
 			if finished == len(claimed) {
 				return
 			}
-			// fn called runtime.Goexit: give back its claim and every claim not run yet
+			// fn called runtime.Goexit: give back its claim and every claim not run
+			// yet; a transaction is rolled back, with the work of those it held
 			bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
 			defer bgDone()
-			for _, b := range claimed[finished:] {
+			stepRollback(bg, step)
+			for _, b := range append(held, claimed[finished:]...) {
 				hb.forget(b)
 				h.release(bg, b.k, b.rk, b.token)
 			}
 		}()
+		savepoints := step != nil && len(claimed) > 1
 		for _, b := range claimed {
-			ok := h.runClaimedItem(ctx, fnCtx, hb, b, fn, out)
-			finished++
-			if ok {
-				c.add(b)
+			if savepoints {
+				if err := step.savepoint(fnCtx); err != nil {
+					h.unrun(ctx, hb, b, out, fmt.Errorf("%w: database: savepoint: %w", ErrStoreUnavailable, err))
+					finished++
+					continue
+				}
 			}
+			ok := h.runClaimedItem(ctx, fnCtx, hb, b, fn, out, step, savepoints)
+			finished++
+			switch {
+			case !ok:
+			case step == nil:
+				c.add(b)
+			default:
+				held = append(held, b)
+			}
+		}
+		if step != nil {
+			h.commitBatch(ctx, hb, c, held, step, out)
 		}
 		return
 	}
@@ -584,7 +628,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 				out.set(b.i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
 			}
 		}()
-		if h.runClaimedItem(ctx, fnCtx, hb, b, fn, out) {
+		if h.runClaimedItem(ctx, fnCtx, hb, b, fn, out, nil, false) {
 			c.add(b)
 		}
 		ran = true
@@ -594,8 +638,11 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 // runClaimedItem runs fn for the claimed item b under the batch's heartbeat, in a
 // context of its own under fnCtx (the batch's, from fnContext), which a lost lease
 // cancels. It reports true when fn succeeded: b's claim is then to be completed.
-// Otherwise b is settled: its claim is given back, and its result is in out.
-func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *batchItem, fn func(context.Context, int) error, out *batchOut) bool {
+// Otherwise b is settled: its claim is given back, and its result is in out. In a
+// transactional batch (step), a failed item's work is undone: back to its savepoint
+// (savepoint, with its marker deleted), or, when it is the transaction's only item,
+// by rolling the transaction back.
+func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *batchItem, fn func(context.Context, int) error, out *batchOut, step runStep, savepoint bool) bool {
 	fctx, cancel := context.WithCancelCause(fnCtx)
 	defer cancel(nil) // deferred, as the others: fn may end its goroutine (runtime.Goexit)
 	// Its lease is gone, or may be: a starved process can reach an item after the
@@ -603,6 +650,7 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *b
 	// token is as good as a new one; otherwise it is given up, and given back.
 	if !hb.setRunning(b, cancel) && (!hb.renew(ctx, b) || !hb.setRunning(b, cancel)) {
 		hb.forget(b)
+		h.undo(ctx, b, step, savepoint)
 		h.releaseUnanswered(ctx, b.k, b.rk, b.token) // a no-op unless the claim is still ours
 		switch {
 		case h.d.ctx.Err() != nil:
@@ -621,7 +669,7 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *b
 	var panicked bool
 	var ferr error
 	if fctx.Err() == nil { // a cancelled batch leaves the remaining items unrun
-		panicked, ferr = h.invoke(fctx, func(c context.Context) error { return fn(c, b.i) })
+		panicked, ferr = h.invoke(withStep(fctx, step), func(c context.Context) error { return fn(c, b.i) })
 	} else {
 		ferr = fctx.Err()
 	}
@@ -630,12 +678,105 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *b
 	}
 	cause := context.Cause(fctx)
 	hb.forget(b)
+	h.undo(ctx, b, step, savepoint)
 	bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
 	h.release(bg, b.k, b.rk, b.token)
 	bgDone()
 	res, err := h.failed(b.k, panicked, ferr, cause)
 	out.set(b.i, ItemResult{res, err})
 	return false
+}
+
+// undo takes an item that will not run, or whose fn failed, out of a transactional
+// batch's transaction: back to its savepoint, its marker deleted; or, without a
+// savepoint (the only item), by rolling the transaction back. A transaction that
+// cannot be brought back fails its commit, so the items it held run again.
+func (h *Handler) undo(ctx context.Context, b *batchItem, step runStep, savepoint bool) {
+	if step == nil {
+		return
+	}
+	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	defer done()
+	if !savepoint {
+		step.rollback(bg)
+		return
+	}
+	if err := step.rollbackTo(bg, h.marker(b.claimed())); err != nil {
+		h.log.Warn("dedup: rollback to savepoint failed", "key_hash", keyHash(b.k), "err", err)
+	}
+}
+
+// unrun settles a claimed item of a transactional batch that cannot run (its
+// savepoint failed): its claim is given back.
+func (h *Handler) unrun(ctx context.Context, hb *batchBeat, b *batchItem, out *batchOut, err error) {
+	hb.forget(b)
+	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	h.release(bg, b.k, b.rk, b.token)
+	done()
+	h.settle(out, b, Result{Outcome: StoreUnavailable}, err)
+}
+
+func (b *batchItem) claimed() claimed {
+	return claimed{k: b.k, lk: b.lk, rk: b.rk, fp: b.fp, token: b.token}
+}
+
+// beginBatch opens a transactional batch's transaction with the markers of its
+// claimed items, and returns the items to run. An item whose marker is found was
+// committed by an earlier run: Duplicate (database), its claim completed (the store
+// lost the DONE record, or never got it), or KeyReuse for another fingerprint (its
+// claim given back). When the database fails, every item's claim is given back.
+func (h *Handler) beginBatch(ctx, fnCtx context.Context, hb *batchBeat, c *completer, claimed []*batchItem, step runStep, out *batchOut) []*batchItem {
+	markers := make([]Marker, len(claimed))
+	for j, b := range claimed {
+		markers[j] = h.marker(b.claimed())
+	}
+	found, err := step.begin(fnCtx, markers)
+	if err != nil {
+		cause := context.Cause(fnCtx)
+		for _, b := range claimed {
+			hb.forget(b)
+			res, rerr := h.stepAnswered(ctx, b.claimed(), MarkerState{}, err, cause, true)
+			out.set(b.i, ItemResult{res, rerr})
+		}
+		return nil
+	}
+	run := claimed[:0:0]
+	for j, b := range claimed {
+		switch {
+		case !found[j].Found:
+			run = append(run, b)
+		case fingerprintsDiffer(found[j].Fingerprint, b.fp):
+			hb.forget(b)
+			res, rerr := h.stepAnswered(ctx, b.claimed(), found[j], nil, nil, true)
+			out.set(b.i, ItemResult{res, rerr})
+		default:
+			c.addAs(b, completedEarlier)
+		}
+	}
+	return run
+}
+
+// commitBatch commits a transactional batch's transaction and settles the items it
+// held: completed (Processed, whatever the store says, since their markers are
+// committed) when it commits; claims kept (CommitUnknown) when its outcome is
+// unknown; claims given back (Failed) when it failed.
+func (h *Handler) commitBatch(ctx context.Context, hb *batchBeat, c *completer, held []*batchItem, step runStep, out *batchOut) {
+	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	defer done()
+	if len(held) == 0 {
+		step.rollback(bg) // nothing to commit: every item failed, or was found
+		return
+	}
+	cerr := step.commit(bg)
+	for _, b := range held {
+		if cerr == nil {
+			c.addAs(b, committedNow)
+			continue
+		}
+		hb.forget(b)
+		res, err := h.commitFailed(bg, b.claimed(), cerr, true)
+		out.set(b.i, ItemResult{res, err})
+	}
 }
 
 // completer completes the claims of one batch's items as their fns succeed, through
@@ -652,13 +793,31 @@ type completer struct {
 	wg  sync.WaitGroup // the batch's completions not yet answered
 }
 
+// completionKind says what an item's completion stands for, and so its result.
+type completionKind uint8
+
+const (
+	// fnSucceeded: the item's fn succeeded (Processed, or NotRecorded or LeaseLost as
+	// the store answers: completed)
+	fnSucceeded completionKind = iota
+	// committedNow: the item's transaction committed (Processed, whatever the store
+	// answers: committed)
+	committedNow
+	// completedEarlier: the item's marker was found, committed by an earlier run; the
+	// completion repairs the store (Duplicate from the database: stepAnswered)
+	completedEarlier
+)
+
 // add sends b's completion. The heartbeat stops extending b's claim first: a claim
 // stays its owner's for a lease after its last extension, long enough to complete,
 // as in Do.
-func (c *completer) add(b *batchItem) {
+func (c *completer) add(b *batchItem) { c.addAs(b, fnSucceeded) }
+
+// addAs is add for a completion of kind how.
+func (c *completer) addAs(b *batchItem, how completionKind) {
 	c.hb.forget(b)
 	c.wg.Add(1)
-	c.h.completions.add(pendingCompletion{c: c, b: b})
+	c.h.completions.add(pendingCompletion{c: c, b: b, how: how})
 }
 
 // completionsInFlight is how many completion round trips (CompleteMany) a handler
@@ -684,8 +843,9 @@ type completions struct {
 }
 
 type pendingCompletion struct {
-	c *completer
-	b *batchItem
+	c   *completer
+	b   *batchItem
+	how completionKind
 }
 
 func (q *completions) add(p pendingCompletion) {
@@ -733,7 +893,16 @@ func (q *completions) flush() {
 			if err == nil {
 				cerr = errs[j]
 			}
-			res, rerr := h.completed(p.b.k, p.b.lk, cerr)
+			var res Result
+			var rerr error
+			switch p.how {
+			case committedNow:
+				res, rerr = h.committed(p.b.claimed(), cerr)
+			case completedEarlier:
+				res, rerr = h.repaired(p.b.claimed(), cerr)
+			default:
+				res, rerr = h.completed(p.b.k, p.b.lk, cerr)
+			}
 			p.c.out.set(p.b.i, ItemResult{res, rerr})
 			p.c.wg.Done()
 		}

@@ -63,9 +63,9 @@ func (h *Handler) RecordKey(key string) string {
 // ErrClosed or the context's error. An empty key follows the missing-key policy.
 func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) error) (Result, error) {
 	if key == "" {
-		return h.noKey(ctx, fn)
+		return h.noKey(ctx, fn, nil)
 	}
-	return h.do(ctx, key, "", fn)
+	return h.do(ctx, key, "", fn, nil)
 }
 
 // Mark is filter mode: one round trip that records key as DONE and answers First the
@@ -75,7 +75,7 @@ func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) e
 // failure answers StoreUnavailable, or First with Unguarded under FailOpen.
 func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 	if key == "" {
-		return h.noKey(ctx, nil)
+		return h.noKey(ctx, nil, nil)
 	}
 	k := keys.Normalize(key)
 	lk := localKey(k, "")
@@ -104,11 +104,11 @@ func (h *Handler) Handle(ctx context.Context, msg keys.Message, fn func(context.
 // adapter with its own key strategy); payload is fingerprinted when fingerprinting is on.
 func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn func(context.Context) error) (Result, error) {
 	if key == "" {
-		return h.noKey(ctx, fn)
+		return h.noKey(ctx, fn, nil)
 	}
 	fp := h.fingerprint(payload)
 	if h.cfg.mode == ModeDo {
-		return h.do(ctx, key, fp, fn)
+		return h.do(ctx, key, fp, fn, nil)
 	}
 	k := keys.Normalize(key)
 	lk := localKey(k, fp)
@@ -125,7 +125,7 @@ func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn 
 	if res.Outcome != First {
 		return res, err
 	}
-	return h.run(ctx, fn, res.Unguarded, true)
+	return h.run(ctx, fn, res.Unguarded, true, nil)
 }
 
 // localDone reports whether the local tier holds lk (localKey) as DONE. Mark and
@@ -294,7 +294,9 @@ func wait(ctx context.Context, ch <-chan struct{}) error {
 	}
 }
 
-func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Context) error) (Result, error) {
+// do runs fn once for key (Do, HandleKey in ModeDo, and the transactional runs: step
+// is their transaction around fn, nil for a plain run).
+func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Context) error, step runStep) (Result, error) {
 	k := keys.Normalize(key)
 	lk := localKey(k, fp)
 	f, res, err := h.check(ctx, k, lk, fp)
@@ -313,7 +315,7 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	ans, err := h.d.store.Claim(ctx, rk, token, fp, h.cfg.lease)
 	if err != nil {
 		h.releaseUnanswered(ctx, k, rk, token)
-		return h.storeFailed(ctx, f, k, err, fn)
+		return h.storeFailed(ctx, f, k, lk, fp, err, fn, step)
 	}
 	switch ans.Status {
 	case StatusDuplicate:
@@ -328,8 +330,12 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	validUntil := sent.Add(h.cfg.lease)
 	f.leaseEnd.Store(validUntil.UnixNano())
 	f.answer(Result{}, nil, true)
-	return h.runLeased(ctx, f, k, lk, rk, token, validUntil, fn)
+	return h.runLeased(ctx, f, claimed{k: k, lk: lk, rk: rk, fp: fp, token: token}, validUntil, fn, step)
 }
+
+// claimed names a run's key in its forms (normalized, local-tier, record), with its
+// payload fingerprint and its owner token.
+type claimed struct{ k, lk, rk, fp, token string }
 
 // lead publishes the leader's result to those waiting on f and returns it. First is
 // not counted here: Mark counts it, and Handle goes on to run fn and counts that.
@@ -358,12 +364,19 @@ func (h *Handler) releaseUnanswered(ctx context.Context, k, rk, token string) {
 // releaseTimeout bounds a best-effort release.
 const releaseTimeout = 2 * time.Second
 
-func (h *Handler) storeFailed(ctx context.Context, f *flight, k string, err error, fn func(context.Context) error) (Result, error) {
+func (h *Handler) storeFailed(ctx context.Context, f *flight, k, lk, fp string, err error, fn func(context.Context) error, step runStep) (Result, error) {
 	if ctx.Err() != nil {
 		return h.lead(f, Result{Outcome: Cancelled}, errors.Join(err, context.Cause(ctx)))
 	}
 	if !errors.Is(err, ErrStoreUnavailable) {
 		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	if step != nil && h.cfg.storeFailure != FailClosed {
+		// DatabaseOnly, or FailOpen: a transactional run keeps its marker either way,
+		// and stays exactly once
+		h.log.Warn("dedup: store unavailable, running on the database marker alone", "key_hash", keyHash(k), "err", err)
+		f.answer(Result{}, nil, true) // concurrent calls for this key wait on this run
+		return h.runOnMarker(ctx, claimed{k: k, lk: lk, rk: h.keyHead + k, fp: fp, token: newToken()}, fn, step)
 	}
 	if h.cfg.storeFailure == FailOpen {
 		h.met.failOpen()
@@ -372,45 +385,67 @@ func (h *Handler) storeFailed(ctx context.Context, f *flight, k string, err erro
 			return h.lead(f, Result{Outcome: First, Unguarded: true}, nil)
 		}
 		f.answer(Result{}, nil, true) // concurrent calls for this key wait on this run
-		return h.run(ctx, fn, true, false)
+		return h.run(ctx, fn, true, false, nil)
 	}
 	h.log.Warn("dedup: store unavailable, failing closed", "key_hash", keyHash(k), "err", err)
 	return h.lead(f, Result{Outcome: StoreUnavailable}, err)
 }
 
-// runLeased runs fn under the claim (token on rk, valid until validUntil as far as
-// this process knows), then completes or releases it.
-func (h *Handler) runLeased(ctx context.Context, f *flight, k, lk, rk, token string, validUntil time.Time, fn func(context.Context) error) (Result, error) {
+// runLeased runs fn under the claim c (valid until validUntil as far as this process
+// knows), inside step's transaction when there is one, then completes or releases the
+// claim. The heartbeat runs until the transaction has committed.
+func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, validUntil time.Time, fn func(context.Context) error, step runStep) (Result, error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stopOnClose := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
-	beat := h.startBeat(rk, token, validUntil, f, cancel)
+	beat := h.startBeat(c.rk, c.token, validUntil, f, cancel)
+	end := func() error { // stops the heartbeat and fn's context; returns its cause
+		beat.stop()
+		stopOnClose()
+		cause := context.Cause(fctx)
+		cancel(nil)
+		return cause
+	}
 	returned := false
 	defer func() {
 		if returned {
 			return
 		}
 		// fn called runtime.Goexit: stop the heartbeat and give the key back
-		beat.stop()
-		stopOnClose()
-		cancel(nil)
+		end()
 		bg, done := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
 		defer done()
-		h.release(bg, k, rk, token)
+		stepRollback(bg, step)
+		h.release(bg, c.k, c.rk, c.token)
 	}()
-	panicked, err := h.invoke(fctx, fn)
+	if step != nil {
+		found, err := h.beginStep(fctx, step, c)
+		if err != nil || found.Found {
+			returned = true
+			cause := end()
+			return h.stepAnswered(ctx, c, found, err, cause, true)
+		}
+	}
+	panicked, err := h.invoke(withStep(fctx, step), fn)
 	returned = true
-	beat.stop()
-	stopOnClose()
-	cause := context.Cause(fctx)
-	cancel(nil)
 
 	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
 	defer done()
 	if err != nil {
-		h.release(bg, k, rk, token)
-		return h.failed(k, panicked, err, cause)
+		cause := end()
+		stepRollback(bg, step)
+		h.release(bg, c.k, c.rk, c.token)
+		return h.failed(c.k, panicked, err, cause)
 	}
-	return h.completed(k, lk, h.d.store.Complete(bg, rk, token, h.cfg.retention))
+	if step != nil {
+		cerr := step.commit(bg)
+		end()
+		if cerr != nil {
+			return h.commitFailed(bg, c, cerr, true)
+		}
+		return h.committed(c, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
+	}
+	end()
+	return h.completed(c.k, c.lk, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
 }
 
 // failed classifies fn's error once its claim is released: a panic, a lost lease,
@@ -581,7 +616,7 @@ func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 	defer h.flights.leave(k, f)
 	ans, err := h.d.store.Mark(ctx, h.keyHead+k, newToken(), fp, h.cfg.retention)
 	if err != nil {
-		return h.storeFailed(ctx, f, k, err, nil)
+		return h.storeFailed(ctx, f, k, lk, fp, err, nil, nil)
 	}
 	return h.lead(f, h.marked(k, lk, ans), nil)
 }
@@ -607,7 +642,10 @@ func (h *Handler) marked(k, lk string, ans Answer) Result {
 	return Result{Outcome: Duplicate, Tier: TierStore}
 }
 
-func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error) (Result, error) {
+// noKey follows the missing-key policy for a message without a key; step is a
+// transactional run's transaction (nil for a plain run), in which fn then runs with
+// no marker.
+func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error, step runStep) (Result, error) {
 	h.met.keyMissing()
 	if h.cfg.missingKey == RejectMissingKey {
 		return h.count(Result{Outcome: NoKey}), nil
@@ -619,13 +657,17 @@ func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error) (Re
 		return h.count(Result{Outcome: Cancelled}), ErrClosed
 	}
 	defer h.d.running.Done()
-	return h.run(ctx, fn, true, false)
+	return h.run(ctx, fn, true, false, step)
 }
 
 // run runs fn with no claim to keep: after a Mark, or unguarded. The caller has
 // entered. After a Mark (marked) the record is DONE already, so a cancelled fn is a
 // failure, not a message to leave for redelivery: a redelivery would be a duplicate.
-func (h *Handler) run(ctx context.Context, fn func(context.Context) error, unguarded, marked bool) (Result, error) {
+// An unguarded transactional run (step) runs fn in its transaction with no marker.
+func (h *Handler) run(ctx context.Context, fn func(context.Context) error, unguarded, marked bool, step runStep) (Result, error) {
+	if step != nil {
+		return h.runOnMarker(ctx, claimed{}, fn, step)
+	}
 	fctx, end := h.fnContext(ctx)
 	defer end()
 	return h.runIn(fctx, fn, unguarded, marked)

@@ -123,6 +123,7 @@ type handlerMetrics struct {
 	outcome  [numOutcomes][]metric.ObserveOption
 	local    []metric.ObserveOption // duplicates, tier local
 	store    []metric.ObserveOption // duplicates, tier store
+	database []metric.ObserveOption // duplicates, tier database
 }
 
 // instrument creates the Deduper's instruments and puts the store behind a metered
@@ -200,6 +201,9 @@ func (d *Deduper) observe(_ context.Context, o metric.Observer) error {
 		}
 		o.ObserveInt64(m.duplicates, int64(s.LocalDuplicates), hm.local...)
 		o.ObserveInt64(m.duplicates, int64(s.StoreDuplicates), hm.store...)
+		if s.DatabaseDuplicates > 0 { // transactional handlers only: not a zero series for every handler
+			o.ObserveInt64(m.duplicates, int64(s.DatabaseDuplicates), hm.database...)
+		}
 		o.ObserveInt64(m.keyReused, int64(s.Count(KeyReuse)), hm.observed...)
 		if h.local != nil && !d.closed {
 			o.ObserveInt64(m.localUsage, int64(h.local.Len()), hm.observed...)
@@ -226,6 +230,7 @@ func (m *metrics) forHandler(name string) *handlerMetrics {
 	}
 	hm.local = observe(attrTier.String(TierLocal.String()))
 	hm.store = observe(attrTier.String(TierStore.String()))
+	hm.database = observe(attrTier.String(TierDatabase.String()))
 	hm.handler = add()
 	hm.lostBy[opExtend] = add(attrOperation.String(opNames[opExtend]))
 	hm.lostBy[opComplete] = add(attrOperation.String(opNames[opComplete]))

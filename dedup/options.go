@@ -83,6 +83,12 @@ const (
 	FailClosed StoreFailurePolicy = iota
 	// FailOpen runs fn without dedup; the result is marked Unguarded and counted.
 	FailOpen
+	// DatabaseOnly is for transactional runs (DoTx, HandleTx, HandleBatchTx): when
+	// the store fails, the run goes on with its database marker alone, still exactly
+	// once (a concurrent copy waits on the marker's row, then finds it committed), but
+	// with no lease and no local-tier shortcut for its key. A run without a
+	// transaction fails closed.
+	DatabaseOnly
 )
 
 // Mode says how Handle guards fn.
@@ -194,7 +200,7 @@ func WithMissingKey(p MissingKeyPolicy) HandlerOption {
 // WithStoreFailure sets what happens when the store fails (default FailClosed).
 func WithStoreFailure(p StoreFailurePolicy) HandlerOption {
 	return func(c *handlerConfig) error {
-		if p > FailOpen {
+		if p > DatabaseOnly {
 			return fmt.Errorf("%w: store-failure policy %d is unknown", ErrInvalidOption, p)
 		}
 		c.storeFailure = p

@@ -35,6 +35,12 @@ const (
 	// Cancelled: ctx was cancelled (shutdown) before fn finished, or the Deduper was
 	// closed; the claim was released. Leave the message for redelivery.
 	Cancelled
+	// CommitUnknown: a transactional run's fn succeeded, and its COMMIT's outcome is
+	// unknown (the connection was lost during it); Do's error wraps ErrCommitUnknown.
+	// The claim is kept until its lease ends (Result.RetryAfter); then the
+	// redelivery's marker decides: Duplicate if the commit happened, a new run if not.
+	// Retry after RetryAfter (NakWithDelay).
+	CommitUnknown
 
 	numOutcomes = iota + 1
 )
@@ -42,6 +48,7 @@ const (
 var outcomeNames = [numOutcomes]string{
 	"invalid", "processed", "first", "duplicate", "in-progress", "failed", "panicked",
 	"no-key", "key-reuse", "store-unavailable", "not-recorded", "lease-lost", "cancelled",
+	"commit-unknown",
 }
 
 // String returns the outcome in lower case, e.g. "store-unavailable".
@@ -62,15 +69,20 @@ const (
 	TierLocal
 	// TierStore: the store's record.
 	TierStore
+	// TierDatabase: a transactional run's marker, committed by an earlier run (the
+	// store had no DONE record: a crash before the completion, or a record lost).
+	TierDatabase
 )
 
-// String returns "none", "local" or "store".
+// String returns "none", "local", "store" or "database".
 func (t Tier) String() string {
 	switch t {
 	case TierLocal:
 		return "local"
 	case TierStore:
 		return "store"
+	case TierDatabase:
+		return "database"
 	}
 	return "none"
 }
@@ -81,7 +93,8 @@ type Result struct {
 	Outcome Outcome
 	// Tier is where a Duplicate was recognised.
 	Tier Tier
-	// RetryAfter is, for InProgress, how long the other owner's lease has left.
+	// RetryAfter is, for InProgress, how long the other owner's lease has left; for
+	// CommitUnknown, how long the run's own claim has left.
 	RetryAfter time.Duration
 	// Unguarded is true when fn ran without dedup: the store failed and the handler
 	// fails open, or the message had no key and the handler processes such messages.

@@ -9,6 +9,7 @@ type counters struct {
 	outcomes  [numOutcomes]atomic.Uint64
 	local     atomic.Uint64
 	store     atomic.Uint64
+	database  atomic.Uint64
 	unguarded atomic.Uint64
 	leaseLost atomic.Uint64
 	// localHits counts the Duplicates the local tier answered (countLocalHit), on
@@ -39,6 +40,8 @@ func (h *Handler) count(res Result) Result {
 		h.stats.local.Add(1)
 	case TierStore:
 		h.stats.store.Add(1)
+	case TierDatabase:
+		h.stats.database.Add(1)
 	}
 	if res.Unguarded {
 		h.stats.unguarded.Add(1)
@@ -54,6 +57,8 @@ type Stats struct {
 	LocalDuplicates uint64
 	// StoreDuplicates counts duplicates answered by the store.
 	StoreDuplicates uint64
+	// DatabaseDuplicates counts duplicates answered by a transactional run's marker.
+	DatabaseDuplicates uint64
 	// Unguarded counts fn runs without dedup (fail-open, or a processed missing key).
 	Unguarded uint64
 	// HeartbeatLeaseLost counts heartbeats that found the lease gone.
@@ -81,6 +86,7 @@ func (h *Handler) Stats() Stats {
 		s.LocalDuplicates += n
 	}
 	s.StoreDuplicates = h.stats.store.Load()
+	s.DatabaseDuplicates = h.stats.database.Load()
 	s.Unguarded = h.stats.unguarded.Load()
 	s.HeartbeatLeaseLost = h.stats.leaseLost.Load()
 	return s

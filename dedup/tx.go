@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"time"
+
+	"github.com/dedupkit/dedupkit/keys"
 )
 
 // Exactly-once effects on a SQL database (DESIGN §9). A transactional run writes a
@@ -71,5 +74,317 @@ type Transactor[T any] interface {
 	Rollback(ctx context.Context, tx T) error
 }
 
+// DoTx is Do for fn whose effects are writes to a database: fn runs inside a
+// transaction t opens, with the run's marker written in it, so that the marker and
+// fn's writes commit or roll back together. The local tier and the claim answer
+// first, as for Do (Duplicate, InProgress, KeyReuse); then:
+//
+//   - t.Begin writes the marker. One already committed (the store had no DONE record:
+//     a crash between COMMIT and completion, or a lost record) answers Duplicate with
+//     Tier TierDatabase, and the claim is completed to repair the store. A database
+//     failure answers StoreUnavailable (the error wraps ErrStoreUnavailable).
+//   - fn runs under the lease heartbeat. An error or a panic rolls the transaction
+//     back (the marker with it) and releases the claim: Failed or Panicked, as Do.
+//   - COMMIT. A failed commit releases the claim (Failed). A commit whose outcome is
+//     unknown keeps it: CommitUnknown, the error wrapping ErrCommitUnknown.
+//   - The claim is completed. Once committed the run is Processed, whatever the
+//     store answers: the marker answers a redelivery.
+//
+// With WithStoreFailure(DatabaseOnly) (or FailOpen), a store failure runs the
+// transaction on the marker alone. An empty key follows the missing-key policy: under
+// ProcessMissingKey fn runs in a transaction with no marker (Unguarded). Effects
+// outside the transaction (an HTTP call, a message) are not covered.
+func DoTx[T any](ctx context.Context, h *Handler, key string, t Transactor[T], fn func(ctx context.Context, tx T) error) (Result, error) {
+	return doTx(ctx, h, key, "", t, fn)
+}
+
+// HandleTx is DoTx for a message: the key is read with the handler's key strategy,
+// and the payload fingerprinted when fingerprinting is on (its fingerprint is stored
+// in the marker too). It claims whatever the handler's mode.
+func HandleTx[T any](ctx context.Context, h *Handler, msg keys.Message, t Transactor[T], fn func(ctx context.Context, tx T) error) (Result, error) {
+	return HandleKeyTx(ctx, h, h.cfg.strategy.Key(msg), msg.Data(), t, fn)
+}
+
+// HandleKeyTx is HandleTx for a key the caller has already read from the message.
+func HandleKeyTx[T any](ctx context.Context, h *Handler, key string, payload []byte, t Transactor[T], fn func(ctx context.Context, tx T) error) (Result, error) {
+	return doTx(ctx, h, key, h.fingerprint(payload), t, fn)
+}
+
+func doTx[T any](ctx context.Context, h *Handler, key, fp string, t Transactor[T], fn func(context.Context, T) error) (Result, error) {
+	r := &txRun[T]{t: t}
+	run := func(ctx context.Context) error { return fn(ctx, txOf[T](ctx)) }
+	if key == "" {
+		return h.noKey(ctx, run, r)
+	}
+	return h.do(ctx, key, fp, run, r)
+}
+
+// MaxTxBatch is the most items HandleBatchTx runs in one transaction; a longer batch
+// runs as several transactions, one after the other. Each item of a transaction
+// runs behind a savepoint of its own, and PostgreSQL keeps the subtransactions of
+// one transaction in a per-connection cache of 64: beyond it every other session's
+// snapshots slow down while the transaction is open.
+const MaxTxBatch = 64
+
+// HandleBatchTx is HandleBatch for transactional fns: the items the local tier and
+// the store (one ClaimMany) do not answer run in one transaction t opens with all of
+// their markers in one statement; fn(ctx, tx, i) runs for each item whose marker is
+// new, one at a time, each behind a savepoint when there are several (a failed or
+// panicked fn's work and marker are rolled back to it, and its claim released); then
+// one COMMIT, after which the successes are completed together (Processed) and done,
+// when not nil, is called for each item as its result is final (see
+// HandleBatchParallel). An item whose marker is found answers Duplicate (TierDatabase)
+// and its claim is completed. A failed COMMIT fails every item it held (Failed, claims
+// released); an unknown one answers CommitUnknown for them (claims kept). Keyless
+// items (ProcessMissingKey), and items whose claim failed under DatabaseOnly or
+// FailOpen, run each in a transaction of its own. At most MaxTxBatch items go in one
+// transaction.
+func HandleBatchTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T], fn func(ctx context.Context, tx T, i int) error, done func(i int, r ItemResult)) []ItemResult {
+	out := make([]ItemResult, 0, len(items))
+	for lo := 0; lo < len(items) || lo == 0; lo += MaxTxBatch {
+		hi := min(lo+MaxTxBatch, len(items))
+		r := &txRun[T]{t: t}
+		var chunkDone func(int, ItemResult)
+		if done != nil {
+			chunkDone = func(i int, res ItemResult) { done(lo+i, res) }
+		}
+		out = append(out, h.handleBatch(ctx, items[lo:hi], 1, func(ctx context.Context, i int) error {
+			return fn(ctx, txOf[T](ctx), lo+i)
+		}, chunkDone, r)...)
+		if hi == len(items) {
+			break
+		}
+	}
+	return out
+}
+
 // RecordDigest returns the digest a marker holds for a record key: its SHA-256.
 func RecordDigest(recordKey string) [32]byte { return sha256.Sum256([]byte(recordKey)) }
+
+// runStep is the step of a transactional run, or of a transactional batch's claimed
+// items: one transaction around their fns (a txRun); nil for a plain run.
+type runStep interface {
+	// begin opens the transaction with the markers (none: an unguarded run). When
+	// every marker is Found, the transaction is rolled back already.
+	begin(ctx context.Context, markers []Marker) ([]MarkerState, error)
+	savepoint(ctx context.Context) error
+	rollbackTo(ctx context.Context, m Marker) error
+	commit(ctx context.Context) error
+	rollback(ctx context.Context) // a no-op unless a transaction is open
+	// fresh returns a step of its own, for a run outside this one's transaction.
+	fresh() runStep
+	// with returns ctx carrying the transaction, for the fn that runs in it.
+	with(ctx context.Context) context.Context
+}
+
+// txRun is a runStep over Transactor t: the transaction its runs' fns receive.
+type txRun[T any] struct {
+	t    Transactor[T]
+	tx   T
+	open bool
+}
+
+// txKey carries the *txRun whose transaction a transactional fn runs in: the core
+// calls fn(ctx) and the caller's typed fn finds its transaction there (txOf).
+type txKey struct{}
+
+func (r *txRun[T]) with(ctx context.Context) context.Context {
+	return context.WithValue(ctx, txKey{}, r)
+}
+
+// txOf returns the transaction of the run ctx belongs to.
+func txOf[T any](ctx context.Context) T {
+	r, _ := ctx.Value(txKey{}).(*txRun[T])
+	if r == nil { // not reached: every transactional fn runs under its step's with
+		var zero T
+		return zero
+	}
+	return r.tx
+}
+
+func (r *txRun[T]) fresh() runStep { return &txRun[T]{t: r.t} }
+
+func (r *txRun[T]) begin(ctx context.Context, markers []Marker) ([]MarkerState, error) {
+	tx, found, err := r.t.Begin(ctx, markers)
+	if err != nil {
+		return nil, err
+	}
+	r.tx, r.open = tx, true
+	if len(found) != len(markers) {
+		r.rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("transactor answered %d markers for %d", len(found), len(markers))
+	}
+	all := len(markers) > 0
+	for _, f := range found {
+		all = all && f.Found
+	}
+	if all {
+		r.rollback(context.WithoutCancel(ctx))
+	}
+	return found, nil
+}
+
+func (r *txRun[T]) savepoint(ctx context.Context) error { return r.t.Savepoint(ctx, r.tx) }
+
+func (r *txRun[T]) rollbackTo(ctx context.Context, m Marker) error {
+	return r.t.RollbackTo(ctx, r.tx, m)
+}
+
+func (r *txRun[T]) commit(ctx context.Context) error {
+	r.open = false
+	return r.t.Commit(ctx, r.tx)
+}
+
+func (r *txRun[T]) rollback(ctx context.Context) {
+	if r.open {
+		r.open = false
+		_ = r.t.Rollback(ctx, r.tx) // a failed rollback ends the transaction all the same
+	}
+}
+
+func stepRollback(ctx context.Context, step runStep) {
+	if step != nil {
+		step.rollback(ctx)
+	}
+}
+
+// freshOf is step.fresh(), or nil for a plain run.
+func freshOf(step runStep) runStep {
+	if step == nil {
+		return nil
+	}
+	return step.fresh()
+}
+
+// withStep is step.with(ctx), or ctx for a plain run.
+func withStep(ctx context.Context, step runStep) context.Context {
+	if step == nil {
+		return ctx
+	}
+	return step.with(ctx)
+}
+
+// marker is the marker of a run of c.
+func (h *Handler) marker(c claimed) Marker {
+	return Marker{Handler: h.name, Digest: RecordDigest(c.rk), Fingerprint: c.fp, Owner: c.token, Retention: h.cfg.retention}
+}
+
+// beginStep opens step's transaction with c's marker.
+func (h *Handler) beginStep(ctx context.Context, step runStep, c claimed) (MarkerState, error) {
+	found, err := step.begin(ctx, []Marker{h.marker(c)})
+	if err != nil {
+		return MarkerState{}, err
+	}
+	return found[0], nil
+}
+
+// stepAnswered is the result of a transactional run whose Begin answered before fn
+// ran: the database failed (err; cause is fn's context's cause, if it ended), or c's
+// marker was found (committed by an earlier run). hasClaim: c holds a claim in the
+// store, to give back or, for a found marker, to complete (the store lost the DONE
+// record, or never got it: repaired now).
+func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState, err, cause error, hasClaim bool) (Result, error) {
+	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	defer done()
+	switch {
+	case err != nil:
+		if hasClaim {
+			h.release(bg, c.k, c.rk, c.token)
+		}
+		switch {
+		case errors.Is(cause, ErrLeaseLost):
+			return h.count(Result{Outcome: LeaseLost}), errors.Join(ErrLeaseLost, err)
+		case cause != nil:
+			return h.count(Result{Outcome: Cancelled}), errors.Join(err, cause)
+		}
+		h.log.Warn("dedup: database unavailable; not run", "key_hash", keyHash(c.k), "err", err)
+		return h.count(Result{Outcome: StoreUnavailable}), fmt.Errorf("%w: database: %w", ErrStoreUnavailable, err)
+	case fingerprintsDiffer(found.Fingerprint, c.fp):
+		if hasClaim {
+			h.release(bg, c.k, c.rk, c.token)
+		}
+		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(c.k))
+		return h.count(Result{Outcome: KeyReuse}), nil
+	}
+	var cerr error
+	if hasClaim {
+		cerr = h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention)
+	}
+	return h.repaired(c, cerr)
+}
+
+// repaired is the result of a run whose marker was found, committed by an earlier
+// run, once its claim's completion has repaired the store's record (cerr is that
+// completion's error, logged): Duplicate, from the database.
+func (h *Handler) repaired(c claimed, cerr error) (Result, error) {
+	if cerr != nil {
+		h.log.Warn("dedup: committed earlier; DONE not repaired in the store", "key_hash", keyHash(c.k), "err", cerr)
+	}
+	h.remember(c.lk)
+	return h.count(Result{Outcome: Duplicate, Tier: TierDatabase}), nil
+}
+
+// commitFailed is the result of a transactional run whose COMMIT failed. A commit
+// whose outcome is unknown keeps the claim, so that no other run starts before its
+// lease ends; the redelivery's marker then decides. A commit that failed for sure
+// gives the claim back: the message runs again.
+func (h *Handler) commitFailed(ctx context.Context, c claimed, cerr error, hasClaim bool) (Result, error) {
+	if errors.Is(cerr, ErrCommitUnknown) {
+		h.log.Warn("dedup: commit outcome unknown; the claim is kept until its lease ends", "key_hash", keyHash(c.k), "err", cerr)
+		return h.count(Result{Outcome: CommitUnknown, RetryAfter: h.cfg.lease}), cerr
+	}
+	if hasClaim {
+		h.release(ctx, c.k, c.rk, c.token)
+	}
+	return h.count(Result{Outcome: Failed}), fmt.Errorf("dedup: commit: %w", cerr)
+}
+
+// committed is the result of a transactional run whose COMMIT succeeded: Processed,
+// whatever the store says to the completion (cerr), since the marker answers a
+// redelivery; a failed completion is logged.
+func (h *Handler) committed(c claimed, cerr error) (Result, error) {
+	if cerr != nil {
+		h.log.Warn("dedup: committed; DONE not written in the store (the marker answers a redelivery)", "key_hash", keyHash(c.k), "err", cerr)
+	}
+	h.remember(c.lk)
+	return h.count(Result{Outcome: Processed}), nil
+}
+
+// runOnMarker runs fn in step's transaction with no claim: its marker alone guards
+// it (the store is down, under DatabaseOnly), or nothing does (c.k is "": a keyless
+// message under ProcessMissingKey, Unguarded). The caller has entered.
+func (h *Handler) runOnMarker(ctx context.Context, c claimed, fn func(context.Context) error, step runStep) (Result, error) {
+	fctx, end := h.fnContext(ctx)
+	defer end()
+	var found MarkerState
+	var err error
+	if c.k != "" {
+		found, err = h.beginStep(fctx, step, c)
+	} else {
+		_, err = step.begin(fctx, nil)
+	}
+	if err != nil || found.Found {
+		return h.stepAnswered(ctx, c, found, err, context.Cause(fctx), false)
+	}
+	returned := false
+	defer func() {
+		if !returned { // fn called runtime.Goexit
+			step.rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	panicked, err := h.invoke(step.with(fctx), fn)
+	returned = true
+	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	defer done()
+	if err != nil {
+		step.rollback(bg)
+		return h.failed(c.k, panicked, err, context.Cause(fctx))
+	}
+	if cerr := step.commit(bg); cerr != nil {
+		return h.commitFailed(bg, c, cerr, false)
+	}
+	if c.k == "" {
+		return h.count(Result{Outcome: Processed, Unguarded: true}), nil
+	}
+	return h.committed(c, nil)
+}

@@ -154,7 +154,7 @@ func (a *adapter) Wait() { a.running.Wait() }
 func (a *adapter) Stats() Stats { return a.stats.snapshot() }
 
 // action decides what to do with a delivery after its result. An outcome that needs
-// another delivery (InProgress, Failed, Panicked, StoreUnavailable, LeaseLost,
+// another delivery (InProgress, Failed, Panicked, StoreUnavailable, CommitUnknown, LeaseLost,
 // Cancelled) gets none after the last one (NumDelivered ≥ MaxDeliver): the server
 // would drop the message silently, so it goes to the exhausted hook and is terminated.
 func (a *adapter) action(m *Msg, res dedup.Result) (Action, time.Duration, string) {
@@ -182,6 +182,8 @@ func (a *adapter) action(m *Msg, res dedup.Result) (Action, time.Duration, strin
 		return ActNak, 0, ""
 	case dedup.StoreUnavailable:
 		return ActNakWithDelay, delay(a.cfg.storeRetry), ""
+	case dedup.CommitUnknown:
+		return ActNakWithDelay, delay(res.RetryAfter), ""
 	}
 	return ActNone, 0, "" // LeaseLost, Cancelled: redelivered after AckWait
 }

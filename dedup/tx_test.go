@@ -1,0 +1,546 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The transactional marker's lifecycle (DESIGN §9) over fakeDB: the step around fn
+// inside claim → run → complete. The same paths against PostgreSQL, MariaDB and
+// SQLite, with processes killed, are in the sqltx and nats tests.
+
+// effect is a transactional fn that writes key's effect in tx.
+func effect(key string) func(context.Context, *fakeTx) error {
+	return func(_ context.Context, tx *fakeTx) error {
+		tx.write(key)
+		return nil
+	}
+}
+
+func TestDoTxRunsOnceAndCommitsItsMarker(t *testing.T) {
+	f := newFixture(t, true)
+	h := f.handler("orders")
+	db := newFakeDB()
+	ctx := context.Background()
+	res, err := DoTx(ctx, h, "o-1", db, effect("o-1"))
+	if res.Outcome != Processed || err != nil {
+		t.Fatalf("first: %v %v", res.Outcome, err)
+	}
+	if res, _ := DoTx(ctx, h, "o-1", db, effect("o-1")); res.Outcome != Duplicate || res.Tier != TierLocal {
+		t.Fatalf("second: %v %v, want a local Duplicate", res.Outcome, res.Tier)
+	}
+	if db.effectsOf("o-1") != 1 || !db.markerOf(h, "o-1") {
+		t.Fatalf("effects %d, marker %v", db.effectsOf("o-1"), db.markerOf(h, "o-1"))
+	}
+	if b, c, r, _ := db.counts(); b != 1 || c != 1 || r != 0 {
+		t.Fatalf("begins %d commits %d rollbacks %d: a duplicate reached the database", b, c, r)
+	}
+	if ans, _ := f.mem.Claim(ctx, h.RecordKey("o-1"), "other", "", time.Minute); ans.Status != StatusDuplicate {
+		t.Fatalf("store after the run: %v, want DONE", ans.Status)
+	}
+}
+
+// A process killed between COMMIT and the completion leaves the store without DONE
+// (here: another Deduper, over a store that never got it). The redelivery's marker
+// answers Duplicate from the database, fn does not run, and the store is repaired.
+func TestDoTxMarkerFoundAnswersDuplicateAndRepairsTheStore(t *testing.T) {
+	db := newFakeDB()
+	ctx := context.Background()
+	first := newFixture(t, true).handler("orders")
+	if res, err := DoTx(ctx, first, "o-1", db, effect("o-1")); res.Outcome != Processed {
+		t.Fatal(res.Outcome, err)
+	}
+	f := newFixture(t, true) // its store lost the record; its local tier never had it
+	h := f.handler("orders")
+	res, err := DoTx(ctx, h, "o-1", db, effect("o-1"))
+	if res.Outcome != Duplicate || res.Tier != TierDatabase || err != nil {
+		t.Fatalf("redelivery: %v %v %v, want a Duplicate from the database", res.Outcome, res.Tier, err)
+	}
+	if db.effectsOf("o-1") != 1 {
+		t.Fatalf("effects %d", db.effectsOf("o-1"))
+	}
+	if ans, _ := f.mem.Claim(ctx, h.RecordKey("o-1"), "other", "", time.Minute); ans.Status != StatusDuplicate {
+		t.Fatalf("store after the redelivery: %v, want DONE (repaired)", ans.Status)
+	}
+	if h.Stats().DatabaseDuplicates != 1 {
+		t.Fatalf("stats %+v", h.Stats())
+	}
+	if res, _ := DoTx(ctx, h, "o-1", db, effect("o-1")); res.Outcome != Duplicate || res.Tier != TierLocal {
+		t.Fatalf("after the repair: %v %v, want local", res.Outcome, res.Tier)
+	}
+	if db.openTxs() != 0 {
+		t.Fatal("a transaction was left open")
+	}
+}
+
+// fn's error or panic rolls the transaction back, marker included, and releases the
+// claim: the next delivery runs it, once.
+func TestDoTxFailureRollsBackAndRunsAgain(t *testing.T) {
+	for name, bad := range map[string]func(context.Context, *fakeTx) error{
+		"error": func(_ context.Context, tx *fakeTx) error { tx.write("o-1"); return errors.New("boom") },
+		"panic": func(_ context.Context, tx *fakeTx) error { tx.write("o-1"); panic("kaboom") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newFixture(t, true).handler("orders")
+			db := newFakeDB()
+			ctx := context.Background()
+			res, err := DoTx(ctx, h, "o-1", db, bad)
+			want := map[string]Outcome{"error": Failed, "panic": Panicked}[name]
+			if res.Outcome != want || err == nil {
+				t.Fatalf("%v %v, want %v", res.Outcome, err, want)
+			}
+			if db.effectsOf("o-1") != 0 || db.markerOf(h, "o-1") {
+				t.Fatalf("rolled back run left effects %d, marker %v", db.effectsOf("o-1"), db.markerOf(h, "o-1"))
+			}
+			if res, err := DoTx(ctx, h, "o-1", db, effect("o-1")); res.Outcome != Processed {
+				t.Fatalf("redelivery: %v %v", res.Outcome, err)
+			}
+			if db.effectsOf("o-1") != 1 || db.openTxs() != 0 {
+				t.Fatalf("effects %d, open %d", db.effectsOf("o-1"), db.openTxs())
+			}
+		})
+	}
+}
+
+// A COMMIT the database refused releases the claim: the next delivery runs it. One
+// whose outcome is unknown keeps the claim until its lease ends; then the marker
+// decides, whether the commit happened or not.
+func TestDoTxCommitFailedOrUnknown(t *testing.T) {
+	const lease = 200 * time.Millisecond
+	for _, tc := range []struct {
+		name             string
+		set              func(db *fakeDB)
+		want             Outcome
+		afterLease       Outcome
+		afterLeaseTier   Tier
+		effectsAfterRuns int
+	}{
+		{"refused", func(db *fakeDB) { db.failCommit = errors.New("serialization failure") }, Failed, Processed, TierNone, 1},
+		{"unknown, applied", func(db *fakeDB) { db.unknownCommit, db.unknownApply = true, true }, CommitUnknown, Duplicate, TierDatabase, 1},
+		{"unknown, not applied", func(db *fakeDB) { db.unknownCommit = true }, CommitUnknown, Processed, TierNone, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, true)
+			h := f.handler("orders", WithLease(lease))
+			other := newDeduperOver(t, f.store).mustRegister(t, "orders", WithLease(lease)) // another process
+			db := newFakeDB()
+			ctx := context.Background()
+			db.set(tc.set)
+			res, err := DoTx(ctx, h, "o-1", db, effect("o-1"))
+			if res.Outcome != tc.want || err == nil {
+				t.Fatalf("%v %v, want %v", res.Outcome, err, tc.want)
+			}
+			if tc.want == CommitUnknown && (!errors.Is(err, ErrCommitUnknown) || res.RetryAfter <= 0) {
+				t.Fatalf("err %v, retry after %v", err, res.RetryAfter)
+			}
+			db.set(func(db *fakeDB) { db.failCommit, db.unknownCommit = nil, false })
+			res, _ = DoTx(ctx, other, "o-1", db, effect("o-1"))
+			if tc.want == CommitUnknown {
+				if res.Outcome != InProgress {
+					t.Fatalf("another process during the kept claim: %v, want InProgress", res.Outcome)
+				}
+				time.Sleep(lease + 50*time.Millisecond)
+				res, _ = DoTx(ctx, other, "o-1", db, effect("o-1"))
+			}
+			if res.Outcome != tc.afterLease || res.Tier != tc.afterLeaseTier {
+				t.Fatalf("the redelivery: %v %v, want %v %v", res.Outcome, res.Tier, tc.afterLease, tc.afterLeaseTier)
+			}
+			if db.effectsOf("o-1") != tc.effectsAfterRuns || db.openTxs() != 0 {
+				t.Fatalf("effects %d, open transactions %d", db.effectsOf("o-1"), db.openTxs())
+			}
+		})
+	}
+}
+
+// The database down: StoreUnavailable, fn not run, the claim released.
+func TestDoTxDatabaseDown(t *testing.T) {
+	f := newFixture(t, true)
+	h := f.handler("orders")
+	db := newFakeDB()
+	db.set(func(db *fakeDB) { db.failBegin = errors.New("connection refused") })
+	ctx := context.Background()
+	ran := false
+	res, err := DoTx(ctx, h, "o-1", db, func(context.Context, *fakeTx) error { ran = true; return nil })
+	if res.Outcome != StoreUnavailable || !errors.Is(err, ErrStoreUnavailable) || ran {
+		t.Fatalf("%v %v ran=%v", res.Outcome, err, ran)
+	}
+	db.set(func(db *fakeDB) { db.failBegin = nil })
+	if res, err := DoTx(ctx, h, "o-1", db, effect("o-1")); res.Outcome != Processed {
+		t.Fatalf("once the database is back: %v %v (claim not released?)", res.Outcome, err)
+	}
+}
+
+// Redis down: with DatabaseOnly a transactional run goes on with its marker alone,
+// still once, concurrent copies included; with the default it fails closed.
+func TestDoTxStoreDown(t *testing.T) {
+	down := errors.New("redis: connection refused")
+	t.Run("database-only", func(t *testing.T) {
+		f := newFixture(t, true)
+		h := f.handler("orders", WithStoreFailure(DatabaseOnly))
+		other := newDeduperOver(t, f.store).mustRegister(t, "orders", WithStoreFailure(DatabaseOnly))
+		f.store.onFail(func(string) error { return down })
+		db := newFakeDB()
+		var wg sync.WaitGroup
+		var ran atomic.Int64
+		results := make([]Result, 8)
+		start := make(chan struct{})
+		for i := range results {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				hh := h
+				if i%2 == 1 {
+					hh = other
+				}
+				results[i], _ = DoTx(context.Background(), hh, "o-1", db, func(ctx context.Context, tx *fakeTx) error {
+					ran.Add(1)
+					time.Sleep(10 * time.Millisecond)
+					tx.write("o-1")
+					return nil
+				})
+			}()
+		}
+		close(start)
+		wg.Wait()
+		// in each process one call leads the key and the others see it running
+		// (InProgress); the two leaders meet at the marker: one runs, the other finds
+		// it committed
+		processed, fromDB := 0, 0
+		for _, r := range results {
+			switch {
+			case r.Outcome == Processed:
+				processed++
+			case r.Outcome == Duplicate && r.Tier == TierDatabase:
+				fromDB++
+			case r.Outcome == InProgress:
+			default:
+				t.Errorf("result %v %v", r.Outcome, r.Tier)
+			}
+		}
+		if processed != 1 || fromDB != 1 || ran.Load() != 1 || db.effectsOf("o-1") != 1 {
+			t.Fatalf("%d processed, %d duplicates from the database, fn ran %d times, effects %d; want 1 each",
+				processed, fromDB, ran.Load(), db.effectsOf("o-1"))
+		}
+	})
+	t.Run("fail-closed", func(t *testing.T) {
+		f := newFixture(t, true)
+		h := f.handler("orders")
+		f.store.onFail(func(string) error { return down })
+		db := newFakeDB()
+		res, err := DoTx(context.Background(), h, "o-1", db, effect("o-1"))
+		if res.Outcome != StoreUnavailable || !errors.Is(err, ErrStoreUnavailable) || db.effectsOf("o-1") != 0 {
+			t.Fatalf("%v %v, effects %d", res.Outcome, err, db.effectsOf("o-1"))
+		}
+		if b, _, _, _ := db.counts(); b != 0 {
+			t.Fatalf("%d transactions begun while failing closed", b)
+		}
+	})
+}
+
+// Two runs of one key overlap after a lease lapses: A's lease is lost (its
+// extensions fail) while its fn still runs, B claims the key and waits at its marker
+// for A's transaction. If A commits, B finds the marker: Duplicate (acked). If A's fn
+// gives up on its lost lease, A rolls back and B runs. The effect commits once.
+func TestDoTxOverlappingRunsCommitOnce(t *testing.T) {
+	for _, honours := range []bool{false, true} {
+		t.Run(fmt.Sprint("fn honours its context: ", honours), func(t *testing.T) {
+			const lease = 90 * time.Millisecond
+			f := newFixture(t, true)
+			a := f.handler("orders", WithLease(lease))
+			b := newDeduperOver(t, f.mem).mustRegister(t, "orders", WithLease(lease)) // another process, its extensions fine
+			f.store.onFail(func(op string) error {
+				if op == "extend" {
+					return errors.New("redis: i/o timeout") // A's heartbeat cannot reach the store
+				}
+				return nil
+			})
+			db := newFakeDB()
+			ctx := context.Background()
+			aDone := make(chan Result, 1)
+			aInFn := make(chan struct{})
+			release := make(chan struct{})
+			go func() {
+				res, _ := DoTx(ctx, a, "o-1", db, func(ctx context.Context, tx *fakeTx) error {
+					close(aInFn)
+					tx.write("o-1")
+					<-release
+					if honours && ctx.Err() != nil {
+						return context.Cause(ctx)
+					}
+					return nil
+				})
+				aDone <- res
+			}()
+			<-aInFn
+			time.Sleep(2 * lease) // A's claim runs out in the store
+			bDone := make(chan Result, 1)
+			go func() {
+				res, _ := DoTx(ctx, b, "o-1", db, effect("o-1"))
+				bDone <- res
+			}()
+			time.Sleep(lease / 2) // B has claimed, and waits at the marker A holds
+			select {
+			case r := <-bDone:
+				t.Fatalf("B answered %v while A's transaction held the marker", r.Outcome)
+			default:
+			}
+			close(release)
+			ra, rb := <-aDone, <-bDone
+			t.Logf("A %v, B %v %v", ra.Outcome, rb.Outcome, rb.Tier)
+			if db.effectsOf("o-1") != 1 {
+				t.Fatalf("effects %d, want 1", db.effectsOf("o-1"))
+			}
+			if honours {
+				if ra.Outcome != LeaseLost || rb.Outcome != Processed {
+					t.Fatalf("A %v, B %v; want LeaseLost (rolled back) and Processed", ra.Outcome, rb.Outcome)
+				}
+			} else if ra.Outcome != Processed || rb.Outcome != Duplicate || rb.Tier != TierDatabase {
+				t.Fatalf("A %v, B %v %v; want Processed and a Duplicate from the database", ra.Outcome, rb.Outcome, rb.Tier)
+			}
+		})
+	}
+}
+
+// A marker with another payload's fingerprint is key reuse.
+func TestDoTxKeyReuseFromTheMarker(t *testing.T) {
+	db := newFakeDB()
+	ctx := context.Background()
+	first := newFixture(t, true).handler("orders", WithFingerprint(true))
+	if res, _ := HandleKeyTx(ctx, first, "o-1", []byte("a"), db, effect("o-1")); res.Outcome != Processed {
+		t.Fatal(res.Outcome)
+	}
+	h := newFixture(t, true).handler("orders", WithFingerprint(true)) // the store lost it
+	if res, _ := HandleKeyTx(ctx, h, "o-1", []byte("b"), db, effect("o-1")); res.Outcome != KeyReuse {
+		t.Fatalf("%v, want KeyReuse", res.Outcome)
+	}
+	if res, _ := HandleKeyTx(ctx, h, "o-1", []byte("a"), db, effect("o-1")); res.Outcome != Duplicate || res.Tier != TierDatabase {
+		t.Fatalf("the same payload: %v %v", res.Outcome, res.Tier)
+	}
+}
+
+// A keyless message under ProcessMissingKey runs in a transaction with no marker.
+func TestDoTxMissingKey(t *testing.T) {
+	f := newFixture(t, true)
+	db := newFakeDB()
+	res, _ := DoTx(context.Background(), f.handler("open", WithMissingKey(ProcessMissingKey)), "", db, effect("none"))
+	if res.Outcome != Processed || !res.Unguarded || db.effectsOf("none") != 1 {
+		t.Fatalf("%+v, effects %d", res, db.effectsOf("none"))
+	}
+	if res, _ := DoTx(context.Background(), f.handler("closed"), "", db, effect("none")); res.Outcome != NoKey {
+		t.Fatalf("%v, want NoKey", res.Outcome)
+	}
+}
+
+// A batch: one transaction with every claimed item's marker, fn behind a savepoint
+// per item, one commit, then the completions. Found markers are Duplicates from the
+// database; a failing item's work and marker are rolled back to its savepoint.
+func TestHandleBatchTx(t *testing.T) {
+	db := newFakeDB()
+	ctx := context.Background()
+	f := newFixture(t, true)
+	h := f.handler("orders")
+	// "known": committed by a run whose store record is gone (another store)
+	if res, _ := DoTx(ctx, newFixture(t, true).handler("orders"), "known", db, effect("known")); res.Outcome != Processed {
+		t.Fatal(res.Outcome)
+	}
+	if res, _ := DoTx(ctx, h, "local", db, effect("local")); res.Outcome != Processed {
+		t.Fatal(res.Outcome)
+	}
+	b0, c0, _, _ := db.counts()
+	items := []Item{{Key: "a"}, {Key: "known"}, {Key: "fails"}, {Key: "local"}, {Key: "panics"}, {Key: "b"}, {Key: "a"}}
+	var ran []int
+	got := HandleBatchTx(ctx, h, items, db, func(_ context.Context, tx *fakeTx, i int) error {
+		ran = append(ran, i)
+		tx.write(items[i].Key)
+		switch items[i].Key {
+		case "fails":
+			return errors.New("boom")
+		case "panics":
+			panic("kaboom")
+		}
+		return nil
+	}, nil)
+	want := []Outcome{Processed, Duplicate, Failed, Duplicate, Panicked, Processed, Duplicate}
+	for i, r := range got {
+		if r.Outcome != want[i] {
+			t.Errorf("item %d (%s): %v %v, want %v", i, items[i].Key, r.Outcome, r.Err, want[i])
+		}
+	}
+	if got[1].Tier != TierDatabase || got[3].Tier != TierLocal {
+		t.Errorf("tiers: known %v, local %v", got[1].Tier, got[3].Tier)
+	}
+	if fmt.Sprint(ran) != "[0 2 4 5]" {
+		t.Errorf("fn ran for %v, want [0 2 4 5]", ran)
+	}
+	b1, c1, _, sp := db.counts()
+	if b1-b0 != 1 || c1-c0 != 1 || sp != 4 {
+		t.Errorf("%d begins, %d commits, %d savepoints; want one transaction, a savepoint per item run", b1-b0, c1-c0, sp)
+	}
+	for k, n := range map[string]int{"a": 1, "b": 1, "known": 1, "fails": 0, "panics": 0} {
+		if db.effectsOf(k) != n {
+			t.Errorf("effects of %s: %d, want %d", k, db.effectsOf(k), n)
+		}
+	}
+	if db.markerOf(h, "fails") || db.markerOf(h, "panics") || !db.markerOf(h, "a") {
+		t.Errorf("markers: fails %v, panics %v, a %v", db.markerOf(h, "fails"), db.markerOf(h, "panics"), db.markerOf(h, "a"))
+	}
+	// DONE in the store for the committed items and the repaired one; the failures free
+	for k, want := range map[string]Status{"a": StatusDuplicate, "b": StatusDuplicate, "known": StatusDuplicate, "fails": StatusAcquired, "panics": StatusAcquired} {
+		if ans, _ := f.mem.Claim(ctx, h.RecordKey(k), "probe", "", time.Minute); ans.Status != want {
+			t.Errorf("store record of %s: %v, want %v", k, ans.Status, want)
+		}
+	}
+	if db.openTxs() != 0 {
+		t.Error("a transaction was left open")
+	}
+}
+
+// A batch whose COMMIT fails releases the items it held; one whose outcome is unknown
+// keeps their claims.
+func TestHandleBatchTxCommitFails(t *testing.T) {
+	for _, unknown := range []bool{false, true} {
+		t.Run(fmt.Sprint("unknown=", unknown), func(t *testing.T) {
+			f := newFixture(t, true)
+			h := f.handler("orders")
+			db := newFakeDB()
+			db.set(func(db *fakeDB) {
+				if unknown {
+					db.unknownCommit = true
+				} else {
+					db.failCommit = errors.New("deadlock detected")
+				}
+			})
+			ctx := context.Background()
+			got := HandleBatchTx(ctx, h, []Item{{Key: "a"}, {Key: "b"}}, db, func(_ context.Context, tx *fakeTx, i int) error {
+				tx.write(fmt.Sprint(i))
+				return nil
+			}, nil)
+			want, wantStatus := Failed, StatusAcquired
+			if unknown {
+				want, wantStatus = CommitUnknown, StatusInProgress
+			}
+			for i, r := range got {
+				if r.Outcome != want || r.Err == nil {
+					t.Errorf("item %d: %v %v, want %v", i, r.Outcome, r.Err, want)
+				}
+				if ans, _ := f.mem.Claim(ctx, h.RecordKey(items2[i]), "probe", "", time.Minute); ans.Status != wantStatus {
+					t.Errorf("item %d's record: %v, want %v", i, ans.Status, wantStatus)
+				}
+			}
+		})
+	}
+}
+
+var items2 = []string{"a", "b"}
+
+// An fn that ends its goroutine rolls the batch's transaction back, with every item's
+// work, and gives back every claim.
+func TestHandleBatchTxGoexit(t *testing.T) {
+	f := newFixture(t, true)
+	h := f.handler("orders")
+	db := newFakeDB()
+	ctx := context.Background()
+	done := make(chan []ItemResult, 1)
+	go func() {
+		defer func() { done <- nil }()
+		HandleBatchTx(ctx, h, []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, db, func(_ context.Context, tx *fakeTx, i int) error {
+			tx.write(fmt.Sprint(i))
+			if i == 1 {
+				runtime.Goexit()
+			}
+			return nil
+		}, nil)
+	}()
+	<-done
+	if db.effectsOf("0") != 0 || db.openTxs() != 0 {
+		t.Fatalf("effects of item 0: %d, open transactions %d", db.effectsOf("0"), db.openTxs())
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		if res, _ := DoTx(ctx, h, k, db, effect(k)); res.Outcome != Processed {
+			t.Errorf("%s after the Goexit: %v, want Processed (claim given back)", k, res.Outcome)
+		}
+	}
+}
+
+// More than MaxTxBatch items run as several transactions.
+func TestHandleBatchTxChunks(t *testing.T) {
+	h := newFixture(t, true).handler("orders")
+	db := newFakeDB()
+	items := make([]Item, 2*MaxTxBatch+3)
+	for i := range items {
+		items[i] = Item{Key: fmt.Sprint("k-", i)}
+	}
+	var idx []int
+	got := HandleBatchTx(context.Background(), h, items, db, func(_ context.Context, tx *fakeTx, i int) error {
+		idx = append(idx, i)
+		tx.write(items[i].Key)
+		return nil
+	}, nil)
+	for i, r := range got {
+		if r.Outcome != Processed || idx[i] != i {
+			t.Fatalf("item %d: %v, fn's index %d", i, r.Outcome, idx[i])
+		}
+	}
+	if b, c, _, _ := db.counts(); b != 3 || c != 3 {
+		t.Fatalf("%d begins, %d commits; want 3 transactions", b, c)
+	}
+}
+
+// A run whose transaction begins behind another's marker can be cancelled while it
+// waits: Cancelled, claim released.
+func TestDoTxCancelledWhileWaitingAtTheMarker(t *testing.T) {
+	f := newFixture(t, true)
+	h := f.handler("orders")
+	db := newFakeDB()
+	hold, err := func() (*fakeTx, error) {
+		tx, _, err := db.Begin(context.Background(), []Marker{h.marker(claimed{rk: h.RecordKey("o-1"), token: "x"})})
+		return tx, err
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	res, err := DoTx(ctx, h, "o-1", db, effect("o-1"))
+	if res.Outcome != Cancelled || err == nil || !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("%v %v, want Cancelled", res.Outcome, err)
+	}
+	_ = db.Rollback(context.Background(), hold)
+	if res, _ := DoTx(context.Background(), h, "o-1", db, effect("o-1")); res.Outcome != Processed {
+		t.Fatalf("after: %v", res.Outcome)
+	}
+}
+
+// Duplicates answered by a marker are counted under the tier "database", and a
+// commit whose outcome is unknown under its own outcome.
+func TestTxMetrics(t *testing.T) {
+	m := newMetered(t)
+	h := m.handler("orders")
+	db := newFakeDB()
+	ctx := context.Background()
+	if res, _ := DoTx(ctx, newFixture(t, true).handler("orders"), "o-1", db, effect("o-1")); res.Outcome != Processed {
+		t.Fatal(res.Outcome)
+	}
+	if res, _ := DoTx(ctx, h, "o-1", db, effect("o-1")); res.Outcome != Duplicate || res.Tier != TierDatabase {
+		t.Fatal(res.Outcome, res.Tier)
+	}
+	db.set(func(db *fakeDB) { db.unknownCommit = true })
+	if res, _ := DoTx(ctx, h, "o-2", db, effect("o-2")); res.Outcome != CommitUnknown {
+		t.Fatal(res.Outcome)
+	}
+	ms := m.collect()
+	if got := sum(t, ms, "dedup.duplicates", handlerIs("orders"), attrTier.String("database")); got != 1 {
+		t.Errorf("dedup.duplicates{database} = %d, want 1", got)
+	}
+	if got := sum(t, ms, "dedup.checks", handlerIs("orders"), attrOutcome.String("commit_unknown")); got != 1 {
+		t.Errorf("dedup.checks{commit_unknown} = %d, want 1", got)
+	}
+}
