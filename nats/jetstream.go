@@ -173,6 +173,14 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 // one by one) and acknowledges it. It returns the dedup result and the action taken.
 // Give Messages a short idle heartbeat, as Consume (see Handler).
 func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (dedup.Result, Action) {
+	return j.handle(ctx, msg, func(ctx context.Context, key string, m *Msg) (dedup.Result, error) {
+		return j.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
+	})
+}
+
+// handle reads msg's key, runs run for it while msg is kept in progress, and
+// acknowledges msg by the result: Handle, and HandleTx.
+func (j *JetStream) handle(ctx context.Context, msg jetstream.Msg, run func(ctx context.Context, key string, m *Msg) (dedup.Result, error)) (dedup.Result, Action) {
 	m := viewJS(msg)
 	key := j.cfg.strategy.Key(m)
 	p := j.startProgress(j.cfg.progressEvery, []acker{msg})
@@ -183,7 +191,7 @@ func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (ded
 			j.settle(ctx, msg, m, dedup.Result{Outcome: dedup.Panicked}, errGoexit)
 		}
 	}()
-	res, err := j.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
+	res, err := run(ctx, key, m)
 	returned = true
 	p.stop()
 	return res, j.settle(ctx, msg, m, res, err)
@@ -196,14 +204,20 @@ func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (ded
 // the messages whose completion is in flight. Messages waiting their turn are kept in
 // progress. It returns the batch's own error (batch.Error()).
 func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatch, fn Func) ([]dedup.ItemResult, error) {
-	var msgs []jetstream.Msg
-	for msg := range batch.Messages() {
-		msgs = append(msgs, msg)
-	}
+	msgs := drain(batch)
 	if len(msgs) == 0 {
 		return nil, batch.Error()
 	}
 	return j.handleMsgs(ctx, msgs, 1, fn, nil), batch.Error()
+}
+
+// drain reads every message of a Fetch batch.
+func drain(batch jetstream.MessageBatch) []jetstream.Msg {
+	var msgs []jetstream.Msg
+	for msg := range batch.Messages() {
+		msgs = append(msgs, msg)
+	}
+	return msgs
 }
 
 // handleMsgs handles msgs as one batch (dedup.Handler.HandleBatchParallel, fn for up
@@ -212,6 +226,17 @@ func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatc
 // nil. A message left without a result because an fn ended the goroutine
 // (runtime.Goexit) is Nak'ed, as after a panic.
 func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parallel int, fn Func, settled func(i int)) []dedup.ItemResult {
+	return j.settleBatch(ctx, msgs, settled, func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult {
+		return j.h.HandleBatchParallel(ctx, items, parallel, func(ctx context.Context, i int) error { return fn(ctx, views[i]) }, done)
+	})
+}
+
+// settleBatch reads the keys of msgs, runs run for them as one batch while they are
+// kept in progress, and acknowledges each as soon as run reports its result (done);
+// then it calls settled(i), if not nil. A message left without a result because an fn
+// ended the goroutine (runtime.Goexit) is Nak'ed, as after a panic.
+func (j *JetStream) settleBatch(ctx context.Context, msgs []jetstream.Msg, settled func(i int),
+	run func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult) []dedup.ItemResult {
 	views := make([]*Msg, len(msgs))
 	items := make([]dedup.Item, len(msgs))
 	acks := make([]acker, len(msgs))
@@ -243,8 +268,7 @@ func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parall
 			finish(i, dedup.Result{Outcome: dedup.Panicked}, errGoexit)
 		}
 	}()
-	return j.h.HandleBatchParallel(ctx, items, parallel, func(ctx context.Context, i int) error { return fn(ctx, views[i]) },
-		func(i int, r dedup.ItemResult) { finish(i, r.Result, r.Err) })
+	return run(items, views, func(i int, r dedup.ItemResult) { finish(i, r.Result, r.Err) })
 }
 
 // errGoexit is what a message whose fn ended its goroutine (runtime.Goexit) before

@@ -1,0 +1,55 @@
+package nats
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupkit/dedupkit/dedup"
+)
+
+// TxFunc is a transactional handler: it writes the message's effects with tx, the
+// transaction its run's marker is written in (DESIGN §9; dedup.DoTx). It returns an
+// error to have the transaction rolled back and the message retried.
+type TxFunc[T any] func(ctx context.Context, m *Msg, tx T) error
+
+// HandleTx is JetStream.Handle for a transactional fn: the message runs through
+// dedup.HandleKeyTx, in a transaction t opens with the run's marker, and is
+// acknowledged by the result (a marker found answers Duplicate: Ack; a commit whose
+// outcome is unknown answers CommitUnknown: NakWithDelay until the claim's lease
+// ends, when the marker decides). t is a Transactor such as *sqltx.Transactor or
+// *pgxtx.Transactor.
+func HandleTx[T any](ctx context.Context, j *JetStream, msg jetstream.Msg, t dedup.Transactor[T], fn TxFunc[T]) (dedup.Result, Action) {
+	return j.handle(ctx, msg, func(ctx context.Context, key string, m *Msg) (dedup.Result, error) {
+		return dedup.HandleKeyTx(ctx, j.h, key, m.data, t, func(ctx context.Context, tx T) error { return fn(ctx, m, tx) })
+	})
+}
+
+// TxHandler is JetStream.Handler for a transactional fn: a jetstream.MessageHandler
+// for Consumer.Consume that runs each message through HandleTx, in a transaction of
+// its own, up to WithConcurrency messages at once. A message whose key another is
+// running waits for that run's end (dedup.WaitForRunning). Pass Consume a short idle
+// heartbeat, as for Handler. To put several messages in one transaction, use Fetch
+// batches and HandleBatchTx.
+func TxHandler[T any](ctx context.Context, j *JetStream, t dedup.Transactor[T], fn TxFunc[T]) jetstream.MessageHandler {
+	ctx = dedup.WaitForRunning(ctx)
+	dispatch := j.dispatcher()
+	return func(msg jetstream.Msg) { dispatch(func() { HandleTx(ctx, j, msg, t, fn) }) }
+}
+
+// HandleBatchTx is JetStream.HandleBatch for a transactional fn: a Fetch batch runs
+// through dedup.HandleBatchTx, one store round trip for the claims and one
+// transaction for the messages it claims (one marker statement, fn for each message
+// whose marker is new, each behind a savepoint, one COMMIT; at most dedup.MaxTxBatch
+// messages per transaction). Each message is acknowledged as soon as its result is
+// final: after the COMMIT and its completion for those that ran. It returns the
+// batch's own error (batch.Error()).
+func HandleBatchTx[T any](ctx context.Context, j *JetStream, batch jetstream.MessageBatch, t dedup.Transactor[T], fn TxFunc[T]) ([]dedup.ItemResult, error) {
+	msgs := drain(batch)
+	if len(msgs) == 0 {
+		return nil, batch.Error()
+	}
+	return j.settleBatch(ctx, msgs, nil, func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult {
+		return dedup.HandleBatchTx(ctx, j.h, items, t, func(ctx context.Context, tx T, i int) error { return fn(ctx, views[i], tx) }, done)
+	}), batch.Error()
+}
