@@ -43,10 +43,11 @@ import (
 // COMMIT was written (and committed) makes pgx report "conn closed" with
 // SafeToRetry() true, as the proxy test CommitUnknownAfterCommit shows.
 //
-// After a known failure, a ROLLBACK on the connection also ends the transaction a
-// refused SQLite COMMIT leaves open (SQLite keeps it after BUSY or a deferred
-// constraint), before the connection goes back to the pool. On PostgreSQL and MySQL
-// it is a no-op answered with OK (PostgreSQL adds a warning).
+// The ROLLBACK is a no-op the server answers with OK once a COMMIT failed
+// (PostgreSQL adds a warning). It is sent only when the error alone does not
+// decide: a failed COMMIT is rare, and the extra round trip is paid then only.
+// (SQLite keeps a transaction open after a COMMIT refused with BUSY; modernc.org/sqlite
+// rolls it back itself before Commit returns.)
 type verdict uint8
 
 const (
@@ -96,15 +97,14 @@ const probeTimeout = 5 * time.Second
 
 func (t *Transactor) commitError(ctx context.Context, conn *sql.Conn, err error) error {
 	v := t.classify(err)
-	if v != unknown && conn != nil {
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), probeTimeout)
-		_, perr := conn.ExecContext(pctx, "ROLLBACK")
-		cancel()
-		if v == undecided {
-			v = unknown
-			if perr == nil {
+	if v == undecided {
+		v = unknown
+		if conn != nil {
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), probeTimeout)
+			if _, perr := conn.ExecContext(pctx, "ROLLBACK"); perr == nil {
 				v = known
 			}
+			cancel()
 		}
 	}
 	if v == known {

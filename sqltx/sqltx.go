@@ -57,10 +57,10 @@ type Transactor struct {
 	sweeper *markersql.Sweeper // nil without WithSweep
 
 	// conns holds the connection of each open transaction Begin returned
-	// (*sql.Tx → *sql.Conn): after a failed COMMIT, Commit asks that connection
-	// whether the server answered (commit.go), and ends the transaction SQLite
-	// keeps open after a refused COMMIT, before the connection goes back to the
-	// pool.
+	// (*sql.Tx → *sql.Conn): after a COMMIT failed with an error that does not
+	// tell, Commit asks that connection whether the server answered (commit.go).
+	// database/sql gives a *sql.Tx's connection back to the pool as its Commit
+	// returns, so the connection is taken by Begin, not found afterwards.
 	conns sync.Map
 }
 
