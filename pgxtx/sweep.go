@@ -1,0 +1,60 @@
+package pgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dedupkit/dedupkit/internal/markersql"
+)
+
+// Sweep deletes expired markers, by the database's clock, at most batch rows per
+// statement, until a statement deletes fewer than batch or ctx ends; it returns how
+// many it deleted. Each DELETE tests the expiry in its own WHERE, so a marker taken
+// over since it was picked is never deleted, and markers locked by a running Begin
+// are skipped (FOR UPDATE SKIP LOCKED) rather than waited for. batch must be 1 to
+// 100000.
+func (t *Transactor) Sweep(ctx context.Context, batch int) (deleted int, err error) {
+	n, err := markersql.Sweep(ctx, batch, t.sweepBatch)
+	if err != nil {
+		return n, fmt.Errorf("pgxtx: sweep: %w", err)
+	}
+	return n, nil
+}
+
+// sweepBatch runs one sweep statement.
+func (t *Transactor) sweepBatch(ctx context.Context, batch int) (int, error) {
+	tag, err := t.pool.Exec(ctx, t.table.SweepBatch(), batch)
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// MarkerInfo is what Lookup reads of a marker.
+type MarkerInfo struct {
+	Owner       string        // the token of the run that wrote it
+	Fingerprint string        // its payload fingerprint; "" for none
+	ExpiresIn   time.Duration // until it expires, by the database's clock; ≤ 0 once expired
+}
+
+// Lookup reads the marker of handler and digest (dedup.RecordDigest of the record
+// key), for operators and tests: found is false when there is no row. An expired
+// marker not yet swept is found, with ExpiresIn ≤ 0. It reads committed rows only
+// (outside any transaction).
+func (t *Transactor) Lookup(ctx context.Context, handler string, digest [32]byte) (MarkerInfo, bool, error) {
+	var info MarkerInfo
+	var us int64
+	err := t.pool.QueryRow(ctx, t.table.Lookup(), handler, digest[:]).Scan(&info.Owner, &info.Fingerprint, &us)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return MarkerInfo{}, false, nil
+	}
+	if err != nil {
+		return MarkerInfo{}, false, fmt.Errorf("pgxtx: lookup: %w", err)
+	}
+	info.ExpiresIn = time.Duration(us) * time.Microsecond
+	return info, true, nil
+}

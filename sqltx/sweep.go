@@ -1,0 +1,79 @@
+package sqltx
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dedupkit/dedupkit/internal/markersql"
+)
+
+// Sweep deletes expired markers, by the database's clock, at most batch rows per
+// statement, until a statement deletes fewer than batch or ctx ends; it returns how
+// many it deleted. Each DELETE tests the expiry in its own WHERE, so a marker taken
+// over since it was picked is never deleted. On PostgreSQL, markers locked by a
+// running Begin are skipped rather than waited for; on MySQL each statement runs
+// under READ COMMITTED, so that it locks no index gaps a Begin's insert could need.
+// batch must be 1 to 100000.
+func (t *Transactor) Sweep(ctx context.Context, batch int) (deleted int, err error) {
+	n, err := markersql.Sweep(ctx, batch, t.sweepBatch)
+	if err != nil {
+		return n, fmt.Errorf("sqltx: sweep: %w", err)
+	}
+	return n, nil
+}
+
+// sweepBatch runs one sweep statement.
+func (t *Transactor) sweepBatch(ctx context.Context, batch int) (int, error) {
+	var res sql.Result
+	var err error
+	if t.dialect == MySQL {
+		res, err = t.inReadCommitted(ctx, t.table.SweepBatch(), batch)
+	} else {
+		res, err = t.db.ExecContext(ctx, t.table.SweepBatch(), batch)
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+func (t *Transactor) inReadCommitted(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	tx, err := t.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, err
+	}
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return nil, errors.Join(err, tx.Rollback())
+	}
+	return res, tx.Commit()
+}
+
+// MarkerInfo is what Lookup reads of a marker.
+type MarkerInfo struct {
+	Owner       string        // the token of the run that wrote it
+	Fingerprint string        // its payload fingerprint; "" for none
+	ExpiresIn   time.Duration // until it expires, by the database's clock; ≤ 0 once expired
+}
+
+// Lookup reads the marker of handler and digest (dedup.RecordDigest of the record
+// key), for operators and tests: found is false when there is no row. An expired
+// marker not yet swept is found, with ExpiresIn ≤ 0. It reads committed rows only
+// (outside any transaction).
+func (t *Transactor) Lookup(ctx context.Context, handler string, digest [32]byte) (MarkerInfo, bool, error) {
+	var info MarkerInfo
+	var us int64
+	err := t.db.QueryRowContext(ctx, t.table.Lookup(), handler, digest[:]).Scan(&info.Owner, &info.Fingerprint, &us)
+	if errors.Is(err, sql.ErrNoRows) {
+		return MarkerInfo{}, false, nil
+	}
+	if err != nil {
+		return MarkerInfo{}, false, fmt.Errorf("sqltx: lookup: %w", err)
+	}
+	info.ExpiresIn = time.Duration(us) * time.Microsecond
+	return info, true, nil
+}

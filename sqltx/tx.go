@@ -1,0 +1,148 @@
+package sqltx
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/markersql"
+)
+
+// savepoint is the one savepoint name Savepoint sets: RollbackTo returns to the
+// latest, and an item's fn that sets savepoints of its own uses other names.
+const savepoint = "dedup_item"
+
+// Begin opens a transaction and writes markers in it (dedup.Transactor): each is
+// inserted, or takes the place of an expired marker (by the database's clock), and
+// an unexpired one, committed by an earlier run, is left alone and reported Found
+// with its fingerprint. found[i] is markers[i]'s. The markers are written by one
+// multi-row statement per 1000 (in (handler, digest) order, so that two Begins
+// sharing markers wait for each other rather than deadlock); on MySQL a locking
+// SELECT follows, elsewhere one only when some marker was found.
+//
+// A marker another transaction holds uncommitted makes Begin wait for it (the
+// primary key's row lock; SQLite's write lock, for as long as its busy_timeout
+// allows), then find it if that transaction committed, or write it if it rolled
+// back.
+//
+// ctx bounds Begin's statements; the transaction outlives it (database/sql rolls a
+// transaction back when its context ends, so the transaction is begun without
+// ctx's cancellation), until Commit or Rollback. Each marker needs a handler (1 to
+// 64 bytes), a fingerprint of at most 32 bytes, an owner token (1 to 64 bytes, the
+// run's own: RollbackTo deletes by it, and on MySQL it tells this run's rows from
+// others'), a positive retention, and no two markers may share handler and digest.
+// On an error no transaction is left open.
+func (t *Transactor) Begin(ctx context.Context, markers []dedup.Marker) (*sql.Tx, []dedup.MarkerState, error) {
+	order, err := markersql.CheckMarkers(markers)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sqltx: begin: %w", err)
+	}
+	conn, err := t.db.Conn(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sqltx: begin: %w", err)
+	}
+	tx, err := conn.BeginTx(context.WithoutCancel(ctx), t.txOpts)
+	if err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("sqltx: begin: %w", err)
+	}
+	found, err := t.table.WriteMarkers(ctx, queryIn(tx), markers, order)
+	if err != nil {
+		// A statement cancelled by ctx may have broken the connection: the
+		// rollback then fails, and the server ends the transaction with it.
+		_ = tx.Rollback()
+		conn.Close()
+		return nil, nil, fmt.Errorf("sqltx: begin: %w", err)
+	}
+	t.conns.Store(tx, conn)
+	return tx, found, nil
+}
+
+func queryIn(tx *sql.Tx) markersql.QueryFunc {
+	return func(ctx context.Context, query string, args []any, row func(scan func(...any) error) error) error {
+		rows, err := tx.QueryContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := row(rows.Scan); err != nil {
+				return err
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return rows.Close()
+	}
+}
+
+// Savepoint sets the savepoint the next RollbackTo returns to (SAVEPOINT
+// dedup_item). Each call sets a new one; PostgreSQL and SQLite stack savepoints of
+// one name, MySQL replaces it.
+func (t *Transactor) Savepoint(ctx context.Context, tx *sql.Tx) error {
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepoint); err != nil {
+		return fmt.Errorf("sqltx: savepoint: %w", err)
+	}
+	return nil
+}
+
+// RollbackTo undoes tx's work since the last Savepoint (ROLLBACK TO SAVEPOINT
+// dedup_item, which also recovers a PostgreSQL transaction a failed statement
+// aborted) and deletes m's marker, matched by handler, digest and owner: only a
+// marker this run wrote, never one Begin found. Committed, the transaction then
+// leaves m's message unprocessed.
+func (t *Transactor) RollbackTo(ctx context.Context, tx *sql.Tx, m dedup.Marker) error {
+	if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
+		return fmt.Errorf("sqltx: rollback to savepoint: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, t.table.DeleteMarker(), m.Handler, m.Digest[:], m.Owner); err != nil {
+		return fmt.Errorf("sqltx: delete marker: %w", err)
+	}
+	return nil
+}
+
+// Commit commits tx. database/sql's commit takes no context, so ctx cannot bound
+// it; a ctx already ended rolls tx back instead (the error wraps ctx's). An error
+// wraps dedup.ErrCommitUnknown when the commit may have happened (the connection
+// was lost with the COMMIT in flight); otherwise tx is rolled back (see commit.go
+// for how the two are told apart).
+func (t *Transactor) Commit(ctx context.Context, tx *sql.Tx) error {
+	conn := t.release(tx)
+	if conn != nil {
+		defer conn.Close()
+	}
+	if err := ctx.Err(); err != nil {
+		// No COMMIT was sent: rolled back, whether this rollback reaches the
+		// server or the server ends the transaction with a broken connection.
+		return fmt.Errorf("sqltx: commit not attempted: %w", errors.Join(err, tx.Rollback()))
+	}
+	if err := tx.Commit(); err != nil {
+		return t.commitError(ctx, conn, err)
+	}
+	return nil
+}
+
+// Rollback rolls tx back. A tx already ended (committed, rolled back) is not an
+// error, so that a Rollback after a failed Commit is harmless.
+func (t *Transactor) Rollback(ctx context.Context, tx *sql.Tx) error {
+	if conn := t.release(tx); conn != nil {
+		defer conn.Close()
+	}
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return fmt.Errorf("sqltx: rollback: %w", err)
+	}
+	return nil
+}
+
+// release forgets tx's connection and returns it (nil for a tx Begin did not open
+// or already released); the caller closes it once tx has ended.
+func (t *Transactor) release(tx *sql.Tx) *sql.Conn {
+	c, ok := t.conns.LoadAndDelete(tx)
+	if !ok {
+		return nil
+	}
+	return c.(*sql.Conn)
+}
