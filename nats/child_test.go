@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +24,8 @@ import (
 
 	"github.com/dedupkit/dedupkit/dedup"
 	"github.com/dedupkit/dedupkit/internal/embedded"
+	"github.com/dedupkit/dedupkit/keys"
+	"github.com/dedupkit/dedupkit/sqltx"
 )
 
 // The process-level tests run consumers as child processes: the test binary runs
@@ -51,6 +54,30 @@ type childConfig struct {
 	//                nil; return the context's cause if it ends first
 	//   hold-ignore: as hold, but ignore the context (report its end, keep waiting)
 	Fn, Key string
+	// DB, when set, makes the handler transactional (HandleTx, package sqltx) on this
+	// database: "postgres" (DSN is its URL), with the marker table Markers; every
+	// run also inserts "<key>", pid into Orders, in its transaction. Plain, with DB
+	// set: no transaction, and the insert is committed on its own at once.
+	DB, DSN, Markers, Orders string
+	Plain                    bool
+	// HangComplete: the completion of Key's claim is never sent; the child reports
+	// "completing <key>" and waits to be killed (a crash between COMMIT and Complete).
+	HangComplete bool
+}
+
+// hangingStore is a store whose Complete of one record key never returns: the child
+// reports it and waits for its SIGKILL.
+type hangingStore struct {
+	dedup.Store
+	key string
+}
+
+func (s *hangingStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
+	if key == s.key {
+		emit("completing", key[strings.LastIndexByte(key, ':')+1:])
+		select {}
+	}
+	return s.Store.Complete(ctx, key, token, retention)
 }
 
 // TestHelperConsumer is the child consumer; it does nothing unless childEnv is set.
@@ -92,9 +119,13 @@ func runChild(t *testing.T, cfg childConfig) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.Redis})
 	defer rdb.Close()
-	store, err := dedup.NewRedisStore(rdb)
+	rs, err := dedup.NewRedisStore(rdb)
 	if err != nil {
 		t.Fatal(err)
+	}
+	var store dedup.Store = rs
+	if cfg.HangComplete {
+		store = &hangingStore{Store: rs, key: keys.RecordKey(cfg.Prefix, "orders", cfg.Key)}
 	}
 	d, err := dedup.New(store, dedup.WithPrefix(cfg.Prefix), dedup.WithLogger(quiet))
 	if err != nil {
@@ -169,6 +200,44 @@ func runChild(t *testing.T, cfg childConfig) {
 		res, act := j.Handle(ctx, msg, fn)
 		md, _ := msg.Metadata()
 		emit("result", msg.Headers().Get(jetstream.MsgIDHeader), md.Sequence.Stream, md.NumDelivered, res.Outcome, act)
+	}
+	if cfg.DB != "" {
+		db, err := sql.Open("pgx", cfg.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		insert := func(ctx context.Context, exec func(context.Context, string, ...any) (sql.Result, error), key string) error {
+			_, err := exec(ctx, "INSERT INTO "+cfg.Orders+" (order_key, pid) VALUES ($1, $2)", key, os.Getpid())
+			return err
+		}
+		if cfg.Plain { // the effect committed on its own, before DONE: no marker
+			plain := fn
+			fn = func(ctx context.Context, m *Msg) error {
+				if err := insert(ctx, db.ExecContext, m.Header(jetstream.MsgIDHeader)); err != nil {
+					return err
+				}
+				return plain(ctx, m)
+			}
+		} else {
+			tr, err := sqltx.New(db, sqltx.PostgreSQL, sqltx.WithTable(cfg.Markers))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			handle = func(msg jetstream.Msg) {
+				res, act := HandleTx(ctx, j, msg, tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
+					if err := insert(ctx, tx.ExecContext, m.Header(jetstream.MsgIDHeader)); err != nil {
+						return err
+					}
+					return fn(ctx, m)
+				})
+				md, _ := msg.Metadata()
+				key := msg.Headers().Get(jetstream.MsgIDHeader)
+				emit("result", key, md.Sequence.Stream, md.NumDelivered, res.Outcome, act)
+				emit("tier", key, res.Tier)
+			}
+		}
 	}
 
 	switch cfg.Mode {

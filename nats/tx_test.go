@@ -1,0 +1,269 @@
+package nats
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/testenv"
+)
+
+// Transactional handlers through the adapter (HandleTx, TxHandler, HandleBatchTx) on
+// SQLite, PostgreSQL and MariaDB: each order's row is committed exactly once, with
+// failures, panics and republished copies on the way.
+
+// flaky fails the first delivery of some keys (error or panic), so that their
+// transaction rolls back and the redelivery runs them again.
+func flaky(m *Msg, i int) error {
+	if m.NumDelivered() > 1 {
+		return nil
+	}
+	switch {
+	case i%7 == 0:
+		return errors.New("first delivery fails")
+	case i%11 == 0:
+		panic("first delivery panics")
+	}
+	return nil
+}
+
+// publishOrders stores n orders, then, after the stream's duplicate window, copies of
+// the first dups of them (the same Nats-Msg-Id, new messages). It returns the last
+// sequence.
+func publishOrders(t *testing.T, e *env, n, dups int) uint64 {
+	t.Helper()
+	var last uint64
+	for i := range n {
+		last = e.publish("new", fmt.Sprint("order-", i), "x").Sequence
+	}
+	time.Sleep(2 * dupWindow)
+	for i := range dups {
+		last = e.publish("new", fmt.Sprint("order-", i), "x").Sequence
+	}
+	return last
+}
+
+func orderIndex(m *Msg) int {
+	var i int
+	fmt.Sscanf(m.Header(jetstream.MsgIDHeader), "order-%d", &i)
+	return i
+}
+
+// checkOnce fails unless every order 0..n-1 has exactly one committed row.
+func checkOnce(t *testing.T, d *orderDB, n int) {
+	t.Helper()
+	all := d.all(t)
+	for i := range n {
+		if got := all[fmt.Sprint("order-", i)]; got != 1 {
+			t.Errorf("%s: order-%d committed %d times, want once", d.name, i, got)
+		}
+	}
+	if len(all) != n {
+		t.Errorf("%s: %d keys committed, want %d", d.name, len(all), n)
+	}
+}
+
+func TestTxHandlerCommitsEachOrderOnce(t *testing.T) {
+	const n, dups = 40, 15
+	eachServer(t, func(t *testing.T, e *env) {
+		for _, d := range orderDBs(t) {
+			t.Run(d.name, func(t *testing.T) {
+				e := e.sub(t)
+				e.newStream()
+				last := publishOrders(t, e, n, dups)
+				c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.MaxDeliver = 10 })
+				h := register(t, newDeduper(t, memStore(t)), "orders")
+				j := newJS(t, h, c, WithBackoff(func(uint64) time.Duration { return 10 * time.Millisecond }))
+				consume(t, c, TxHandler(context.Background(), j, d.tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
+					if err := d.insert(ctx, tx, m.Header(jetstream.MsgIDHeader), os.Getpid()); err != nil {
+						return err
+					}
+					return flaky(m, orderIndex(m))
+				}))
+				e.settled(c, last)
+				j.Wait()
+				checkOnce(t, d, n)
+				s := j.Stats()
+				if s.Count(ActAck) != n+dups {
+					t.Errorf("%d acks, want %d (every order and copy)", s.Count(ActAck), n+dups)
+				}
+			})
+		}
+	})
+}
+
+// A Fetch batch runs in one transaction (HandleBatchTx): the failures of some items
+// roll back to their savepoints, the others commit, and the redeliveries run the
+// failed ones.
+func TestHandleBatchTxCommitsEachOrderOnce(t *testing.T) {
+	const n, dups = 30, 10
+	eachServer(t, func(t *testing.T, e *env) {
+		for _, d := range orderDBs(t) {
+			t.Run(d.name, func(t *testing.T) {
+				e := e.sub(t)
+				e.newStream()
+				last := publishOrders(t, e, n, dups)
+				c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.MaxDeliver = 10 })
+				h := register(t, newDeduper(t, memStore(t)), "orders")
+				j := newJS(t, h, c, WithBackoff(func(uint64) time.Duration { return 10 * time.Millisecond }))
+				ctx, cancel := context.WithCancel(context.Background())
+				var wg sync.WaitGroup
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for ctx.Err() == nil {
+						batch, err := c.Fetch(8, jetstream.FetchMaxWait(200*time.Millisecond))
+						if err != nil {
+							continue
+						}
+						if _, err := HandleBatchTx(context.Background(), j, batch, d.tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
+							if err := d.insert(ctx, tx, m.Header(jetstream.MsgIDHeader), os.Getpid()); err != nil {
+								return err
+							}
+							return flaky(m, orderIndex(m))
+						}); err != nil && !isFetchTimeout(err) {
+							t.Errorf("batch: %v", err)
+						}
+					}
+				}()
+				e.settled(c, last)
+				cancel()
+				wg.Wait()
+				checkOnce(t, d, n)
+			})
+		}
+	})
+}
+
+// Redis down: a handler with DatabaseOnly keeps committing each order once on its
+// markers alone; one with the default fails closed (nothing runs) until Redis is
+// back, then commits each once.
+func TestTxStoreDown(t *testing.T) {
+	const n, dups = 20, 8
+	for _, policy := range []dedup.StoreFailurePolicy{dedup.DatabaseOnly, dedup.FailClosed} {
+		name := map[dedup.StoreFailurePolicy]string{dedup.DatabaseOnly: "database-only", dedup.FailClosed: "fail-closed"}[policy]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := connect(t, embeddedNATS(t))
+			rs := testenv.SpawnRedis(t)
+			rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
+				ReadTimeout: 200 * time.Millisecond, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { rdb.Close() })
+			store, err := dedup.NewRedisStore(rdb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := newOrderDB(t, "sqlite")
+			e.newStream()
+			c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.MaxDeliver = -1 })
+			h := register(t, newDeduper(t, store, dedup.WithPrefix(testenv.Prefix())), "orders", dedup.WithStoreFailure(policy))
+			j := newJS(t, h, c, WithUnlimitedRedelivery(), WithStoreRetryDelay(50*time.Millisecond))
+			rs.Kill()
+			last := publishOrders(t, e, n, dups)
+			consume(t, c, TxHandler(context.Background(), j, d.tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
+				return d.insert(ctx, tx, m.Header(jetstream.MsgIDHeader), os.Getpid())
+			}))
+			if policy == dedup.DatabaseOnly {
+				e.settled(c, last) // with Redis down all along
+				checkOnce(t, d, n)
+				// the copies: answered by the markers, or by the local tier the
+				// committed runs filled
+				if s := h.Stats(); s.DatabaseDuplicates+s.LocalDuplicates != dups || s.Count(dedup.Processed) != n {
+					t.Errorf("stats %+v: want %d processed and %d duplicates", s, n, dups)
+				}
+				return
+			}
+			consistently(t, time.Second, func() string {
+				if rows := len(d.all(t)); rows != 0 {
+					return fmt.Sprintf("%d orders committed while failing closed", rows)
+				}
+				return ""
+			})
+			if h.Stats().Count(dedup.StoreUnavailable) == 0 {
+				t.Fatal("no StoreUnavailable while Redis was down")
+			}
+			if err := rs.Start(); err != nil {
+				t.Fatal(err)
+			}
+			e.settled(c, last)
+			checkOnce(t, d, n)
+		})
+	}
+}
+
+// A COMMIT whose connection is cut: answered CommitUnknown (NakWithDelay, the claim
+// kept for its lease); then the redelivery's marker decides. Cut after the server
+// committed: a Duplicate from the database. Cut before it: the order runs again.
+// Either way it is committed exactly once, and nothing is lost.
+func TestTxCommitUnknown(t *testing.T) {
+	for _, dialect := range []string{"postgres", "mysql"} {
+		for _, fault := range []testenv.CommitFault{testenv.CutAfterCommit, testenv.CutBeforeCommit} {
+			name := map[testenv.CommitFault]string{testenv.CutAfterCommit: "cut-after-commit", testenv.CutBeforeCommit: "cut-before-commit"}[fault]
+			t.Run(dialect+"/"+name, func(t *testing.T) {
+				t.Parallel()
+				var dsn, upstream string
+				var wire testenv.Wire
+				if dialect == "postgres" {
+					dsn = testenv.PostgresURL(t)
+					upstream, wire = testenv.PostgresHost(t, dsn), testenv.PostgresWire
+				} else {
+					dsn = testenv.MySQLDSN(t) + "?interpolateParams=true"
+					upstream, wire = testenv.MySQLHost(t, dsn), testenv.MySQLWire
+				}
+				proxy, err := testenv.NewSQLProxy(wire, upstream)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { proxy.Close() })
+				if dialect == "postgres" {
+					dsn = testenv.WithPostgresHost(dsn, proxy.Addr())
+				} else {
+					dsn = testenv.WithMySQLHost(dsn, proxy.Addr())
+				}
+				d := newOrderDBAt(t, dialect, dsn)
+				e := connect(t, embeddedNATS(t))
+				e.newStream()
+				last := e.publish("new", "order-0", "x").Sequence
+				c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.MaxDeliver = 10 })
+				const lease = time.Second
+				h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithLease(lease))
+				j := newJS(t, h, c)
+				var mu sync.Mutex
+				var results []string
+				proxy.ArmCommit(fault)
+				consume(t, c, func(msg jetstream.Msg) {
+					res, act := HandleTx(context.Background(), j, msg, d.tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
+						return d.insert(ctx, tx, m.Header(jetstream.MsgIDHeader), os.Getpid())
+					})
+					mu.Lock()
+					results = append(results, fmt.Sprint(res.Outcome, "/", res.Tier, "/", act))
+					mu.Unlock()
+				})
+				e.settled(c, last)
+				mu.Lock()
+				defer mu.Unlock()
+				t.Logf("results: %v", results)
+				if proxy.Hits() != 1 || len(results) < 2 || results[0] != "commit-unknown/none/nak-with-delay" {
+					t.Fatalf("%d faulted commits, results %v; want CommitUnknown (NakWithDelay) first", proxy.Hits(), results)
+				}
+				want := "processed/none/ack"
+				if fault == testenv.CutAfterCommit {
+					want = "duplicate/database/ack"
+				}
+				if results[len(results)-1] != want {
+					t.Errorf("last result %s, want %s", results[len(results)-1], want)
+				}
+				checkOnce(t, d, 1)
+			})
+		}
+	}
+}
