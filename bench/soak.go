@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -65,6 +66,13 @@ import (
 // Nor is an ack dropped after NotRecorded: a lost DONE write and a lost ack
 // together make the duplicate the README's Limits name, not one dedup claims to stop.
 //
+// -tx runs the transactional variant (soak_tx.go): the handler commits its side
+// effect as a row of a PostgreSQL table (-postgres, or DEDUP_POSTGRES_URL) in the
+// transaction of its marker (dnats.TxHandler, pgxtx), the dedup Redis keeps nothing
+// on disk (its restart loses every record), and the verdict reads the table: lost
+// (messages without a row) and effects_repeated (rows beyond one) must be 0.
+// database_duplicates counts the duplicates the markers answered.
+//
 // Servers: the dedup Redis and the ledger Redis are redis-server processes it spawns
 // (redis-server must be on PATH) in a temp dir. NATS is an in-process server
 // (internal/embedded), unless -nats names one: NATS is not a fault target here, and
@@ -73,6 +81,7 @@ import (
 //
 //	go run ./bench soak
 //	go run ./bench soak -messages 20000 -consumers 3 -timeout 5m
+//	go run ./bench soak -tx -postgres postgres://postgres@127.0.0.1:5432/test
 
 // soakConfig is what the soak's flags say.
 type soakConfig struct {
@@ -85,6 +94,8 @@ type soakConfig struct {
 	nakRate, dropRate   float64
 	redisDown           time.Duration
 	verbose             bool
+	tx                  bool   // the transactional variant (soak_tx.go)
+	postgres            string // its database
 
 	// Not flags: where the temp dir goes ("" for os.TempDir), and how a consumer
 	// process is started (nil: this binary's soak-consumer subcommand).
@@ -122,6 +133,8 @@ func parseSoakFlags(args []string, stderr io.Writer) (soakConfig, error) {
 	fs.Float64Var(&c.dropRate, "drop-rate", 0.01, "share of acks not sent")
 	fs.DurationVar(&c.redisDown, "redis-down", 3*time.Second, "how long the dedup Redis stays down at each restart (go-redis rides out about 1.5 s by itself)")
 	fs.BoolVar(&c.verbose, "v", false, "progress and the library's warnings on stderr")
+	fs.BoolVar(&c.tx, "tx", false, "transactional variant: the handler commits its effect in PostgreSQL with its marker (dnats.TxHandler, pgxtx), and the dedup Redis keeps nothing on disk")
+	fs.StringVar(&c.postgres, "postgres", os.Getenv("DEDUP_POSTGRES_URL"), "PostgreSQL URL of the transactional variant (env DEDUP_POSTGRES_URL)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -142,6 +155,8 @@ func parseSoakFlags(args []string, stderr io.Writer) (soakConfig, error) {
 		return c, fmt.Errorf("-nak-rate %v and -drop-rate %v must be in [0, 1)", c.nakRate, c.dropRate)
 	case c.redisDown < 0:
 		return c, fmt.Errorf("-redis-down %v is negative", c.redisDown)
+	case c.tx && c.postgres == "":
+		return c, errors.New("-tx needs -postgres (or DEDUP_POSTGRES_URL)")
 	}
 	if c.seed == 0 {
 		c.seed = rand.Uint64()
@@ -156,7 +171,15 @@ type soakReport struct {
 	Lost               int    `json:"lost"`
 	DuplicateSuccesses int    `json:"duplicate_successes"`
 	PhantomSuccesses   int    `json:"phantom_successes"`
-	UncommittedEffects int    `json:"uncommitted_effects"`
+	UncommittedEffects *int   `json:"uncommitted_effects,omitempty"` // not in the tx variant: a row is committed or not there
+	// Mode is "tx" for the transactional variant: its effects are rows committed in
+	// PostgreSQL with their markers, lost and EffectsRepeated count them, and the
+	// dedup Redis keeps nothing on disk (a restart loses every record).
+	Mode            string `json:"mode,omitempty"`
+	EffectsRepeated *int   `json:"effects_repeated,omitempty"`
+	// DatabaseDuplicates counts the duplicates the markers answered (the store had
+	// no DONE record: lost in the restart, or a completion a kill cut short).
+	DatabaseDuplicates *uint64 `json:"database_duplicates,omitempty"`
 	// Kills says, per consumer SIGKILL, what the process had in hand and what it left.
 	Kills              []soakKill `json:"kills"`
 	NotRecordedRepeats int        `json:"not_recorded_repeats"`
@@ -185,11 +208,11 @@ type soakReport struct {
 // how many of those had made their side effect, and how many of its runs' side
 // effects never became successful (its share of uncommitted_effects).
 type soakKill struct {
-	PID                int `json:"pid"`
-	AtCommits          int `json:"at_commits"`
-	HandlersInFlight   int `json:"handlers_in_flight"`
-	EffectsInFlight    int `json:"effects_in_flight"`
-	UncommittedEffects int `json:"uncommitted_effects"`
+	PID                int  `json:"pid"`
+	AtCommits          int  `json:"at_commits"`
+	HandlersInFlight   int  `json:"handlers_in_flight"`
+	EffectsInFlight    *int `json:"effects_in_flight,omitempty"`   // not in the tx variant
+	UncommittedEffects *int `json:"uncommitted_effects,omitempty"` // not in the tx variant
 }
 
 // verdict says why the report fails, or nil.
@@ -201,6 +224,9 @@ func (r *soakReport) verdict(cfg soakConfig) error {
 	if r.Lost != 0 || r.DuplicateSuccesses != 0 || r.PhantomSuccesses != 0 {
 		why = append(why, fmt.Sprintf("%d lost, %d duplicate successes, %d phantom successes",
 			r.Lost, r.DuplicateSuccesses, r.PhantomSuccesses))
+	}
+	if cfg.tx && (r.EffectsRepeated == nil || *r.EffectsRepeated != 0) {
+		why = append(why, fmt.Sprintf("effects repeated: %v", fmtCount(r.EffectsRepeated)))
 	}
 	if r.ConsumerKills != cfg.kills || r.RedisRestarts != cfg.restarts ||
 		(cfg.nakRate > 0 && r.NaksInjected == 0) || (cfg.dropRate > 0 && r.AcksDropped == 0) {
@@ -290,6 +316,9 @@ type soakRun struct {
 	prefix     string
 	ledger     *redis.Client
 	dedupRDB   *redis.Client
+	txMarkers  string // the transactional variant's tables (soak_tx.go)
+	txEffects  string
+	pg         *pgxpool.Pool
 	procs      []*consumerProc
 	started    int // consumer processes started, replacements included
 	closers    []func()
@@ -312,8 +341,13 @@ func (s *soakRun) setUp(ctx context.Context) error {
 	id := runID()
 	s.stream, s.prefix = "DKSOAK_"+strings.ToUpper(id), "dksoak-"+id
 
+	persist := []string{"--appendonly", "yes", "--appendfsync", "always"}
+	if s.cfg.tx { // the markers answer for the records a restart loses
+		persist = nil
+		s.rep.Mode = "tx"
+	}
 	if s.dedupRedis, err = embedded.StartRedisServer(filepath.Join(s.dir, "redis"),
-		"--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction"); err != nil {
+		append(persist, "--maxmemory-policy", "noeviction")...); err != nil {
 		return fmt.Errorf("dedup redis: %w", err)
 	}
 	s.closers = append(s.closers, s.dedupRedis.Stop)
@@ -361,6 +395,11 @@ func (s *soakRun) setUp(ctx context.Context) error {
 		MaxAckPending: 2 * s.cfg.consumers * (soakBuffer + s.cfg.concurrency),
 	}); err != nil {
 		return fmt.Errorf("create consumer: %w", err)
+	}
+	if s.cfg.tx {
+		if err := s.setUpTx(ctx, id); err != nil {
+			return err
+		}
 	}
 	if err := s.publish(ctx, subject); err != nil {
 		return err
@@ -433,6 +472,9 @@ func (s *soakRun) startConsumer() error {
 		concurrency: s.cfg.concurrency, buffer: soakBuffer, lease: soakLease, retention: soakRetention,
 		nakRate: s.cfg.nakRate, dropRate: s.cfg.dropRate, verbose: s.cfg.verbose,
 	}
+	if s.cfg.tx {
+		cc.txDSN, cc.txMarkers, cc.txEffects = s.cfg.postgres, s.txMarkers, s.txEffects
+	}
 	command := s.cfg.command
 	if command == nil {
 		command = selfCommand
@@ -499,21 +541,25 @@ func (s *soakRun) killConsumer(ctx context.Context, progress int) error {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	k.HandlersInFlight = len(runs)
-	for _, r := range runs {
-		i, token, ok := parseRunName(r)
-		if !ok {
-			return fmt.Errorf("ledger: %q is not a run", r)
+	if !s.cfg.tx { // the tx variant's effects are rows, committed or not there
+		made := 0
+		for _, r := range runs {
+			i, token, ok := parseRunName(r)
+			if !ok {
+				return fmt.Errorf("ledger: %q is not a run", r)
+			}
+			in, err := s.ledger.SIsMember(ctx, effectKey(i), token).Result()
+			if err != nil {
+				return fmt.Errorf("ledger: %w", err)
+			}
+			if in {
+				made++
+			}
 		}
-		made, err := s.ledger.SIsMember(ctx, effectKey(i), token).Result()
-		if err != nil {
-			return fmt.Errorf("ledger: %w", err)
-		}
-		if made {
-			k.EffectsInFlight++
-		}
+		k.EffectsInFlight = &made
 	}
 	s.rep.Kills = append(s.rep.Kills, k)
-	s.logf("consumer pid %d SIGKILLed with %d runs in hand, %d of them with their side effect made", pid, k.HandlersInFlight, k.EffectsInFlight)
+	s.logf("consumer pid %d SIGKILLed with %d runs in hand", pid, k.HandlersInFlight)
 	return s.startConsumer()
 }
 
@@ -664,13 +710,19 @@ func (s *soakRun) finish(ctx context.Context) error {
 	if err := s.readCounters(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	if s.cfg.tx {
+		if err := s.countTx(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
 	l, err := readLedger(ctx, s.ledger, s.dedupRDB, s.prefix, s.cfg.messages)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
 	t := l.count(s.cfg.messages)
 	s.rep.Lost, s.rep.DuplicateSuccesses = t.Lost, t.DuplicateSuccesses
-	s.rep.PhantomSuccesses, s.rep.UncommittedEffects = t.Phantoms, t.Uncommitted
+	s.rep.PhantomSuccesses, s.rep.UncommittedEffects = t.Phantoms, &t.Uncommitted
 	s.rep.NotRecordedRepeats = t.NotRecordedRepeats
 	for j := range s.rep.Kills {
 		k := &s.rep.Kills[j]
@@ -679,7 +731,8 @@ func (s *soakRun) finish(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("ledger: %w", err))
 			continue
 		}
-		k.UncommittedEffects = l.uncommitted(made)
+		un := l.uncommitted(made)
+		k.UncommittedEffects = &un
 	}
 	return errors.Join(errs...)
 }
@@ -720,6 +773,10 @@ func (s *soakRun) readCounters(ctx context.Context) error {
 	}
 	s.rep.StoreUnavailable = s.rep.Outcomes["store-unavailable"]
 	s.rep.NotRecorded = s.rep.Outcomes["not-recorded"]
+	if s.cfg.tx {
+		n := s.rep.Outcomes["duplicate-database"]
+		s.rep.DatabaseDuplicates = &n
+	}
 	return nil
 }
 

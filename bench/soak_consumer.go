@@ -13,12 +13,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
 	dnats "github.com/dedupkit/dedupkit/nats"
+	"github.com/dedupkit/dedupkit/pgxtx"
 )
 
 // A soak consumer is a process of its own (`bench soak-consumer`, started by the
@@ -38,6 +41,8 @@ type consumerConfig struct {
 	lease, retention               time.Duration
 	nakRate, dropRate              float64
 	verbose                        bool
+	// the transactional variant (soak_tx.go): its database, marker and effects tables
+	txDSN, txMarkers, txEffects string
 }
 
 // args renders c as the soak-consumer command line (without the subcommand).
@@ -50,6 +55,7 @@ func (c consumerConfig) args() []string {
 		"-nak-rate", strconv.FormatFloat(c.nakRate, 'g', -1, 64),
 		"-drop-rate", strconv.FormatFloat(c.dropRate, 'g', -1, 64),
 		"-v=" + strconv.FormatBool(c.verbose),
+		"-tx-dsn", c.txDSN, "-tx-markers", c.txMarkers, "-tx-effects", c.txEffects,
 	}
 }
 
@@ -70,6 +76,9 @@ func parseConsumerFlags(args []string, stderr io.Writer) (consumerConfig, error)
 	fs.Float64Var(&c.nakRate, "nak-rate", 0.05, "share of handler runs that fail")
 	fs.Float64Var(&c.dropRate, "drop-rate", 0.01, "share of acks not sent")
 	fs.BoolVar(&c.verbose, "v", false, "log the library's warnings to stderr")
+	fs.StringVar(&c.txDSN, "tx-dsn", "", "transactional variant: PostgreSQL URL")
+	fs.StringVar(&c.txMarkers, "tx-markers", "", "transactional variant: marker table")
+	fs.StringVar(&c.txEffects, "tx-effects", "", "transactional variant: effects table")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -80,6 +89,8 @@ func parseConsumerFlags(args []string, stderr io.Writer) (consumerConfig, error)
 		return c, errors.New("-nats, -redis, -ledger, -stream, -durable and -prefix are required")
 	case c.nakRate < 0 || c.nakRate >= 1 || c.dropRate < 0 || c.dropRate >= 1:
 		return c, fmt.Errorf("-nak-rate %v and -drop-rate %v must be in [0, 1)", c.nakRate, c.dropRate)
+	case c.txDSN != "" && (c.txMarkers == "" || c.txEffects == ""):
+		return c, errors.New("-tx-dsn needs -tx-markers and -tx-effects")
 	}
 	return c, nil
 }
@@ -243,27 +254,51 @@ func (c *soakConsumer) fault(field string) {
 	}
 }
 
-// work is the handler: it records the run as in hand, fails for a share of its runs,
-// and otherwise makes its side effect, adding its claim's token to the message's set
-// in the ledger (and the run to the process's, in the same transaction).
-func (c *soakConsumer) work(ctx context.Context, m *dnats.Msg) error {
+// start records a run as in hand and returns its message number and claim token.
+func (c *soakConsumer) start(ctx context.Context, m *dnats.Msg) (i int, token string, err error) {
 	id := m.Header(jetstream.MsgIDHeader)
-	i := soakIndex(id)
+	i = soakIndex(id)
 	tok, _ := c.store.tokens.Load(c.h.RecordKey(id))
-	token, _ := tok.(string)
+	token, _ = tok.(string)
 	if i < 0 || token == "" {
 		c.fatal(fmt.Errorf("handler run without a soak message id or a claim token (seq %d)", m.Metadata().Sequence.Stream))
-		return errors.New("soak: bad run")
+		return 0, "", errors.New("soak: bad run")
 	}
-	run := runName(i, token)
-	if err := c.ledger.SAdd(ctx, runKey(c.store.pid), run).Err(); err != nil {
+	return i, token, c.ledger.SAdd(ctx, runKey(c.store.pid), runName(i, token)).Err()
+}
+
+// workTx is the transactional variant's handler: its side effect is a row in the
+// transaction of its marker; a share of its runs insert it and then fail, so that
+// the transaction rolls back.
+func (c *soakConsumer) workTx(ctx context.Context, m *dnats.Msg, tx pgx.Tx) error {
+	i, token, err := c.start(ctx, m)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO "+c.cfg.txEffects+" (msg, token, pid) VALUES ($1, $2, $3)", i, token, c.store.pid); err != nil {
 		return err
 	}
 	if rand.Float64() < c.cfg.nakRate {
 		c.fault(faultNaks)
 		return errInjectedNak
 	}
-	_, err := c.ledger.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	return nil
+}
+
+// work is the handler: it records the run as in hand, fails for a share of its runs,
+// and otherwise makes its side effect, adding its claim's token to the message's set
+// in the ledger (and the run to the process's, in the same transaction).
+func (c *soakConsumer) work(ctx context.Context, m *dnats.Msg) error {
+	i, token, err := c.start(ctx, m)
+	if err != nil {
+		return err
+	}
+	run := runName(i, token)
+	if rand.Float64() < c.cfg.nakRate {
+		c.fault(faultNaks)
+		return errInjectedNak
+	}
+	_, err = c.ledger.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.SAdd(ctx, effectKey(i), token)
 		p.SAdd(ctx, procEffectsKey(c.store.pid), run)
 		return nil
@@ -282,6 +317,7 @@ func (c *soakConsumer) flush(ctx context.Context) error {
 		fields["act-"+act.String()] = as.Count(act)
 	}
 	fields["ack-errors"] = as.AckErrors
+	fields["duplicate-database"] = hs.DatabaseDuplicates
 	return c.ledger.HSet(ctx, procKey(os.Getpid()), fields).Err()
 }
 
@@ -364,6 +400,19 @@ func consume(ctx context.Context, cfg consumerConfig, stderr io.Writer) error {
 	hctx, stopHandlers := context.WithCancel(context.Background())
 	defer stopHandlers()
 	handle := c.a.Handler(hctx, c.work)
+	if cfg.txDSN != "" {
+		pool, err := pgxpool.New(ctx, cfg.txDSN)
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		defer pool.Close()
+		tr, err := pgxtx.New(pool, pgxtx.WithTable(cfg.txMarkers))
+		if err != nil {
+			return err
+		}
+		defer tr.Close()
+		handle = dnats.TxHandler(hctx, c.a, tr, c.workTx)
+	}
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
 		handle(lossyMsg{Msg: msg, c: c, recordKey: c.h.RecordKey(msg.Headers().Get(jetstream.MsgIDHeader))})
 	},

@@ -42,13 +42,89 @@ func TestSoakConsumerChild(t *testing.T) {
 // test binary again), with every fault, and checks its JSON line, and that it left
 // no process running and no file behind.
 func TestSoak(t *testing.T) {
+	rep, num := runSoakTest(t, "-messages", "2000", "-timeout", "3m")
+	for k, want := range map[string]float64{
+		"messages": 2000, "lost": 0, "duplicate_successes": 0, "phantom_successes": 0,
+		"consumer_kills": 2, "redis_restarts": 1, "consumer_exits": 0, "exhausted": 0,
+	} {
+		if got := num(k); got != want {
+			t.Errorf("%s = %v, want %v", k, got, want)
+		}
+	}
+	if d := num("deliveries"); d < 2000+num("naks_injected") {
+		t.Errorf("deliveries %v: fewer than the messages and the injected naks", d)
+	}
+	for _, k := range []string{"naks_injected", "acks_dropped", "store_unavailable", "redis_down_s", "duration_s"} {
+		if num(k) <= 0 {
+			t.Errorf("%s = %v, want some", k, num(k))
+		}
+	}
+	// each kill: what the process had in hand, and what it left uncommitted
+	kills, _ := rep["kills"].([]any)
+	if len(kills) != 2 {
+		t.Fatalf("kills %v, want 2", rep["kills"])
+	}
+	left := 0.0
+	for _, k := range kills {
+		m, _ := k.(map[string]any)
+		pid, _ := m["pid"].(float64)
+		inHand, _ := m["handlers_in_flight"].(float64)
+		fx, ok1 := m["effects_in_flight"].(float64)
+		un, ok2 := m["uncommitted_effects"].(float64)
+		if pid <= 0 || !ok1 || !ok2 || fx > inHand {
+			t.Errorf("kill %v: want a pid, and effects in flight among the handlers in flight", m)
+		}
+		if un > fx {
+			t.Errorf("kill %v: more uncommitted effects than effects in flight at the kill", m)
+		}
+		left += un
+	}
+	if left > num("uncommitted_effects") {
+		t.Errorf("the kills left %v uncommitted effects, more than the %v in all", left, num("uncommitted_effects"))
+	}
+}
+
+// TestSoakTx runs the transactional variant with 10 000 messages: the effects are
+// rows committed in PostgreSQL with their markers, while consumers are SIGKILLed and
+// the dedup Redis, which keeps nothing on disk, is killed and restarted (every record
+// lost). Each message's row must be there exactly once.
+func TestSoakTx(t *testing.T) {
+	testenv.PostgresURL(t)
+	rep, num := runSoakTest(t, "-tx", "-messages", "10000", "-timeout", "3m")
+	for k, want := range map[string]float64{
+		"messages": 10000, "lost": 0, "effects_repeated": 0,
+		"consumer_kills": 2, "redis_restarts": 1, "consumer_exits": 0, "exhausted": 0,
+	} {
+		if got := num(k); got != want {
+			t.Errorf("%s = %v, want %v", k, got, want)
+		}
+	}
+	if rep["mode"] != "tx" {
+		t.Errorf("mode %v, want tx", rep["mode"])
+	}
+	if _, ok := rep["uncommitted_effects"]; ok {
+		t.Errorf("uncommitted_effects reported for the tx variant, where a row is committed or absent")
+	}
+	for _, k := range []string{"naks_injected", "acks_dropped", "store_unavailable"} {
+		if num(k) <= 0 {
+			t.Errorf("%s = %v, want some", k, num(k))
+		}
+	}
+	t.Logf("duplicates answered by the markers: %v", num("database_duplicates"))
+}
+
+// runSoakTest runs the soak with args (consumer processes: this test binary again)
+// and checks that it passed and left no process running and no file behind. It
+// returns its JSON line, and a reader of its numbers.
+func runSoakTest(t *testing.T, args ...string) (map[string]any, func(k string) float64) {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		testenv.SkipNoServer(t, "redis-server is not on PATH")
 	}
 	base := t.TempDir()
 	var mu sync.Mutex
 	var cmds []*exec.Cmd
-	cfg, err := parseSoakFlags([]string{"-messages", "2000", "-timeout", "3m"}, new(bytes.Buffer))
+	cfg, err := parseSoakFlags(args, new(bytes.Buffer))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,49 +160,9 @@ func TestSoak(t *testing.T) {
 		}
 		return v
 	}
-	for k, want := range map[string]float64{
-		"messages": 2000, "lost": 0, "duplicate_successes": 0, "phantom_successes": 0,
-		"consumer_kills": 2, "redis_restarts": 1, "consumer_exits": 0, "exhausted": 0,
-	} {
-		if got := num(k); got != want {
-			t.Errorf("%s = %v, want %v", k, got, want)
-		}
-	}
-	if d := num("deliveries"); d < 2000+num("naks_injected") {
-		t.Errorf("deliveries %v: fewer than the messages and the injected naks", d)
-	}
-	for _, k := range []string{"naks_injected", "acks_dropped", "store_unavailable", "redis_down_s", "duration_s"} {
-		if num(k) <= 0 {
-			t.Errorf("%s = %v, want some", k, num(k))
-		}
-	}
 	if rep["ok"] != true {
 		t.Errorf("ok = %v", rep["ok"])
 	}
-	// each kill: what the process had in hand, and what it left uncommitted
-	kills, _ := rep["kills"].([]any)
-	if len(kills) != 2 {
-		t.Fatalf("kills %v, want 2", rep["kills"])
-	}
-	left := 0.0
-	for _, k := range kills {
-		m, _ := k.(map[string]any)
-		pid, _ := m["pid"].(float64)
-		inHand, _ := m["handlers_in_flight"].(float64)
-		fx, ok1 := m["effects_in_flight"].(float64)
-		un, ok2 := m["uncommitted_effects"].(float64)
-		if pid <= 0 || !ok1 || !ok2 || fx > inHand {
-			t.Errorf("kill %v: want a pid, and effects in flight among the handlers in flight", m)
-		}
-		if un > fx {
-			t.Errorf("kill %v: more uncommitted effects than effects in flight at the kill", m)
-		}
-		left += un
-	}
-	if left > num("uncommitted_effects") {
-		t.Errorf("the kills left %v uncommitted effects, more than the %v in all", left, num("uncommitted_effects"))
-	}
-
 	mu.Lock()
 	defer mu.Unlock()
 	if len(cmds) != 3+2 {
@@ -140,6 +176,7 @@ func TestSoak(t *testing.T) {
 	if left, _ := os.ReadDir(base); len(left) > 0 {
 		t.Errorf("left behind in the temp dir: %v", left)
 	}
+	return rep, num
 }
 
 // The tally over hand-made ledgers: each case is one message.
