@@ -48,6 +48,7 @@ type bench struct {
 	store storeState // scenario b
 	zipf  zipfState  // scenario c
 	js    jsState    // scenario d
+	tx    txState    // scenario e
 
 	res     *results
 	notes   []string // what was skipped or noticed, and why
@@ -79,6 +80,10 @@ func runBench(ctx context.Context, cfg config, srv servers, out io.Writer) (err 
 
 	var scs []scenario
 	for _, l := range scenarioLetters {
+		if l == "e" && cfg.only[l] && cfg.postgres == "" {
+			b.note("e (transactional marker) skipped: no -postgres (or DEDUP_POSTGRES_URL)")
+			continue
+		}
 		if cfg.only[l] {
 			scs = append(scs, b.scenario(l))
 		}
@@ -111,6 +116,8 @@ func (b *bench) scenario(letter string) scenario {
 		return scenario{letter, "unique keys", b.setupStore, b.roundStore}
 	case "c":
 		return scenario{letter, "Zipf mix", b.setupZipf, b.roundZipf}
+	case "e":
+		return scenario{letter, "transactional marker", b.setupTx, b.roundTx}
 	default:
 		return scenario{letter, "JetStream", b.setupJetStream, b.roundJetStream}
 	}

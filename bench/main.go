@@ -87,10 +87,12 @@ type config struct {
 	jsTimeout          time.Duration
 	jsonPath, svgPath  string
 	cpuProfile         string
+	postgres           string // scenario e's database; "" skips it
+	txConcurrency      int    // scenario e's consumers
 }
 
 // scenarioLetters are the scenarios, in the order each round runs them.
-var scenarioLetters = []string{"a", "b", "c", "d"}
+var scenarioLetters = []string{"a", "b", "c", "d", "e"}
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
@@ -102,7 +104,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.rounds, "rounds", 5, "rounds; each runs every selected scenario once")
 	fs.DurationVar(&c.duration, "duration", time.Second, "length of each timed measurement (scenarios a, b, c)")
 	fs.StringVar(&conc, "concurrency", "1,16,64,256", "concurrencies of scenario b")
-	fs.StringVar(&only, "only", "a,b,c,d", "scenarios to run: a local tier, b unique keys, c Zipf mix, d JetStream")
+	fs.StringVar(&only, "only", "a,b,c,d,e", "scenarios to run: a local tier, b unique keys, c Zipf mix, d JetStream, e transactional marker (needs -postgres)")
+	fs.StringVar(&c.postgres, "postgres", os.Getenv("DEDUP_POSTGRES_URL"), "PostgreSQL URL of scenario e (env DEDUP_POSTGRES_URL; without it scenario e is skipped)")
+	fs.IntVar(&c.txConcurrency, "tx-concurrency", 8, "consumers (goroutines) of scenario e")
 	fs.IntVar(&c.ceilingRequests, "ceiling-requests", 500_000, "requests of each redis-benchmark run")
 	// 50k: at 200k msg/s raw-ack still spans 25 ticks of /proc/stat (10 ms each)
 	fs.IntVar(&c.jsMessages, "js-messages", 50_000, "messages in the JetStream stream; each variant reads them all")
@@ -125,7 +129,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
 		if !slices.Contains(scenarioLetters, s) {
-			return c, fmt.Errorf("-only: unknown scenario %q (want some of a,b,c,d)", s)
+			return c, fmt.Errorf("-only: unknown scenario %q (want some of a,b,c,d,e)", s)
 		}
 		c.only[s] = true
 	}
@@ -142,6 +146,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("-js-concurrency %d is outside 1..%d", c.jsConcurrency, dnats.MaxConcurrency)
 	case c.jsTimeout <= 0:
 		return c, fmt.Errorf("-js-timeout %v is not positive", c.jsTimeout)
+	case c.txConcurrency < 1 || c.txConcurrency > 256 || dupKeys%c.txConcurrency != 0:
+		return c, fmt.Errorf("-tx-concurrency %d is outside 1..256 or does not divide %d", c.txConcurrency, dupKeys)
 	}
 	return c, nil
 }

@@ -250,7 +250,7 @@ func checkCPU(t *testing.T, doc jsonReport, realRedis bool) {
 func TestFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-rounds", "0"}, {"-duration", "0s"}, {"-concurrency", "0"}, {"-concurrency", "a"},
-		{"-only", "e"}, {"-js-messages", "0"}, {"-js-timeout", "0s"}, {"-ceiling-requests", "0"},
+		{"-only", "f"}, {"-js-messages", "0"}, {"-tx-concurrency", "0"}, {"-tx-concurrency", "7"}, {"-js-timeout", "0s"}, {"-ceiling-requests", "0"},
 		{"-js-concurrency", "0"}, {"-js-concurrency", "4097"},
 		{"extra"},
 	} {

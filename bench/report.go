@@ -111,6 +111,7 @@ var scenarioTitles = map[string]string{
 	"store":     "b. unique keys (each goroutine checks a new key per call; CPU per op: this whole process, Redis's INFO cpu, and every CPU of the host)",
 	"zipf":      fmt.Sprintf("c. Zipf mix (s=%g over %d keys; local tier %d keys)", zipfS, zipfUniverse, zipfLocalSize),
 	"jetstream": "d. JetStream end to end (msgs/s until every message is acked; CPU per message: this process, Redis, and every CPU of the host, nats-server's included)",
+	"tx":        "e. transactional marker on PostgreSQL (messages/s committed by -tx-concurrency consumers, a business row each; CPU per message: this process, Redis, and every CPU of the host, PostgreSQL's included)",
 }
 
 // printTables prints one table per scenario with the median of each metric.

@@ -156,6 +156,13 @@ var ratioDefs = []ratioDef{
 	{name: "store_do_c64_vs_ceiling_at_rueidis_cost", den: ceilings, metric: mOps, atCostOf: "store/rueidis-setnx-setxx/c64"},
 	{name: "jetstream_filter_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 1},
 	{name: "jetstream_do_vs_raw_cpu_bound", den: []string{"jetstream/raw-ack"}, metric: mOps, boundCmds: 2},
+	// issue 19 §5: the transactional marker against PostgreSQL (scenario e)
+	{name: "tx_marker_vs_plain_tx", num: []string{"tx/dedup-tx"}, den: []string{"tx/plain-tx"}, metric: mOps, target: 0.65},
+	{name: "tx_marker_vs_marker_only", num: []string{"tx/dedup-tx"}, den: []string{"tx/marker-only"}, metric: mOps, target: 0.90},
+	{name: "tx_duplicate_vs_marker_only_duplicate", num: []string{"tx/dup-dedup"}, den: []string{"tx/dup-marker-only"}, metric: mOps, target: 10},
+	{name: "tx_batch64_vs_tx_single", num: []string{"tx/dedup-tx-batch64"}, den: []string{"tx/dedup-tx"}, metric: mOps, target: 5},
+	{name: "tx_store_duplicate_vs_marker_only_duplicate", num: []string{"tx/dup-dedup-store"}, den: []string{"tx/dup-marker-only"}, metric: mOps},
+	{name: "tx_marker_only_vs_plain_tx", num: []string{"tx/marker-only"}, den: []string{"tx/plain-tx"}, metric: mOps},
 }
 
 // The two ceilings, the preferred first.

@@ -770,6 +770,10 @@ func (h *Handler) commitBatch(ctx context.Context, hb *batchBeat, c *completer, 
 	cerr := step.commit(bg)
 	for _, b := range held {
 		if cerr == nil {
+			// Processed now, whatever the completion answers: the marker answers a
+			// redelivery, so the ack need not wait for the round trip
+			res, err := h.committed(b.claimed(), nil)
+			out.set(b.i, ItemResult{res, err})
 			c.addAs(b, committedNow)
 			continue
 		}
@@ -896,8 +900,10 @@ func (q *completions) flush() {
 			var res Result
 			var rerr error
 			switch p.how {
-			case committedNow:
-				res, rerr = h.committed(p.b.claimed(), cerr)
+			case committedNow: // its result is out already (commitBatch)
+				h.notCompleted(p.b.claimed(), cerr)
+				p.c.wg.Done()
+				continue
 			case completedEarlier:
 				res, rerr = h.repaired(p.b.claimed(), cerr)
 			default:

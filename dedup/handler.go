@@ -442,7 +442,8 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, validUnti
 		if cerr != nil {
 			return h.commitFailed(bg, c, cerr, true)
 		}
-		return h.committed(c, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
+		h.completeCommitted(ctx, c)
+		return h.committed(c, nil)
 	}
 	end()
 	return h.completed(c.k, c.lk, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))

@@ -340,14 +340,32 @@ func (h *Handler) commitFailed(ctx context.Context, c claimed, cerr error, hasCl
 }
 
 // committed is the result of a transactional run whose COMMIT succeeded: Processed,
-// whatever the store says to the completion (cerr), since the marker answers a
-// redelivery; a failed completion is logged.
+// whatever the store says to the completion (cerr, logged), since the marker answers
+// a redelivery.
 func (h *Handler) committed(c claimed, cerr error) (Result, error) {
+	h.notCompleted(c, cerr)
+	h.remember(c.lk)
+	return h.count(Result{Outcome: Processed}), nil
+}
+
+// notCompleted logs the failed completion of a committed run's claim (cerr nil: none).
+func (h *Handler) notCompleted(c claimed, cerr error) {
 	if cerr != nil {
 		h.log.Warn("dedup: committed; DONE not written in the store (the marker answers a redelivery)", "key_hash", keyHash(c.k), "err", cerr)
 	}
-	h.remember(c.lk)
-	return h.count(Result{Outcome: Processed}), nil
+}
+
+// completeCommitted completes a committed run's claim in the background: the run is
+// Processed whatever the store answers (the marker answers a redelivery), so its
+// caller (the ack) need not wait a round trip for it. Close waits for it.
+func (h *Handler) completeCommitted(ctx context.Context, c claimed) {
+	h.d.running.Add(1)
+	go func() {
+		defer h.d.running.Done()
+		bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+		defer done()
+		h.notCompleted(c, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
+	}()
 }
 
 // runOnMarker runs fn in step's transaction with no claim: its marker alone guards

@@ -60,10 +60,21 @@ type childConfig struct {
 	// set: no transaction, and the insert is committed on its own at once.
 	DB, DSN, Markers, Orders string
 	Plain                    bool
-	// HangComplete: the completion of Key's claim is never sent; the child reports
-	// "completing <key>" and waits to be killed (a crash between COMMIT and Complete).
+	// HangComplete: the completion of Key's claim is never sent, nor its ack; the
+	// child reports "completing <key>" and waits to be killed (a crash between COMMIT
+	// and Complete: a transactional run acks after its COMMIT, without waiting for
+	// the completion, so the ack is held back too).
 	HangComplete bool
 }
+
+// heldAck is a delivery whose acks are never sent.
+type heldAck struct{ jetstream.Msg }
+
+func (heldAck) Ack() error                       { return nil }
+func (heldAck) DoubleAck(context.Context) error  { return nil }
+func (heldAck) Nak() error                       { return nil }
+func (heldAck) NakWithDelay(time.Duration) error { return nil }
+func (heldAck) Term() error                      { return nil }
 
 // hangingStore is a store whose Complete of one record key never returns: the child
 // reports it and waits for its SIGKILL.
@@ -226,6 +237,9 @@ func runChild(t *testing.T, cfg childConfig) {
 			}
 			defer tr.Close()
 			handle = func(msg jetstream.Msg) {
+				if cfg.HangComplete && msg.Headers().Get(jetstream.MsgIDHeader) == cfg.Key {
+					msg = heldAck{msg}
+				}
 				res, act := HandleTx(ctx, j, msg, tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
 					if err := insert(ctx, tx.ExecContext, m.Header(jetstream.MsgIDHeader)); err != nil {
 						return err
