@@ -312,6 +312,12 @@ func TestCommitOfAbortedTx(t *testing.T) {
 	if n := f.pool.Stat().AcquiredConns(); n != 0 {
 		t.Fatalf("%d connections acquired", n)
 	}
+	// Its first LargeObjects comes after the end: it must not reach the connection,
+	// which is back in the pool.
+	lo := tx.LargeObjects()
+	if _, err := lo.Create(ctx, 0); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("LargeObjects after the end: %v, want ErrTxClosed", err)
+	}
 }
 
 // WithTxOptions reaches the BEGIN that Begin batches with the insert.
