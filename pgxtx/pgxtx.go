@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,10 +19,18 @@ import (
 // runs' markers in a table of that database. It implements dedup.Transactor for
 // pgx.Tx. Safe for concurrent use; Close stops its sweeper.
 type Transactor struct {
-	pool    *pgxpool.Pool
-	table   markersql.Table
-	txOpts  pgx.TxOptions
-	sweeper *markersql.Sweeper // nil without WithSweep
+	pool      *pgxpool.Pool
+	table     markersql.Table
+	beginSQL  string
+	commitSQL string
+	sweeper   *markersql.Sweeper // nil without WithSweep
+
+	// closedLO is the large objects API of an ended transaction, whose every
+	// operation fails with pgx.ErrTxClosed: what LargeObjects returns once a
+	// transaction has ended (conntx.go). Made by the first Begin.
+	mu       sync.Mutex
+	closedLO pgx.LargeObjects
+	haveLO   bool
 }
 
 var _ dedup.Transactor[pgx.Tx] = (*Transactor)(nil)
@@ -43,7 +52,10 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Transactor, error) {
 	if err != nil { // validated by WithTable, or the default
 		return nil, fmt.Errorf("%w: pgxtx: %w", dedup.ErrInvalidOption, err)
 	}
-	t := &Transactor{pool: pool, table: table, txOpts: c.txOpts}
+	t := &Transactor{pool: pool, table: table, beginSQL: beginSQL(c.txOpts), commitSQL: "commit"}
+	if c.txOpts.CommitQuery != "" {
+		t.commitSQL = c.txOpts.CommitQuery
+	}
 	if c.sweepEvery > 0 {
 		t.sweeper = markersql.StartSweeper(c.sweepEvery, c.sweepBatch, t.Sweep, c.logger, "pgxtx")
 	}
@@ -94,41 +106,85 @@ const savepoint = "dedup_item"
 // each other rather than deadlock); a SELECT of the found markers' fingerprints
 // follows only when some were found.
 //
+// BEGIN and the first INSERT go out together, in one round trip (a pgx batch on a
+// connection acquired from the pool): on a loaded server each round trip is a
+// wake-up of the client and of the server process, and BenchmarkTx measured the
+// marker's cost over a plain one-row transaction at +38% with BEGIN on its own and
+// +13% without it. The pgx.Tx returned is therefore pgxtx's own (conntx.go), with
+// pgx's semantics.
+//
 // A marker another transaction holds uncommitted makes Begin wait for that
 // transaction (the primary key's row lock), then find the marker if it committed,
 // or write it if it rolled back.
 //
-// ctx bounds Begin's statements (BEGIN and the markers'); the transaction outlives
-// it, until Commit or Rollback. The markers' rules are sqltx.Transactor.Begin's: a
-// handler of 1 to 64 bytes, a fingerprint of at most 32, an owner token of 1 to 64
-// (the run's own: RollbackTo deletes by it), a positive retention, no two markers
-// for one handler and digest. On an error no transaction is left open.
+// ctx bounds Begin's statements; the transaction outlives it, until Commit or
+// Rollback. The markers' rules are sqltx.Transactor.Begin's: a handler of 1 to 64
+// bytes, a fingerprint of at most 32, an owner token of 1 to 64 (the run's own:
+// RollbackTo deletes by it), a positive retention, no two markers for one handler
+// and digest. On an error no transaction is left open.
 func (t *Transactor) Begin(ctx context.Context, markers []dedup.Marker) (pgx.Tx, []dedup.MarkerState, error) {
 	order, err := markersql.CheckMarkers(markers)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pgxtx: begin: %w", err)
 	}
-	// BEGIN and the INSERT are two round trips. Sending both in one (a pipeline on
-	// an acquired connection) was measured no faster on the benchmark machine,
-	// where the server's work, not the round trip, is the cost (bench_test.go), and
-	// it would need a pgx.Tx of our own, which cannot give a working LargeObjects.
-	tx, err := t.pool.BeginTx(ctx, t.txOpts)
+	c, err := t.pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pgxtx: begin: %w", err)
 	}
-	found, err := t.table.WriteMarkers(ctx, queryIn(tx), markers, order)
+	if err := t.makeClosedLO(ctx, c.Conn()); err != nil {
+		c.Release()
+		return nil, nil, fmt.Errorf("pgxtx: begin: %w", err)
+	}
+	tx := &connTx{t: t, c: c, conn: c.Conn(), commitSQL: t.commitSQL}
+	begun := false
+	found, err := t.table.WriteMarkers(ctx, func(ctx context.Context, query string, args []any, row func(scan func(...any) error) error) error {
+		if begun {
+			return scanRows(tx.conn.Query(ctx, query, args...))(row)
+		}
+		begun = true
+		b := &pgx.Batch{}
+		b.Queue(t.beginSQL)
+		b.Queue(query, args...)
+		br := tx.conn.SendBatch(ctx, b)
+		_, err := br.Exec()
+		if err == nil {
+			err = scanRows(br.Query())(row)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	}, markers, order)
 	if err != nil {
-		// A statement ctx cancelled closed the connection: the rollback fails,
-		// the pool drops the connection, the server ends the transaction with it.
-		_ = t.Rollback(ctx, tx)
+		tx.abort()
 		return nil, nil, fmt.Errorf("pgxtx: begin: %w", err)
 	}
 	return tx, found, nil
 }
 
-func queryIn(tx pgx.Tx) markersql.QueryFunc {
-	return func(ctx context.Context, query string, args []any, row func(scan func(...any) error) error) error {
-		rows, err := tx.Query(ctx, query, args...)
+// makeClosedLO makes closedLO, once, on conn outside any transaction: pgx's own Tx
+// over an empty statement, committed with another (no BEGIN or COMMIT reaches the
+// server).
+func (t *Transactor) makeClosedLO(ctx context.Context, conn *pgx.Conn) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.haveLO {
+		return nil
+	}
+	d, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: ";", CommitQuery: ";"})
+	if err != nil {
+		return err
+	}
+	if err := d.Commit(ctx); err != nil {
+		return err
+	}
+	t.closedLO, t.haveLO = d.LargeObjects(), true
+	return nil
+}
+
+// scanRows calls row for each of rows, then closes them.
+func scanRows(rows pgx.Rows, err error) func(row func(scan func(...any) error) error) error {
+	return func(row func(scan func(...any) error) error) error {
 		if err != nil {
 			return err
 		}
