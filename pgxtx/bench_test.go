@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dedupkit/dedupkit/dedup"
@@ -47,32 +46,55 @@ func runConc(b *testing.B, op func(ctx context.Context, i int64) error) {
 }
 
 // BenchmarkTx measures a transactional run's cost against a plain transaction of
-// the same effect, on the PostgreSQL at DEDUP_POSTGRES_URL:
+// the same effect, on the PostgreSQL at DEDUP_POSTGRES_URL, directly (rtt:0) and
+// through a proxy adding 500 µs to every round trip (rtt:500us), as a network
+// between client and server would:
 //
 //   - kind:plain: BEGIN; INSERT one effect row; COMMIT (3 round trips).
-//   - kind:marker: pgxtx's Begin (BEGIN, then the marker INSERT … RETURNING), the
-//     same effect row, Commit (4 round trips).
-//   - kind:pipelined-begin: the experiment pgxtx does not ship (see Begin): BEGIN
-//     and the marker INSERT sent in one round trip (a pgx batch on an acquired
-//     connection), then the effect row and COMMIT (3 round trips). It returns no
-//     pgx.Tx: only pgx's own Tx can give a working LargeObjects, and pgx makes one
-//     only with a BEGIN round trip of its own.
+//   - kind:marker: pgxtx's Begin (BEGIN and the marker INSERT … RETURNING in one
+//     round trip), the same effect row, Commit (3 round trips).
+//   - kind:marker-begin-apart: the same statements with BEGIN on its own, as
+//     pool.BeginTx then tx.Query would send them (4 round trips): what the one
+//     round trip saves.
 //
-// Each run writes a new key, so every marker is inserted (the hot path).
+// Each run writes a new key, so every marker is inserted (the hot path), into
+// tables of the sub-benchmark's own, made before its clock starts.
 //
 //	DEDUP_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable \
 //	  go test ./pgxtx -run '^$' -bench Tx -benchtime 10000x -count 10
 func BenchmarkTx(b *testing.B) {
 	url := testenv.PostgresURL(b)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, url)
+	proxy, err := testenv.NewSQLProxy(testenv.PostgresWire, testenv.PostgresHost(b, url))
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		testenv.SkipNoServer(b, "PostgreSQL at DEDUP_POSTGRES_URL: %v", err)
+	defer proxy.Close()
+	proxy.SetLatency(500 * time.Microsecond)
+	for _, rtt := range []struct {
+		name string
+		url  string
+	}{{"rtt:0", url}, {"rtt:500us", testenv.WithPostgresHost(url, proxy.Addr())}} {
+		cfg, err := pgxpool.ParseConfig(rtt.url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.MaxConns = benchGoroutines // a connection each: none waits for the pool
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pool.Ping(ctx); err != nil {
+			pool.Close()
+			testenv.SkipNoServer(b, "PostgreSQL at DEDUP_POSTGRES_URL: %v", err)
+		}
+		b.Run(rtt.name, func(b *testing.B) { benchKinds(b, pool) })
+		pool.Close()
 	}
+}
+
+func benchKinds(b *testing.B, pool *pgxpool.Pool) {
+	ctx := context.Background()
 	// Each sub-benchmark writes into tables of its own, made before its clock
 	// starts: none pays for the growth of another's indexes.
 	type tables struct {
@@ -139,26 +161,17 @@ func BenchmarkTx(b *testing.B) {
 			return tb.tr.Commit(ctx, tx)
 		})
 	})
-	b.Run("kind:pipelined-begin", func(b *testing.B) {
+	b.Run("kind:marker-begin-apart", func(b *testing.B) {
 		tb := setup(b)
 		runConc(b, func(ctx context.Context, i int64) error {
-			c, err := pool.Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Release()
 			m := marker(i)
-			batch := &pgx.Batch{}
-			batch.Queue("BEGIN")
-			batch.Queue(tb.insertMarker, m.Handler, m.Digest[:], m.Fingerprint, m.Owner, tb.table.Retention(m.Retention))
-			br := c.SendBatch(ctx, batch)
-			if _, err := br.Exec(); err != nil {
-				br.Close()
+			tx, err := pool.Begin(ctx)
+			if err != nil {
 				return err
 			}
-			rows, err := br.Query()
+			defer tx.Rollback(ctx)
+			rows, err := tx.Query(ctx, tb.insertMarker, m.Handler, m.Digest[:], m.Fingerprint, m.Owner, tb.table.Retention(m.Retention))
 			if err != nil {
-				br.Close()
 				return err
 			}
 			n := 0
@@ -166,17 +179,13 @@ func BenchmarkTx(b *testing.B) {
 				n++
 			}
 			rows.Close()
-			if err := br.Close(); err != nil {
+			if err := rows.Err(); err != nil || n != 1 {
+				return fmt.Errorf("marker not written: %v", err)
+			}
+			if _, err := tx.Exec(ctx, tb.insertEffect, i); err != nil {
 				return err
 			}
-			if n != 1 {
-				return fmt.Errorf("marker not written")
-			}
-			if _, err := c.Exec(ctx, tb.insertEffect, i); err != nil {
-				return err // Release destroys a connection left in a transaction
-			}
-			_, err = c.Exec(ctx, "COMMIT")
-			return err
+			return tx.Commit(ctx)
 		})
 	})
 }

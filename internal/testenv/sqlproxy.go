@@ -51,11 +51,18 @@ type SQLProxy struct {
 	done     chan struct{}
 	wg       sync.WaitGroup
 	hits     atomic.Int64
+	oneWay   atomic.Int64 // SetLatency's delay each way, in nanoseconds
 
 	mu    sync.Mutex
 	conns map[*sqlConn]struct{}
 	armed CommitFault // 0: none
 }
+
+// SetLatency makes every round trip through the proxy's later connections take rtt
+// longer, as a network between client and server would: the bytes read from either
+// side are written to the other rtt/2 after they arrived, in order, without holding
+// up the bytes behind them. Zero, the default, forwards at once.
+func (p *SQLProxy) SetLatency(rtt time.Duration) { p.oneWay.Store(int64(rtt / 2)) }
 
 // NewSQLProxy listens on a free loopback port and forwards every connection to
 // upstream (host:port). Close it when done.
@@ -130,6 +137,9 @@ func (p *SQLProxy) accept() {
 			continue
 		}
 		c := &sqlConn{p: p, client: client, server: server}
+		if d := time.Duration(p.oneWay.Load()); d > 0 {
+			c.toServer, c.toClient = c.lane(server, d), c.lane(client, d)
+		}
 		p.mu.Lock()
 		select {
 		case <-p.done:
@@ -154,6 +164,49 @@ type sqlConn struct {
 	once           sync.Once
 	// onReply is the fault the server's next reply meets (a CommitFault; 0: none).
 	onReply atomic.Uint32
+	// toServer and toClient delay what is written to each side (SetLatency); nil
+	// writes at once.
+	toServer, toClient chan<- []byte
+}
+
+// lane returns a channel whose byte slices are written to dst d after they were
+// sent, in order. The reading side closes it when it ends.
+func (c *sqlConn) lane(dst net.Conn, d time.Duration) chan<- []byte {
+	type due struct {
+		b  []byte
+		at time.Time
+	}
+	in := make(chan []byte)
+	q := make(chan due, 4096)
+	c.p.wg.Add(2)
+	go func() { // stamps each slice as it comes, so a slow write delays none
+		defer c.p.wg.Done()
+		defer close(q)
+		for b := range in {
+			q <- due{b, time.Now().Add(d)}
+		}
+	}()
+	go func() {
+		defer c.p.wg.Done()
+		for x := range q {
+			time.Sleep(time.Until(x.at))
+			if _, err := dst.Write(x.b); err != nil {
+				c.close()
+			}
+		}
+	}()
+	return in
+}
+
+// write writes b to dst, through lane when there is one (b is copied: the
+// caller reuses it).
+func write(dst net.Conn, lane chan<- []byte, b []byte) error {
+	if lane == nil {
+		_, err := dst.Write(b)
+		return err
+	}
+	lane <- bytes.Clone(b)
+	return nil
 }
 
 func (c *sqlConn) close() {
@@ -171,6 +224,9 @@ func (c *sqlConn) close() {
 func (c *sqlConn) requests() {
 	defer c.p.wg.Done()
 	defer c.close()
+	if c.toServer != nil {
+		defer close(c.toServer)
+	}
 	var buf []byte
 	chunk := make([]byte, 32<<10)
 	startup := true // PostgreSQL: the first messages carry no type byte
@@ -195,7 +251,7 @@ func (c *sqlConn) requests() {
 					c.onReply.Store(uint32(f))
 				}
 			}
-			if _, werr := c.server.Write(msg); werr != nil {
+			if werr := write(c.server, c.toServer, msg); werr != nil {
 				return
 			}
 		}
@@ -269,6 +325,9 @@ func mysqlRejected(seq byte) []byte {
 func (c *sqlConn) replies() {
 	defer c.p.wg.Done()
 	defer c.close()
+	if c.toClient != nil {
+		defer close(c.toClient)
+	}
 	var buf []byte
 	chunk := make([]byte, 32<<10)
 	for {
@@ -288,7 +347,7 @@ func (c *sqlConn) replies() {
 				buf = nil
 				c.onReply.Store(0)
 			}
-			if _, werr := c.client.Write(out); werr != nil {
+			if werr := write(c.client, c.toClient, out); werr != nil {
 				return
 			}
 		}
