@@ -24,6 +24,7 @@ const benchGoroutines = 8
 func runConc(b *testing.B, op func(ctx context.Context, i int64) error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	b.ReportAllocs()
 	b.ResetTimer()
 	for range benchGoroutines {
 		wg.Add(1)

@@ -11,7 +11,7 @@ import (
 )
 
 // DefaultTable is the marker table's name unless WithTable says otherwise.
-const DefaultTable = markersql.DefaultTable
+const DefaultTable = "dedup_markers"
 
 // Option configures a Transactor (New).
 type Option func(*config) error

@@ -21,9 +21,6 @@ const (
 	SQLite
 )
 
-// DefaultTable is the marker table's name unless the caller chooses one.
-const DefaultTable = "dedup_markers"
-
 // maxIdent bounds each part of the table name: the index is named after the table
 // with a suffix, and PostgreSQL cuts identifiers at 63 bytes, MySQL refuses more than
 // 64.

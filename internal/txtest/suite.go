@@ -84,6 +84,10 @@ func begin[T any](t *testing.T, e *Env[T], ms ...dedup.Marker) (T, []dedup.Marke
 	if err != nil {
 		t.Fatalf("Begin: %v", err)
 	}
+	// A test that fails with tx open must not leave it holding locks: the table's
+	// DROP at cleanup would wait for it (MySQL's metadata lock). Registered after
+	// the DROP, it runs before; after a Commit it is a no-op.
+	t.Cleanup(func() { _ = e.Tr.Rollback(context.Background(), tx) })
 	if len(found) != len(ms) {
 		t.Fatalf("Begin: %d states for %d markers", len(found), len(ms))
 	}
