@@ -804,8 +804,8 @@ const (
 	// fnSucceeded: the item's fn succeeded (Processed, or NotRecorded or LeaseLost as
 	// the store answers: completed)
 	fnSucceeded completionKind = iota
-	// committedNow: the item's transaction committed (Processed, whatever the store
-	// answers: committed)
+	// committedNow: the item's transaction committed; its result is out already
+	// (commitBatch: Processed, whatever the store answers)
 	committedNow
 	// completedEarlier: the item's marker was found, committed by an earlier run; the
 	// completion repairs the store (Duplicate from the database: stepAnswered)
@@ -821,99 +821,22 @@ func (c *completer) add(b *batchItem) { c.addAs(b, fnSucceeded) }
 func (c *completer) addAs(b *batchItem, how completionKind) {
 	c.hb.forget(b)
 	c.wg.Add(1)
-	c.h.completions.add(pendingCompletion{c: c, b: b, how: how})
-}
-
-// completionsInFlight is how many completion round trips (CompleteMany) a handler
-// has out at once; the completions that come meanwhile queue and go together in the
-// next. maxCompletions bounds one round trip.
-const (
-	completionsInFlight = DefaultPipelinesInFlight
-	maxCompletions      = DefaultPipelineBatch
-)
-
-// completions coalesces the completions of a handler's batch items, from all its
-// batches: a completion goes out at once, on a goroutine that then sends whatever has
-// queued meanwhile, while fewer than completionsInFlight round trips are out;
-// otherwise it queues, and the next round trip to end takes it. So a success waits at
-// most for a round trip to end, never for the rest of its batch, and concurrent
-// batches share pipelines. No timer, and no goroutine outlives the completions that
-// need it (each batch waits for its own, and Close for the batches).
-type completions struct {
-	h        *Handler
-	mu       sync.Mutex
-	queue    []pendingCompletion
-	flushers int
-}
-
-type pendingCompletion struct {
-	c   *completer
-	b   *batchItem
-	how completionKind
-}
-
-func (q *completions) add(p pendingCompletion) {
-	q.mu.Lock()
-	q.queue = append(q.queue, p)
-	spawn := q.flushers < completionsInFlight
-	if spawn {
-		q.flushers++
-	}
-	q.mu.Unlock()
-	if spawn {
-		go q.flush()
-	}
-}
-
-// flush sends the queue, maxCompletions at a time, until it is empty.
-func (q *completions) flush() {
-	h := q.h
-	var batch []pendingCompletion
-	var entries []Entry
-	for {
-		q.mu.Lock()
-		n := min(len(q.queue), maxCompletions)
-		if n == 0 {
-			q.flushers--
-			q.mu.Unlock()
+	h := c.h
+	c.h.completions.add(pendingCompletion{ctx: c.ctx, c: b.claimed(), answered: func(cerr error) {
+		defer c.wg.Done()
+		var res Result
+		var err error
+		switch how {
+		case committedNow:
+			h.notCompleted(b.claimed(), cerr)
 			return
+		case completedEarlier:
+			res, err = h.repaired(b.claimed(), cerr)
+		default:
+			res, err = h.completed(b.k, b.lk, cerr)
 		}
-		batch = append(batch[:0], q.queue[:n]...)
-		rest := copy(q.queue, q.queue[n:])
-		clear(q.queue[rest:])
-		q.queue = q.queue[:rest]
-		q.mu.Unlock()
-
-		entries = entries[:0]
-		for _, p := range batch {
-			entries = append(entries, Entry{Key: p.b.rk, Token: p.b.token, TTL: h.cfg.retention})
-		}
-		// the first item's context, for its values (tracing): the others' are alike
-		ctx, done := context.WithTimeout(context.WithoutCancel(batch[0].c.ctx), h.cfg.lease)
-		errs, err := h.d.store.CompleteMany(ctx, entries)
-		done()
-		for j, p := range batch {
-			cerr := err
-			if err == nil {
-				cerr = errs[j]
-			}
-			var res Result
-			var rerr error
-			switch p.how {
-			case committedNow: // its result is out already (commitBatch)
-				h.notCompleted(p.b.claimed(), cerr)
-				p.c.wg.Done()
-				continue
-			case completedEarlier:
-				res, rerr = h.repaired(p.b.claimed(), cerr)
-			default:
-				res, rerr = h.completed(p.b.k, p.b.lk, cerr)
-			}
-			p.c.out.set(p.b.i, ItemResult{res, rerr})
-			p.c.wg.Done()
-		}
-		clear(batch)
-	}
+		c.out.set(b.i, ItemResult{res, err})
+	}})
 }
 
 // batchBeat extends every claim a batch still holds, every lease/3.

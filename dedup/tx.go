@@ -355,17 +355,16 @@ func (h *Handler) notCompleted(c claimed, cerr error) {
 	}
 }
 
-// completeCommitted completes a committed run's claim in the background: the run is
-// Processed whatever the store answers (the marker answers a redelivery), so its
-// caller (the ack) need not wait a round trip for it. Close waits for it.
+// completeCommitted completes a committed run's claim in the background, coalesced
+// with the handler's other completions: the run is Processed whatever the store
+// answers (the marker answers a redelivery), so its caller (the ack) need not wait a
+// round trip for it. Close waits for it.
 func (h *Handler) completeCommitted(ctx context.Context, c claimed) {
 	h.d.running.Add(1)
-	go func() {
+	h.completions.add(pendingCompletion{ctx: ctx, c: c, answered: func(cerr error) {
 		defer h.d.running.Done()
-		bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
-		defer done()
-		h.notCompleted(c, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
-	}()
+		h.notCompleted(c, cerr)
+	}})
 }
 
 // runOnMarker runs fn in step's transaction with no claim: its marker alone guards

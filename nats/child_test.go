@@ -84,11 +84,22 @@ type hangingStore struct {
 }
 
 func (s *hangingStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
+	s.hang(key)
+	return s.Store.Complete(ctx, key, token, retention)
+}
+
+func (s *hangingStore) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+	for _, e := range entries {
+		s.hang(e.Key)
+	}
+	return s.Store.CompleteMany(ctx, entries)
+}
+
+func (s *hangingStore) hang(key string) {
 	if key == s.key {
 		emit("completing", key[strings.LastIndexByte(key, ':')+1:])
 		select {}
 	}
-	return s.Store.Complete(ctx, key, token, retention)
 }
 
 // TestHelperConsumer is the child consumer; it does nothing unless childEnv is set.
