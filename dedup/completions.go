@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // completionsInFlight is how many completion round trips (CompleteMany) a handler
@@ -13,6 +14,15 @@ const (
 	maxCompletions      = DefaultPipelineBatch
 )
 
+// A lazy completion (a committed transactional run's: its marker answers a
+// redelivery, so nothing waits for it) waits up to lazyDelay for company, unless
+// lazyBatch are queued or an eager one comes: a handler's runs then share one round
+// trip, where each would cost Redis and the client a round trip of its own.
+const (
+	lazyDelay = 2 * time.Millisecond
+	lazyBatch = 32
+)
+
 // completions coalesces a handler's completions that need not hold their caller:
 // those of batch items (completer), and those of committed transactional runs
 // (completeCommitted). A completion goes out at once, on a goroutine that then sends
@@ -21,11 +31,14 @@ const (
 // completion waits at most for a round trip to end, never for the rest of its batch,
 // and concurrent batches and runs share pipelines. No timer, and no goroutine
 // outlives the completions that need it (whoever adds one waits for its answer, or
-// counts it in the Deduper's running, which Close waits for).
+// counts it in the Deduper's running, which Close waits for). Lazy completions are
+// the exception to "no timer": see lazyDelay.
 type completions struct {
 	h        *Handler
 	mu       sync.Mutex
 	queue    []pendingCompletion
+	eager    bool        // the queue holds an eager completion
+	timer    *time.Timer // set while lazy completions wait for company
 	flushers int
 }
 
@@ -34,18 +47,39 @@ type pendingCompletion struct {
 	ctx      context.Context // for its values (tracing): not its cancellation
 	c        claimed
 	answered func(cerr error)
+	lazy     bool // may wait lazyDelay for company
 }
 
 func (q *completions) add(p pendingCompletion) {
 	q.mu.Lock()
 	q.queue = append(q.queue, p)
-	spawn := q.flushers < completionsInFlight
+	q.eager = q.eager || !p.lazy
+	spawn := q.flushers < completionsInFlight && (q.eager || len(q.queue) >= lazyBatch)
+	switch {
+	case spawn:
+		q.flushers++
+	case q.flushers == 0 && q.timer == nil:
+		// lazy ones only, and no round trip out that will take them when it ends
+		q.timer = time.AfterFunc(lazyDelay, q.kick)
+	}
+	q.mu.Unlock()
+	if spawn {
+		go q.flush()
+	}
+}
+
+// kick sends the lazy completions that waited lazyDelay, unless a round trip has
+// taken them meanwhile.
+func (q *completions) kick() {
+	q.mu.Lock()
+	q.timer = nil
+	spawn := len(q.queue) > 0 && q.flushers < completionsInFlight
 	if spawn {
 		q.flushers++
 	}
 	q.mu.Unlock()
 	if spawn {
-		go q.flush()
+		q.flush()
 	}
 }
 
@@ -66,6 +100,10 @@ func (q *completions) flush() {
 		rest := copy(q.queue, q.queue[n:])
 		clear(q.queue[rest:])
 		q.queue = q.queue[:rest]
+		q.eager = false
+		for _, p := range q.queue {
+			q.eager = q.eager || !p.lazy
+		}
 		q.mu.Unlock()
 
 		entries = entries[:0]

@@ -361,7 +361,7 @@ func (h *Handler) notCompleted(c claimed, cerr error) {
 // round trip for it. Close waits for it.
 func (h *Handler) completeCommitted(ctx context.Context, c claimed) {
 	h.d.running.Add(1)
-	h.completions.add(pendingCompletion{ctx: ctx, c: c, answered: func(cerr error) {
+	h.completions.add(pendingCompletion{ctx: ctx, c: c, lazy: true, answered: func(cerr error) {
 		defer h.d.running.Done()
 		h.notCompleted(c, cerr)
 	}})

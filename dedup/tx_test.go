@@ -549,3 +549,51 @@ func TestTxMetrics(t *testing.T) {
 		t.Errorf("dedup.checks{commit_unknown} = %d, want 1", got)
 	}
 }
+
+// Committed runs' completions are lazy: runs that commit within lazyDelay of each
+// other share one CompleteMany, where each would pay a round trip of its own.
+func TestCommittedCompletionsShareRoundTrips(t *testing.T) {
+	f := newFixture(t, true)
+	h := f.handler("orders")
+	db := newFakeDB()
+	ctx := context.Background()
+	const n = 10
+	start := time.Now()
+	for i := range n {
+		if res, err := DoTx(ctx, h, fmt.Sprint("o-", i), db, effect(fmt.Sprint("o-", i))); res.Outcome != Processed {
+			t.Fatal(res.Outcome, err)
+		}
+	}
+	if time.Since(start) > lazyDelay {
+		t.Skipf("%d runs took %v, longer than lazyDelay: nothing to share", n, time.Since(start))
+	}
+	testenv.Eventually(t, 5*time.Second, "every DONE", func() bool {
+		for i := range n {
+			if ans, _ := f.mem.Claim(ctx, h.RecordKey(fmt.Sprint("o-", i)), "probe", "", time.Minute); ans.Status != StatusDuplicate {
+				return false
+			}
+		}
+		return true
+	})
+	if got := f.store.completeManys.Load(); got > 2 || f.store.completes.Load() != 0 {
+		t.Errorf("%d CompleteMany and %d Complete for %d commits within %v; want them to share one or two", got, f.store.completes.Load(), n, lazyDelay)
+	}
+}
+
+// Close waits for the lazy completions of committed runs: they are not lost.
+func TestCloseFlushesLazyCompletions(t *testing.T) {
+	mem, _ := NewMemoryStore()
+	d, err := New(mem, WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := d.Register("orders")
+	db := newFakeDB()
+	if res, _ := DoTx(context.Background(), h, "o-1", db, effect("o-1")); res.Outcome != Processed {
+		t.Fatal(res.Outcome)
+	}
+	d.Close()
+	if ans, _ := mem.Claim(context.Background(), h.RecordKey("o-1"), "probe", "", time.Minute); ans.Status != StatusDuplicate {
+		t.Fatalf("after Close: %v, want DONE", ans.Status)
+	}
+}
