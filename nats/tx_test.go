@@ -72,8 +72,10 @@ func checkOnce(t *testing.T, d *orderDB, n int) {
 	}
 }
 
-func TestTxHandlerCommitsEachOrderOnce(t *testing.T) {
-	const n, dups = 40, 15
+// eachOrderDB runs body on each server and each database, with a stream holding n
+// orders and dups republished copies, a consumer, and an adapter over the memory
+// store; body consumes and returns once the orders are settled (up to last).
+func eachOrderDB(t *testing.T, n, dups int, body func(t *testing.T, e *env, d *orderDB, c jetstream.Consumer, j *JetStream, last uint64)) {
 	eachServer(t, func(t *testing.T, e *env) {
 		for _, d := range orderDBs(t) {
 			t.Run(d.name, func(t *testing.T) {
@@ -83,20 +85,31 @@ func TestTxHandlerCommitsEachOrderOnce(t *testing.T) {
 				c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.MaxDeliver = 10 })
 				h := register(t, newDeduper(t, memStore(t)), "orders")
 				j := newJS(t, h, c, WithBackoff(func(uint64) time.Duration { return 10 * time.Millisecond }))
-				consume(t, c, TxHandler(context.Background(), j, d.tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
-					if err := d.insert(ctx, tx, m.Header(jetstream.MsgIDHeader), os.Getpid()); err != nil {
-						return err
-					}
-					return flaky(m, orderIndex(m))
-				}))
-				e.settled(c, last)
-				j.Wait()
+				body(t, e, d, c, j, last)
 				checkOnce(t, d, n)
-				s := j.Stats()
-				if s.Count(ActAck) != n+dups {
-					t.Errorf("%d acks, want %d (every order and copy)", s.Count(ActAck), n+dups)
-				}
 			})
+		}
+	})
+}
+
+// billFlaky is the tests' transactional fn: the order's row, then flaky's failure.
+func billFlaky(d *orderDB) TxFunc[*sql.Tx] {
+	return func(ctx context.Context, m *Msg, tx *sql.Tx) error {
+		if err := d.insert(ctx, tx, m.Header(jetstream.MsgIDHeader), os.Getpid()); err != nil {
+			return err
+		}
+		return flaky(m, orderIndex(m))
+	}
+}
+
+func TestTxHandlerCommitsEachOrderOnce(t *testing.T) {
+	const n, dups = 40, 15
+	eachOrderDB(t, n, dups, func(t *testing.T, e *env, d *orderDB, c jetstream.Consumer, j *JetStream, last uint64) {
+		consume(t, c, TxHandler(context.Background(), j, d.tr, billFlaky(d)))
+		e.settled(c, last)
+		j.Wait()
+		if s := j.Stats(); s.Count(ActAck) != n+dups {
+			t.Errorf("%d acks, want %d (every order and copy)", s.Count(ActAck), n+dups)
 		}
 	})
 }
@@ -105,42 +118,25 @@ func TestTxHandlerCommitsEachOrderOnce(t *testing.T) {
 // roll back to their savepoints, the others commit, and the redeliveries run the
 // failed ones.
 func TestHandleBatchTxCommitsEachOrderOnce(t *testing.T) {
-	const n, dups = 30, 10
-	eachServer(t, func(t *testing.T, e *env) {
-		for _, d := range orderDBs(t) {
-			t.Run(d.name, func(t *testing.T) {
-				e := e.sub(t)
-				e.newStream()
-				last := publishOrders(t, e, n, dups)
-				c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.MaxDeliver = 10 })
-				h := register(t, newDeduper(t, memStore(t)), "orders")
-				j := newJS(t, h, c, WithBackoff(func(uint64) time.Duration { return 10 * time.Millisecond }))
-				ctx, cancel := context.WithCancel(context.Background())
-				var wg sync.WaitGroup
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for ctx.Err() == nil {
-						batch, err := c.Fetch(8, jetstream.FetchMaxWait(200*time.Millisecond))
-						if err != nil {
-							continue
-						}
-						if _, err := HandleBatchTx(context.Background(), j, batch, d.tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
-							if err := d.insert(ctx, tx, m.Header(jetstream.MsgIDHeader), os.Getpid()); err != nil {
-								return err
-							}
-							return flaky(m, orderIndex(m))
-						}); err != nil && !isFetchTimeout(err) {
-							t.Errorf("batch: %v", err)
-						}
-					}
-				}()
-				e.settled(c, last)
-				cancel()
-				wg.Wait()
-				checkOnce(t, d, n)
-			})
-		}
+	eachOrderDB(t, 30, 10, func(t *testing.T, e *env, d *orderDB, c jetstream.Consumer, j *JetStream, last uint64) {
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				batch, err := c.Fetch(8, jetstream.FetchMaxWait(200*time.Millisecond))
+				if err != nil {
+					continue
+				}
+				if _, err := HandleBatchTx(context.Background(), j, batch, d.tr, billFlaky(d)); err != nil && !isFetchTimeout(err) {
+					t.Errorf("batch: %v", err)
+				}
+			}
+		}()
+		e.settled(c, last)
+		cancel()
+		wg.Wait()
 	})
 }
 

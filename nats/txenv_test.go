@@ -3,10 +3,8 @@ package nats
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
+	"github.com/dedupkit/dedupkit/internal/txtest"
 	"github.com/dedupkit/dedupkit/sqltx"
 )
 
@@ -110,22 +109,7 @@ func newOrderDBAt(t *testing.T, name, dsn string, opts ...sqltx.Option) *orderDB
 }
 
 // bind numbers '?' placeholders for PostgreSQL.
-func (d *orderDB) bind(q string) string {
-	if d.name != "postgres" {
-		return q
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range q {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
+func (d *orderDB) bind(q string) string { return txtest.Rebind(txtest.Dialect(d.name), q) }
 
 // insert writes key's effect in tx: a row of the orders table.
 func (d *orderDB) insert(ctx context.Context, tx *sql.Tx, key string, pid int) error {
