@@ -22,7 +22,8 @@ type Handler struct {
 	cfg     handlerConfig
 	local   *lru.Cache // DONE keys only; nil when the tier is off
 	flights *flights
-	// completions coalesces the completions of batch items (batch.go)
+	// completions coalesces the completions that need not hold their caller: batch
+	// items' and committed transactional runs' (completions.go)
 	completions completions
 	keyHead     string // "<prefix>:<name>:", the head of every record key
 	log         *slog.Logger
