@@ -229,6 +229,14 @@ func WithMode(m Mode) HandlerOption {
 	}
 }
 
+// validName checks a handler name, wrapping ErrInvalidOption.
+func validName(name string) error {
+	if err := keys.ValidateName(name); err != nil {
+		return fmt.Errorf("%w: handler name: %w", ErrInvalidOption, err)
+	}
+	return nil
+}
+
 func (c *handlerConfig) check() error {
 	if c.localTTL == 0 {
 		c.localTTL = c.retention
