@@ -339,7 +339,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
 		}
-		c := claimed{k: b.k, lk: b.lk, rk: b.rk, fp: b.fp, token: b.token}
+		c := b.claimed()
 		res, ferr := h.runOnMarker(ctx, c, func(ctx context.Context) error { return fn(ctx, b.i) }, step.fresh())
 		out.set(b.i, ItemResult{res, ferr})
 		return
@@ -387,7 +387,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 			h.storeItemFailed(ctx, out, b, aerr, fn, nil)
 			continue
 		}
-		res := h.marked(b.k, b.lk, a)
+		res := h.marked(b.f, b.k, b.lk, a)
 		if res.Outcome != First {
 			h.settle(out, b, res, nil)
 			continue
@@ -526,7 +526,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			b.f.answer(Result{}, nil, true)
 			claimed = append(claimed, b)
 		case StatusDuplicate:
-			h.rememberFor(b.lk, a.TTL)
+			h.rememberFor(b.f, b.lk, a.TTL)
 			h.settle(out, b, Result{Outcome: Duplicate, Tier: TierStore}, nil)
 		case StatusConflict:
 			h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(b.k))
@@ -717,7 +717,7 @@ func (h *Handler) unrun(ctx context.Context, hb *batchBeat, b *batchItem, out *b
 }
 
 func (b *batchItem) claimed() claimed {
-	return claimed{k: b.k, lk: b.lk, rk: b.rk, fp: b.fp, token: b.token}
+	return claimed{k: b.k, lk: b.lk, rk: b.rk, fp: b.fp, token: b.token, f: b.f}
 }
 
 // beginBatch opens a transactional batch's transaction with the markers of its
@@ -901,7 +901,7 @@ func (q *completions) flush() {
 			case completedEarlier:
 				res, rerr = h.repaired(p.b.claimed(), cerr)
 			default:
-				res, rerr = h.completed(p.b.k, p.b.lk, cerr)
+				res, rerr = h.completed(p.b.claimed(), cerr)
 			}
 			p.c.out.set(p.b.i, ItemResult{res, rerr})
 			p.c.wg.Done()

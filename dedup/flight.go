@@ -33,6 +33,10 @@ type flight struct {
 	// ends as far as this process knows, for the RetryAfter of those that wait.
 	running  bool
 	leaseEnd atomic.Int64
+	// stale is set when the key was forgotten (or the local tier purged) while the
+	// flight was out: its store answer may predate the forget, so the leader must not
+	// leave it in the local tier (see Handler.remember).
+	stale atomic.Bool
 }
 
 func newFlights() *flights {
@@ -58,6 +62,28 @@ func (fs *flights) join(key string) (*flight, bool) {
 	f := new(flight)
 	s.m[key] = f
 	return f, true
+}
+
+// invalidate marks the flight out for key, if any, stale.
+func (fs *flights) invalidate(key string) {
+	s := fs.shard(key)
+	s.mu.Lock()
+	if f, ok := s.m[key]; ok {
+		f.stale.Store(true)
+	}
+	s.mu.Unlock()
+}
+
+// invalidateAll marks every flight out stale.
+func (fs *flights) invalidateAll() {
+	for i := range fs.shards {
+		s := &fs.shards[i]
+		s.mu.Lock()
+		for _, f := range s.m {
+			f.stale.Store(true)
+		}
+		s.mu.Unlock()
+	}
 }
 
 // answer publishes the leader's answer to the waiting callers.

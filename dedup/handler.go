@@ -160,16 +160,31 @@ func localKey(k, fp string) string {
 	return k + "#" + fp
 }
 
-func (h *Handler) remember(lk string) {
+// remember caches a DONE key, learnt by the leader of flight f. Should the key be
+// forgotten while f was out (f.stale: a forget notice, or a purge, came meanwhile),
+// the store's answer may predate the forget, so the entry is taken out again. The
+// order matters: Add, then look at f.stale; the forgetting side marks f stale, then
+// removes the key (dropLocal). Either this sees the mark, or the removal follows
+// the Add.
+func (h *Handler) remember(f *flight, lk string) {
 	if h.local != nil {
 		h.local.Add(lk)
+		h.unlessStale(f, lk)
 	}
 }
 
-// rememberFor caches a DONE key for no longer than its record has left in the store.
-func (h *Handler) rememberFor(lk string, left time.Duration) {
+// rememberFor caches a DONE key for no longer than its record has left in the store
+// (as remember for the rest).
+func (h *Handler) rememberFor(f *flight, lk string, left time.Duration) {
 	if h.local != nil {
 		h.local.AddFor(lk, left)
+		h.unlessStale(f, lk)
+	}
+}
+
+func (h *Handler) unlessStale(f *flight, lk string) {
+	if f == nil || f.stale.Load() {
+		h.local.Remove(lk)
 	}
 }
 
@@ -319,7 +334,7 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	}
 	switch ans.Status {
 	case StatusDuplicate:
-		h.rememberFor(lk, ans.TTL)
+		h.rememberFor(f, lk, ans.TTL)
 		return h.lead(f, Result{Outcome: Duplicate, Tier: TierStore}, nil)
 	case StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
@@ -330,12 +345,15 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	validUntil := sent.Add(h.cfg.lease)
 	f.leaseEnd.Store(validUntil.UnixNano())
 	f.answer(Result{}, nil, true)
-	return h.runLeased(ctx, f, claimed{k: k, lk: lk, rk: rk, fp: fp, token: token}, validUntil, fn, step)
+	return h.runLeased(ctx, f, claimed{k: k, lk: lk, rk: rk, fp: fp, token: token, f: f}, validUntil, fn, step)
 }
 
 // claimed names a run's key in its forms (normalized, local-tier, record), with its
-// payload fingerprint and its owner token.
-type claimed struct{ k, lk, rk, fp, token string }
+// payload fingerprint, its owner token and the flight its caller leads for it.
+type claimed struct {
+	k, lk, rk, fp, token string
+	f                    *flight
+}
 
 // lead publishes the leader's result to those waiting on f and returns it. First is
 // not counted here: Mark counts it, and Handle goes on to run fn and counts that.
@@ -376,7 +394,7 @@ func (h *Handler) storeFailed(ctx context.Context, f *flight, k, lk, fp string, 
 		// and stays exactly once
 		h.log.Warn("dedup: store unavailable, running on the database marker alone", "key_hash", keyHash(k), "err", err)
 		f.answer(Result{}, nil, true) // concurrent calls for this key wait on this run
-		return h.runOnMarker(ctx, claimed{k: k, lk: lk, rk: h.keyHead + k, fp: fp, token: newToken()}, fn, step)
+		return h.runOnMarker(ctx, claimed{k: k, lk: lk, rk: h.keyHead + k, fp: fp, token: newToken(), f: f}, fn, step)
 	}
 	if h.cfg.storeFailure == FailOpen {
 		h.met.failOpen()
@@ -445,7 +463,7 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, validUnti
 		return h.committed(c, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
 	}
 	end()
-	return h.completed(c.k, c.lk, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
+	return h.completed(c, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
 }
 
 // failed classifies fn's error once its claim is released: a panic, a lost lease,
@@ -464,10 +482,11 @@ func (h *Handler) failed(k string, panicked bool, err, cause error) (Result, err
 }
 
 // completed turns the answer to Complete into the result of a successful fn.
-func (h *Handler) completed(k, lk string, cerr error) (Result, error) {
+func (h *Handler) completed(c claimed, cerr error) (Result, error) {
+	k := c.k
 	switch {
 	case cerr == nil:
-		h.remember(lk)
+		h.remember(c.f, c.lk)
 		return h.count(Result{Outcome: Processed}), nil
 	case errors.Is(cerr, ErrLeaseLost):
 		h.met.leaseLost(opComplete)
@@ -618,14 +637,15 @@ func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 	if err != nil {
 		return h.storeFailed(ctx, f, k, lk, fp, err, nil, nil)
 	}
-	return h.lead(f, h.marked(k, lk, ans), nil)
+	return h.lead(f, h.marked(f, k, lk, ans), nil)
 }
 
-// marked turns a store's answer to Mark into a result, caching only what is DONE.
-func (h *Handler) marked(k, lk string, ans Answer) Result {
+// marked turns a store's answer to Mark, for the leader of flight f, into a result,
+// caching only what is DONE.
+func (h *Handler) marked(f *flight, k, lk string, ans Answer) Result {
 	switch ans.Status {
 	case StatusAcquired:
-		h.remember(lk)
+		h.remember(f, lk)
 		return Result{Outcome: First}
 	case StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
@@ -638,7 +658,7 @@ func (h *Handler) marked(k, lk string, ans Answer) Result {
 	// DONE by another owner, earlier: cached for no longer than the record has left,
 	// and not at all when the store does not say (Mark's TTL is 0). A local entry that
 	// outlived the record would answer Duplicate once the key is claimed again.
-	h.rememberFor(lk, ans.TTL)
+	h.rememberFor(f, lk, ans.TTL)
 	return Result{Outcome: Duplicate, Tier: TierStore}
 }
 

@@ -320,7 +320,7 @@ func (h *Handler) repaired(c claimed, cerr error) (Result, error) {
 	if cerr != nil {
 		h.log.Warn("dedup: committed earlier; DONE not repaired in the store", "key_hash", keyHash(c.k), "err", cerr)
 	}
-	h.remember(c.lk)
+	h.remember(c.f, c.lk)
 	return h.count(Result{Outcome: Duplicate, Tier: TierDatabase}), nil
 }
 
@@ -346,7 +346,7 @@ func (h *Handler) committed(c claimed, cerr error) (Result, error) {
 	if cerr != nil {
 		h.log.Warn("dedup: committed; DONE not written in the store (the marker answers a redelivery)", "key_hash", keyHash(c.k), "err", cerr)
 	}
-	h.remember(c.lk)
+	h.remember(c.f, c.lk)
 	return h.count(Result{Outcome: Processed}), nil
 }
 
