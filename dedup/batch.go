@@ -364,7 +364,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 	for j, b := range leads {
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.retention}
 	}
-	answers, err := h.d.store.MarkMany(ctx, entries)
+	answers, err := h.store.MarkMany(ctx, entries)
 	// First answer every flight, then run: an fn that checks a later key of the batch
 	// must not wait for that key's turn.
 	type pending struct {
@@ -495,7 +495,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
 	}
 	sent := time.Now()
-	answers, err := h.d.store.ClaimMany(ctx, entries)
+	answers, err := h.store.ClaimMany(ctx, entries)
 	var claimed []*batchItem
 	// Items whose claim failed and that run anyway (FailOpen) wait until the claimed
 	// ones are done: run now, they would hold up the heartbeat the claims need.
@@ -886,7 +886,7 @@ func (q *completions) flush() {
 		}
 		// the first item's context, for its values (tracing): the others' are alike
 		ctx, done := context.WithTimeout(context.WithoutCancel(batch[0].c.ctx), h.cfg.lease)
-		errs, err := h.d.store.CompleteMany(ctx, entries)
+		errs, err := h.store.CompleteMany(ctx, entries)
 		done()
 		for j, p := range batch {
 			cerr := err

@@ -26,9 +26,9 @@ type Deduper struct {
 	closed   bool
 	running  sync.WaitGroup // calls that reached the store; Close waits for them
 	handlers map[string]*Handler
-	// byName holds the handlers with a local tier under their names, for forget
-	// notices (notices.go); notices is their subscription, nil until the first such
-	// handler registers
+	// byName holds the handlers with a local tier under their names and former
+	// names, for forget notices (notices.go); notices is their subscription, nil
+	// until the first such handler registers
 	byName  map[string]*Handler
 	notices *noticeListener
 }
@@ -56,9 +56,10 @@ func New(store Store, opts ...Option) (*Deduper, error) {
 }
 
 // Register adds a handler named name. The name is part of every record key, so keep it
-// stable across deploys; 1 to 64 bytes of [A-Za-z0-9._-]. A bad name, a bad option, a
-// name already registered or a closed Deduper is an error (the first three wrap
-// ErrInvalidOption, the last is ErrClosed).
+// stable across deploys (to rename a handler, list its old name WithFormerNames);
+// 1 to 64 bytes of [A-Za-z0-9._-]. A bad name, a bad option, a name already
+// registered (as a name or a former name) or a closed Deduper is an error (the first
+// three wrap ErrInvalidOption, the last is ErrClosed).
 //
 // A handler with a local tier, on a store that carries forget notices (RedisStore,
 // MemoryStore), subscribes the Deduper to its notices (see WithForgetBound): on
@@ -78,12 +79,22 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		return nil, fmt.Errorf("handler %q: %w", name, err)
 	}
 	h := &Handler{
-		d: d, name: name, cfg: cfg, flights: newFlights(),
+		d: d, name: name, cfg: cfg, flights: newFlights(), store: d.store,
 		keyHead: d.cfg.prefix + ":" + name + ":",
 		log:     d.cfg.logger.With("handler", name),
 		met:     d.met.forHandler(name),
 	}
 	h.completions.h = h
+	if len(cfg.formerNames) > 0 {
+		rs, err := d.records()
+		if err != nil {
+			return nil, fmt.Errorf("%w: handler %q: former names need a store that can look up records: %w", ErrInvalidOption, name, err)
+		}
+		for _, n := range cfg.formerNames {
+			h.formerHeads = append(h.formerHeads, d.cfg.prefix+":"+n+":")
+		}
+		h.store = &formerStore{Store: d.store, h: h, records: rs}
+	}
 	if cfg.localSize > 0 {
 		c, err := lru.New(cfg.localSize, cfg.localTTL, cfg.localOpts...)
 		if err != nil {
@@ -108,6 +119,9 @@ func (d *Deduper) add(h *Handler) error {
 	}
 	if _, dup := d.handlers[h.name]; dup {
 		return fmt.Errorf("%w: handler %q is already registered", ErrInvalidOption, h.name)
+	}
+	if err := d.checkFormerNames(h); err != nil {
+		return err
 	}
 	d.handlers[h.name] = h
 	if h.local != nil {

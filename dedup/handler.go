@@ -17,14 +17,18 @@ import (
 // Handler guards one handler's messages: each key runs successfully at most once
 // inside the retention. Get one from Deduper.Register. Safe for concurrent use.
 type Handler struct {
-	d       *Deduper
-	name    string
-	cfg     handlerConfig
+	d    *Deduper
+	name string
+	cfg  handlerConfig
+	// store is the Deduper's store, as the handler sees it: behind formerStore when
+	// it has former names (former.go)
+	store   Store
 	local   *lru.Cache // DONE keys only; nil when the tier is off
 	flights *flights
 	// completions coalesces the completions of batch items (batch.go)
 	completions completions
-	keyHead     string // "<prefix>:<name>:", the head of every record key
+	keyHead     string   // "<prefix>:<name>:", the head of every record key
+	formerHeads []string // "<prefix>:<former name>:", for each former name
 	log         *slog.Logger
 	stats       counters
 	met         *handlerMetrics // nil: metrics off (metrics.go)
@@ -327,7 +331,7 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	rk := h.keyHead + k
 	token := newToken()
 	sent := time.Now()
-	ans, err := h.d.store.Claim(ctx, rk, token, fp, h.cfg.lease)
+	ans, err := h.store.Claim(ctx, rk, token, fp, h.cfg.lease)
 	if err != nil {
 		h.releaseUnanswered(ctx, k, rk, token)
 		return h.storeFailed(ctx, f, k, lk, fp, err, fn, step)
@@ -460,10 +464,10 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, validUnti
 		if cerr != nil {
 			return h.commitFailed(bg, c, cerr, true)
 		}
-		return h.committed(c, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
+		return h.committed(c, h.store.Complete(bg, c.rk, c.token, h.cfg.retention))
 	}
 	end()
-	return h.completed(c, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
+	return h.completed(c, h.store.Complete(bg, c.rk, c.token, h.cfg.retention))
 }
 
 // failed classifies fn's error once its claim is released: a panic, a lost lease,
@@ -609,7 +613,7 @@ func (h *Handler) storeExtend(ctx context.Context, rk, token string) error {
 	h.d.running.Add(1)
 	go func() {
 		defer h.d.running.Done()
-		errc <- h.d.store.Extend(ctx, rk, token, h.cfg.lease)
+		errc <- h.store.Extend(ctx, rk, token, h.cfg.lease)
 	}()
 	select {
 	case err := <-errc:
@@ -620,7 +624,7 @@ func (h *Handler) storeExtend(ctx context.Context, rk, token string) error {
 }
 
 func (h *Handler) release(ctx context.Context, k, rk, token string) {
-	if err := h.d.store.Release(ctx, rk, token); err != nil {
+	if err := h.store.Release(ctx, rk, token); err != nil {
 		h.log.Warn("dedup: release failed; the key stays claimed until its lease ends", "key_hash", keyHash(k), "err", err)
 	}
 }
@@ -633,7 +637,7 @@ func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 		return res, err
 	}
 	defer h.flights.leave(k, f)
-	ans, err := h.d.store.Mark(ctx, h.keyHead+k, newToken(), fp, h.cfg.retention)
+	ans, err := h.store.Mark(ctx, h.keyHead+k, newToken(), fp, h.cfg.retention)
 	if err != nil {
 		return h.storeFailed(ctx, f, k, lk, fp, err, nil, nil)
 	}

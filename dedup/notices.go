@@ -99,7 +99,7 @@ func (d *Deduper) watchNotices(h *Handler) {
 		d.notices = l
 		go l.run(ctx)
 	}
-	var channels []string
+	channels := make([]string, 0, 1+len(h.cfg.formerNames))
 	for _, n := range h.names() {
 		channels = append(channels, d.cfg.prefix+":"+n)
 	}

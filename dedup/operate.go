@@ -19,7 +19,8 @@ func (d *Deduper) records() (RecordStore, error) {
 
 // RecordInfo is what Lookup and Forget report for one message key.
 type RecordInfo struct {
-	// Handler is the name the record is under: the handler's own.
+	// Handler is the name the record is under: the handler's own, or one of its
+	// former names (WithFormerNames) when that record decides, as it does for Do.
 	Handler string
 	// RecordKey is the store key of that record, as Handler.RecordKey builds it.
 	RecordKey string
@@ -42,8 +43,10 @@ func ForgetInProgress() ForgetOption {
 }
 
 // Lookup reports the record of key: its state, owner token, remaining life,
-// fingerprint and stored reply size, as the handler would find it, or RecordAbsent.
-// It costs one round trip and writes nothing. key is the message key as
+// fingerprint and stored reply size, as the handler would find it, the handler's
+// former names included (WithFormerNames): its own record when there is one, else
+// a former name's DONE record, else a former name's record IN PROGRESS, else
+// RecordAbsent. It costs one round trip and writes nothing. key is the message key as
 // the application passes it; Lookup normalizes it as Do does.
 //
 // An empty key is an error wrapping ErrInvalidOption (messages without a key have no
@@ -89,7 +92,7 @@ func (h *Handler) LookupMany(ctx context.Context, keys []string) ([]RecordInfo, 
 }
 
 // Forget deletes the record of key so that the message runs again when it comes,
-// and tells every
+// under the handler's name and under each of its former names, and tells every
 // Deduper that runs the handler on the same store to drop key from its local tier:
 // this one at once, the others through the store's forget notices (see
 // WithForgetBound for how soon). It returns the record as Lookup would have reported
@@ -97,8 +100,9 @@ func (h *Handler) LookupMany(ctx context.Context, keys []string) ([]RecordInfo, 
 // which is what a record deleted by hand needs).
 //
 // A record IN PROGRESS is left alone unless ForgetInProgress is given: the error then
-// wraps ErrRecordInProgress, and the RecordInfo is that record. Errors are as
-// Lookup's. A
+// wraps ErrRecordInProgress, and the RecordInfo is that record. Each name's record is
+// forgotten on its own, so with former names a DONE record under one name is deleted
+// even when another name's is left IN PROGRESS. Errors are as Lookup's. A
 // transactional handler's database marker (DESIGN §9) is not touched: it still
 // answers Duplicate.
 func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) (RecordInfo, error) {
@@ -159,9 +163,9 @@ func (d *Deduper) CountRecords(ctx context.Context, handler string) (map[string]
 	return rs.CountRecords(ctx, d.cfg.prefix, handler)
 }
 
-// names returns the names the handler's records are under: its own.
+// names returns the handler's name, then its former names.
 func (h *Handler) names() []string {
-	return []string{h.name}
+	return append([]string{h.name}, h.cfg.formerNames...)
 }
 
 // recordKeys returns, for each normalized key, its record keys under names(), in

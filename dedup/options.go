@@ -119,6 +119,7 @@ type handlerConfig struct {
 	storeFailure StoreFailurePolicy
 	fingerprint  bool
 	mode         Mode
+	formerNames  []string     // WithFormerNames (former.go)
 	localOpts    []lru.Option // for tests: the local tier on a fake clock
 }
 

@@ -133,7 +133,8 @@ func TestLookup(t *testing.T) {
 }
 
 // A store that does not implement RecordStore (here one behind a wrapper that embeds
-// Store) says so: Lookup, Forget and CountRecords wrap errors.ErrUnsupported.
+// Store) says so: Lookup, Forget and CountRecords wrap errors.ErrUnsupported, and
+// Register refuses former names.
 func TestRecordsUnsupported(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	d := newDeduper(t, &hookStore{Store: mem})
@@ -150,6 +151,9 @@ func TestRecordsUnsupported(t *testing.T) {
 	}
 	if _, err := h.Subscribers(ctx); !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("Subscribers: %v", err)
+	}
+	if _, err := d.Register("payments", WithFormerNames("charges")); !errors.Is(err, ErrInvalidOption) || !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("WithFormerNames: %v", err)
 	}
 }
 
@@ -576,13 +580,17 @@ func TestSubscribers(t *testing.T) {
 			d2 := newDeduper(t, b.store, WithPrefix(b.prefix))
 			register(t, d2, "orders")
 			register(t, newDeduper(t, b.store, WithPrefix(b.prefix)), "orders", WithLocalCache(0, 0)) // no tier: not subscribed
-			if n, err := h1.Subscribers(ctx); err != nil || n != 2 {
-				t.Fatalf("subscribers %d %v, want 2", n, err)
+			renamed := register(t, newDeduper(t, b.store, WithPrefix(b.prefix)), "orders-v2", WithFormerNames("orders"))
+			if n, err := h1.Subscribers(ctx); err != nil || n != 3 {
+				t.Fatalf("subscribers %d %v, want 3 (two, and one with it as a former name)", n, err)
+			}
+			if n, err := renamed.Subscribers(ctx); err != nil || n != 1 {
+				t.Fatalf("subscribers of orders-v2 %d %v, want 1", n, err)
 			}
 			d2.Close()
 			testenv.Eventually(t, 5*time.Second, "one subscriber fewer", func() bool {
 				n, err := h1.Subscribers(ctx)
-				return err == nil && n == 1
+				return err == nil && n == 2
 			})
 		})
 	}
@@ -596,17 +604,17 @@ func TestLogsOfForgetHoldNoKey(t *testing.T) {
 		logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		ctx := context.Background()
 		a := register(t, newDeduper(t, mem, WithLogger(logger)), "orders", WithFingerprint(true))
-		b := register(t, newDeduper(t, mem, WithLogger(logger)), "orders")
+		b := register(t, newDeduper(t, mem, WithLogger(logger)), "orders-v2", WithFormerNames("orders"))
 		res, err := a.HandleKey(ctx, key, []byte(secretPayloadA), ok)
 		want(t, res, err, Processed)
-		res, err = b.HandleKey(ctx, key, []byte(secretPayloadA), ok)
+		res, err = b.HandleKey(ctx, key, []byte(secretPayloadA), ok) // found under the former name
 		want(t, res, err, Duplicate)
 		if _, err := b.Forget(ctx, key); err != nil {
 			t.Fatal(err)
 		}
 		testenv.Eventually(t, 5*time.Second, "a drops the key", func() bool { return strings.Count(logs.String(), "dropped from the local tier") >= 2 })
 		out := logs.String()
-		for _, msg := range []string{"record forgotten", "dropped from the local tier"} {
+		for _, msg := range []string{"record forgotten", "dropped from the local tier", "found under a former name"} {
 			if !strings.Contains(out, msg) {
 				t.Fatalf("no %q line:\n%s", msg, out)
 			}

@@ -308,7 +308,7 @@ func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState
 	}
 	var cerr error
 	if hasClaim {
-		cerr = h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention)
+		cerr = h.store.Complete(bg, c.rk, c.token, h.cfg.retention)
 	}
 	return h.repaired(c, cerr)
 }
