@@ -285,4 +285,16 @@ func TestFormerNamesOneMoreRoundTrip(t *testing.T) {
 	if with := trips(func() { res, err := renamedDo.Do(ctx, k, ok); want(t, res, err, Duplicate) }); with != base {
 		t.Fatalf("a duplicate under the current name: %d round trips, %d without former names", with, base)
 	}
+	// a key DONE under a former name: the claim, the lookup and the copy forward;
+	// then, copied forward, it costs what a duplicate under the current name does
+	old := register(t, newDeduper(t, s, WithPrefix(prefix)), "old-2", WithLocalCache(0, 0)) // another process
+	k = key()
+	res, err := old.Do(ctx, k, ok)
+	want(t, res, err, Processed)
+	if n := trips(func() { res, err := renamedDo.Do(ctx, k, ok); want(t, res, err, Duplicate) }); n != 3 {
+		t.Fatalf("a duplicate under a former name: %d round trips, want 3", n)
+	}
+	if n := trips(func() { res, err := renamedDo.Do(ctx, k, ok); want(t, res, err, Duplicate) }); n != base {
+		t.Fatalf("the same, copied forward: %d round trips, want %d", n, base)
+	}
 }
