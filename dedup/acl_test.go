@@ -15,16 +15,18 @@ import (
 )
 
 // aclSetUser is the README's ACL line for a user that may run a RedisStore and nothing
-// else: only keys under <prefix>:, only the scripts (EVALSHA, and EVAL when the server
-// has lost its script cache), the commands they call (GET, SET, PEXPIRE, PTTL, DEL)
-// and Mark's SET. go-redis's connection handshake needs nothing more: HELLO and AUTH
-// are open to every user, and a refused CLIENT SETINFO is ignored. The arguments are
-// the user name, its password and the Deduper's prefix.
-const aclSetUser = "ACL SETUSER %s reset on >%s ~%s:* +evalsha +eval +get +set +pexpire +pttl +del"
+// else: only keys and channels under <prefix>:, only the scripts (EVALSHA, and EVAL
+// when the server has lost its script cache), the commands they call (GET, SET,
+// PEXPIRE, PTTL, DEL, and PUBLISH for Forget's notices) and Mark's SET, and the
+// Deduper's subscription to forget notices (SUBSCRIBE, and PING to tell it is
+// alive). go-redis's connection handshake needs nothing more: HELLO and AUTH are open
+// to every user, and a refused CLIENT SETINFO is ignored. The arguments are the user
+// name, its password and the Deduper's prefix (twice).
+const aclSetUser = "ACL SETUSER %s reset on >%s ~%[3]s:* &%[3]s:* +evalsha +eval +get +set +pexpire +pttl +del +publish +subscribe +ping"
 
 // aclCommands are the commands aclSetUser allows; TestACLCommandsAreMinimal checks
 // that the store needs each of them.
-var aclCommands = []string{"evalsha", "eval", "get", "set", "pexpire", "pttl", "del"}
+var aclCommands = []string{"evalsha", "eval", "get", "set", "pexpire", "pttl", "del", "publish", "subscribe", "ping"}
 
 // aclServer is a redis-server of the test's own (ACL users are server-wide, so the
 // shared server is left alone) and an admin client to it.
@@ -160,7 +162,59 @@ func storeFlow(ctx context.Context, s Store, admin *redis.Client, prefix string)
 	if err == nil && (marks[0].Status != StatusAcquired || marks[1].Status != StatusDuplicate) {
 		err = fmt.Errorf("statuses %v, %v", marks[0].Status, marks[1].Status)
 	}
-	return step("mark many", err)
+	if err := step("mark many", err); err != nil {
+		return err
+	}
+	return recordsFlow(ctx, s, prefix, k)
+}
+
+// recordsFlow drives Lookup, Forget and the forget notices (subscribe, PING, a
+// notice) on the DONE record k("1") of storeFlow, and returns the first error.
+func recordsFlow(ctx context.Context, s Store, prefix string, k func(string) string) error {
+	rs := s.(RecordStore)
+	recs, err := rs.Lookup(ctx, []string{k("1")})
+	if err == nil && recs[0].Err != nil {
+		err = recs[0].Err
+	}
+	if err == nil && recs[0].State != RecordDone {
+		err = fmt.Errorf("state %v", recs[0].State)
+	}
+	if err != nil {
+		return fmt.Errorf("lookup: %w", err)
+	}
+	sub := s.(noticeBus).subscribeNotices()
+	defer sub.close()
+	next := func(want noticeKind) error {
+		for {
+			n, err := sub.receive(ctx, 2*time.Second)
+			if err != nil || n.kind == want {
+				return err
+			}
+		}
+	}
+	if err := sub.add(ctx, prefix+":orders"); err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	if err := next(noticeSubscribed); err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	if err := sub.ping(ctx); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	if err := next(noticeHeard); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	recs, err = rs.Forget(ctx, []string{k("1")}, false)
+	if err == nil && recs[0].Err != nil {
+		err = recs[0].Err
+	}
+	if err != nil {
+		return fmt.Errorf("forget: %w", err)
+	}
+	if err := next(noticeForgotten); err != nil {
+		return fmt.Errorf("forget notice: %w", err)
+	}
+	return nil
 }
 
 // The README's ACL line is enough for every store operation, and each command it

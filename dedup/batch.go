@@ -113,7 +113,11 @@ func newBatchOut(n int, done func(int, ItemResult), leave func(*batchItem), chec
 		checked: checked, isSet: make([]bool, n), holding: true}
 }
 
-func (o *batchOut) set(i int, r ItemResult) {
+func (o *batchOut) set(i int, r ItemResult) { o.setAndLeave(i, r, true) }
+
+// setAndLeave is set, leaving the item's flight only when leave is true (else the
+// caller leaves it later: a committed item's, once its completion has landed).
+func (o *batchOut) setAndLeave(i int, r ItemResult, leave bool) {
 	o.mu.Lock()
 	o.r[i], o.isSet[i] = r, true
 	b, holding := o.lead[i], o.holding
@@ -121,7 +125,7 @@ func (o *batchOut) set(i int, r ItemResult) {
 		o.held = append(o.held, i)
 	}
 	o.mu.Unlock()
-	if b != nil {
+	if b != nil && leave {
 		o.leave(b) // before done: calls waiting for the key go on at once
 	}
 	if !holding && o.done != nil {
@@ -339,7 +343,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
 		}
-		c := claimed{k: b.k, lk: b.lk, rk: b.rk, fp: b.fp, token: b.token}
+		c := b.claimed()
 		res, ferr := h.runOnMarker(ctx, c, func(ctx context.Context) error { return fn(ctx, b.i) }, step.fresh())
 		out.set(b.i, ItemResult{res, ferr})
 		return
@@ -364,7 +368,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 	for j, b := range leads {
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.retention}
 	}
-	answers, err := h.d.store.MarkMany(ctx, entries)
+	answers, err := h.store.MarkMany(ctx, entries)
 	// First answer every flight, then run: an fn that checks a later key of the batch
 	// must not wait for that key's turn.
 	type pending struct {
@@ -387,7 +391,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 			h.storeItemFailed(ctx, out, b, aerr, fn, nil)
 			continue
 		}
-		res := h.marked(b.k, b.lk, a)
+		res := h.marked(b.f, b.k, b.lk, a)
 		if res.Outcome != First {
 			h.settle(out, b, res, nil)
 			continue
@@ -495,7 +499,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
 	}
 	sent := time.Now()
-	answers, err := h.d.store.ClaimMany(ctx, entries)
+	answers, err := h.store.ClaimMany(ctx, entries)
 	var claimed []*batchItem
 	// Items whose claim failed and that run anyway (FailOpen) wait until the claimed
 	// ones are done: run now, they would hold up the heartbeat the claims need.
@@ -526,7 +530,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			b.f.answer(Result{}, nil, true)
 			claimed = append(claimed, b)
 		case StatusDuplicate:
-			h.rememberFor(b.lk, a.TTL)
+			h.rememberFor(b.f, b.lk, a.TTL)
 			h.settle(out, b, Result{Outcome: Duplicate, Tier: TierStore}, nil)
 		case StatusConflict:
 			h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(b.k))
@@ -717,7 +721,7 @@ func (h *Handler) unrun(ctx context.Context, hb *batchBeat, b *batchItem, out *b
 }
 
 func (b *batchItem) claimed() claimed {
-	return claimed{k: b.k, lk: b.lk, rk: b.rk, fp: b.fp, token: b.token}
+	return claimed{k: b.k, lk: b.lk, rk: b.rk, fp: b.fp, token: b.token, f: b.f}
 }
 
 // beginBatch opens a transactional batch's transaction with the markers of its
@@ -773,7 +777,8 @@ func (h *Handler) commitBatch(ctx context.Context, hb *batchBeat, c *completer, 
 			// Processed now, whatever the completion answers: the marker answers a
 			// redelivery, so the ack need not wait for the round trip
 			res, err := h.committed(b.claimed(), nil)
-			out.set(b.i, ItemResult{res, err})
+			b.f.processed.Store(true)
+			out.setAndLeave(b.i, ItemResult{res, err}, false) // left once its completion lands
 			c.addAs(b, committedNow)
 			continue
 		}
@@ -829,12 +834,14 @@ func (c *completer) addAs(b *batchItem, how completionKind) {
 		switch how {
 		case committedNow:
 			h.notCompleted(b.claimed(), cerr)
+			c.out.leave(b) // its result is out already (commitBatch)
 			return
 		case completedEarlier:
 			res, err = h.repaired(b.claimed(), cerr)
 		default:
-			res, err = h.completed(b.k, b.lk, cerr)
+			res, err = h.completed(b.claimed(), cerr)
 		}
+		b.f.processed.Store(res.Outcome == Processed)
 		c.out.set(b.i, ItemResult{res, err})
 	}})
 }

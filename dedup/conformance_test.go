@@ -143,6 +143,48 @@ func (s *suite) complete(key, token string) error {
 	return err
 }
 
+func (s *suite) records() RecordStore {
+	s.t.Helper()
+	rs, ok := s.b.store.(RecordStore)
+	if !ok {
+		s.t.Fatalf("%T does not implement RecordStore", s.b.store)
+	}
+	return rs
+}
+
+func (s *suite) lookup(keys ...string) []Record {
+	s.t.Helper()
+	rs, err := s.records().Lookup(s.ctx, keys)
+	if err != nil {
+		s.t.Fatalf("Lookup: %v", err)
+	}
+	if len(rs) != len(keys) {
+		s.t.Fatalf("Lookup: %d records for %d keys", len(rs), len(keys))
+	}
+	return rs
+}
+
+func (s *suite) forget(force bool, keys ...string) []Record {
+	s.t.Helper()
+	rs, err := s.records().Forget(s.ctx, keys, force)
+	if err != nil {
+		s.t.Fatalf("Forget: %v", err)
+	}
+	if len(rs) != len(keys) {
+		s.t.Fatalf("Forget: %d records for %d keys", len(rs), len(keys))
+	}
+	return rs
+}
+
+// wantRecord checks a record found: state, owner, fingerprint, and a TTL in (0, max].
+func (s *suite) wantRecord(r Record, state RecordState, owner, fp string, max time.Duration) {
+	s.t.Helper()
+	if r.Err != nil && state != RecordInProgress || r.State != state || r.Owner != owner || r.Fingerprint != fp ||
+		r.TTL <= 0 || r.TTL > max || r.ReplySize != 0 {
+		s.t.Fatalf("record %+v, want %v owned by %q, fingerprint %q, TTL in (0, %v], no reply", r, state, owner, fp, max)
+	}
+}
+
 func (s *suite) wantStatus(a Answer, want Status) {
 	s.t.Helper()
 	if a.Status != want {
@@ -446,6 +488,83 @@ var conformanceCases = []struct {
 		}
 		s.wantStatus(s.claim(k, "A", ""), StatusAcquired) // nothing was written
 	}},
+	{"lookup/states", func(t *testing.T, s *suite) {
+		absent, inProgress, done := s.key(), s.key(), s.key()
+		s.claim(inProgress, "A", "fp1")
+		s.claim(done, "B", "fp2")
+		s.must(s.complete(done, "B"))
+		got := s.lookup(absent, inProgress, done)
+		if got[0] != (Record{}) {
+			t.Fatalf("absent: %+v", got[0])
+		}
+		s.wantRecord(got[1], RecordInProgress, "A", "fp1", cLease)
+		s.wantRecord(got[2], RecordDone, "B", "fp2", cRetention)
+		// Lookup writes nothing: the claim is still A's, the DONE record unchanged
+		s.wantStatus(s.claim(inProgress, "C", ""), StatusInProgress)
+		s.wantStatus(s.claim(done, "C", "fp2"), StatusDuplicate)
+		s.wantStatus(s.claim(absent, "C", ""), StatusAcquired)
+	}},
+	{"lookup/empty", func(t *testing.T, s *suite) {
+		rs, err := s.records().Lookup(s.ctx, nil)
+		s.must(err)
+		if len(rs) != 0 {
+			t.Fatalf("records for no keys: %v", rs)
+		}
+	}},
+	{"forget/done", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.mark(k, "A", "fp1")
+		got := s.forget(false, k)
+		s.wantRecord(got[0], RecordDone, "A", "fp1", cRetention)
+		if r := s.lookup(k)[0]; r.State != RecordAbsent {
+			t.Fatalf("after Forget: %+v", r)
+		}
+		s.wantStatus(s.mark(k, "B", "fp2"), StatusAcquired) // runs again, another payload too
+	}},
+	{"forget/absent", func(t *testing.T, s *suite) {
+		k := s.key()
+		got := s.forget(false, k)
+		if got[0].State != RecordAbsent || got[0].Err != nil {
+			t.Fatalf("forget of an absent record: %+v", got[0])
+		}
+		s.wantStatus(s.claim(k, "A", ""), StatusAcquired)
+	}},
+	{"forget/in-progress", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		got := s.forget(false, k)
+		if !errors.Is(got[0].Err, ErrRecordInProgress) {
+			t.Fatalf("forget of a record in progress: err %v, want ErrRecordInProgress", got[0].Err)
+		}
+		s.wantRecord(got[0], RecordInProgress, "A", "", cLease)
+		s.wantStatus(s.claim(k, "B", ""), StatusInProgress) // left alone
+		s.must(s.b.store.Extend(s.ctx, k, "A", cLease))
+		got = s.forget(true, k)
+		if got[0].Err != nil || got[0].State != RecordInProgress {
+			t.Fatalf("forced forget: %+v", got[0])
+		}
+		s.wantLeaseLost(s.complete(k, "A")) // the owner finds its lease lost
+		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+	}},
+	{"forget/many", func(t *testing.T, s *suite) {
+		done, inProgress, absent := s.key(), s.key(), s.key()
+		s.mark(done, "A", "")
+		s.claim(inProgress, "A", "")
+		got := s.forget(false, done, inProgress, absent)
+		if got[0].Err != nil || got[0].State != RecordDone || !errors.Is(got[1].Err, ErrRecordInProgress) ||
+			got[2].Err != nil || got[2].State != RecordAbsent {
+			t.Fatalf("got %+v", got)
+		}
+		s.wantStatus(s.mark(done, "B", ""), StatusAcquired)
+		s.wantStatus(s.mark(inProgress, "B", ""), StatusInProgress)
+	}},
+	{"forget/not-a-record-key", func(t *testing.T, s *suite) {
+		for _, k := range []string{"", "nocolon", "prefix:handler-only"} {
+			if _, err := s.records().Forget(s.ctx, []string{s.key(), k}, false); !errors.Is(err, ErrInvalidOption) {
+				t.Fatalf("Forget(%q): err %v, want ErrInvalidOption", k, err)
+			}
+		}
+	}},
 	{"hostile-fingerprint", func(t *testing.T, s *suite) {
 		k := s.key()
 		fp := "a:b:c\x00\xff"
@@ -472,6 +591,15 @@ func TestRedisStoreForeignValue(t *testing.T) {
 			}
 			if _, err := b.store.Mark(ctx, k, "A", "", cRetention); !errors.Is(err, ErrBadRecord) {
 				t.Fatalf("mark: %v", err)
+			}
+			rs := b.store.(RecordStore)
+			if got, err := rs.Lookup(ctx, []string{k}); err != nil || !errors.Is(got[0].Err, ErrBadRecord) {
+				t.Fatalf("lookup: %v %+v", err, got)
+			}
+			for _, force := range []bool{false, true} {
+				if got, err := rs.Forget(ctx, []string{k}, force); err != nil || !errors.Is(got[0].Err, ErrBadRecord) {
+					t.Fatalf("forget (force %v): %v %+v", force, err, got)
+				}
 			}
 			if v := b.rdb.Get(ctx, k).Val(); v != "hello" {
 				t.Fatalf("value overwritten: %q", v)

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/dedupkit/dedupkit/keys"
 	"github.com/dedupkit/dedupkit/lru"
 )
 
@@ -27,6 +26,11 @@ type Deduper struct {
 	closed   bool
 	running  sync.WaitGroup // calls that reached the store; Close waits for them
 	handlers map[string]*Handler
+	// byName holds the handlers with a local tier under their names and former
+	// names, for forget notices (notices.go); notices is their subscription, nil
+	// until the first such handler registers
+	byName  map[string]*Handler
+	notices *noticeListener
 }
 
 // New returns a Deduper over store. A nil store or a bad option is an error wrapping
@@ -35,14 +39,15 @@ func New(store Store, opts ...Option) (*Deduper, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: store is nil", ErrInvalidOption)
 	}
-	cfg := config{prefix: DefaultPrefix, logger: slog.Default()}
+	cfg := config{prefix: DefaultPrefix, logger: slog.Default(), forgetBound: DefaultForgetBound}
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
 			return nil, err
 		}
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	d := &Deduper{store: store, base: store, cfg: cfg, ctx: ctx, cancel: cancel, handlers: make(map[string]*Handler)}
+	d := &Deduper{store: store, base: store, cfg: cfg, ctx: ctx, cancel: cancel,
+		handlers: make(map[string]*Handler), byName: make(map[string]*Handler)}
 	if err := d.instrument(); err != nil {
 		cancel(err)
 		return nil, err
@@ -51,12 +56,18 @@ func New(store Store, opts ...Option) (*Deduper, error) {
 }
 
 // Register adds a handler named name. The name is part of every record key, so keep it
-// stable across deploys; 1 to 64 bytes of [A-Za-z0-9._-]. A bad name, a bad option, a
-// name already registered or a closed Deduper is an error (the first three wrap
-// ErrInvalidOption, the last is ErrClosed).
+// stable across deploys (to rename a handler, list its old name WithFormerNames);
+// 1 to 64 bytes of [A-Za-z0-9._-]. A bad name, a bad option, a name already
+// registered (as a name or a former name) or a closed Deduper is an error (the first
+// three wrap ErrInvalidOption, the last is ErrClosed).
+//
+// A handler with a local tier, on a store that carries forget notices (RedisStore,
+// MemoryStore), subscribes the Deduper to its notices (see WithForgetBound): on
+// Redis, the first one opens a subscription connection, and one goroutine, which
+// Close stops.
 func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error) {
-	if err := keys.ValidateName(name); err != nil {
-		return nil, fmt.Errorf("%w: handler name: %w", ErrInvalidOption, err)
+	if err := validName(name); err != nil {
+		return nil, err
 	}
 	cfg := defaultHandlerConfig()
 	for _, o := range opts {
@@ -68,31 +79,57 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		return nil, fmt.Errorf("handler %q: %w", name, err)
 	}
 	h := &Handler{
-		d: d, name: name, cfg: cfg, flights: newFlights(),
+		d: d, name: name, cfg: cfg, flights: newFlights(), store: d.store,
 		keyHead: d.cfg.prefix + ":" + name + ":",
 		log:     d.cfg.logger.With("handler", name),
 		met:     d.met.forHandler(name),
 	}
 	h.completions.h = h
+	if len(cfg.formerNames) > 0 {
+		rs, err := d.records()
+		if err != nil {
+			return nil, fmt.Errorf("%w: handler %q: former names need a store that can look up records: %w", ErrInvalidOption, name, err)
+		}
+		for _, n := range cfg.formerNames {
+			h.formerHeads = append(h.formerHeads, d.cfg.prefix+":"+n+":")
+		}
+		h.store = &formerStore{Store: d.store, h: h, records: rs}
+	}
 	if cfg.localSize > 0 {
-		c, err := lru.New(cfg.localSize, cfg.localTTL)
+		c, err := lru.New(cfg.localSize, cfg.localTTL, cfg.localOpts...)
 		if err != nil {
 			return nil, fmt.Errorf("%w: handler %q: local cache: %w", ErrInvalidOption, name, err)
 		}
 		h.local = c
 	}
+	if err := d.add(h); err != nil {
+		h.closeLocal()
+		return nil, err
+	}
+	d.watchNotices(h)
+	return h, nil
+}
+
+// add registers h, unless the Deduper is closed or a name clashes.
+func (d *Deduper) add(h *Handler) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		h.closeLocal()
-		return nil, ErrClosed
+		return ErrClosed
 	}
-	if _, dup := d.handlers[name]; dup {
-		h.closeLocal()
-		return nil, fmt.Errorf("%w: handler %q is already registered", ErrInvalidOption, name)
+	if _, dup := d.handlers[h.name]; dup {
+		return fmt.Errorf("%w: handler %q is already registered", ErrInvalidOption, h.name)
 	}
-	d.handlers[name] = h
-	return h, nil
+	if err := d.checkFormerNames(h); err != nil {
+		return err
+	}
+	d.handlers[h.name] = h
+	if h.local != nil {
+		for _, n := range h.names() {
+			d.byName[n] = h
+		}
+	}
+	return nil
 }
 
 // Handlers returns the registered handler names, sorted.
@@ -125,6 +162,7 @@ func (d *Deduper) Close() error {
 	d.mu.Unlock()
 	d.cancel(ErrClosed)
 	d.running.Wait()
+	d.stopNotices()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, h := range d.handlers {

@@ -2,11 +2,13 @@ package dedup
 
 import "errors"
 
-// Sentinel errors. Every error the package returns wraps one of these (or is the
-// handler's own error, returned as is), so callers test them with errors.Is.
+// Sentinel errors. Every error the package returns wraps one of these, or
+// errors.ErrUnsupported (a store without RecordStore), or is the handler's own error,
+// returned as is; callers test them with errors.Is.
 var (
-	// ErrInvalidOption reports a bad setting at construction: New, Register, NewRedisStore
-	// or NewMemoryStore. The wrapping error names the setting.
+	// ErrInvalidOption reports a bad setting at construction (New, Register,
+	// NewRedisStore or NewMemoryStore; the wrapping error names the setting) or a bad
+	// argument (an empty key given to Lookup or Forget, a bad token given to a store).
 	ErrInvalidOption = errors.New("dedup: invalid option")
 
 	// ErrLeaseLost reports that the caller no longer owns the record: its lease expired
@@ -30,4 +32,8 @@ var (
 	// ErrBadRecord reports a value under a record key that dedup did not write (another
 	// program shares the prefix). The record is left alone and the message is not dropped.
 	ErrBadRecord = errors.New("dedup: unrecognised record")
+
+	// ErrRecordInProgress reports that Forget left a record alone because it is IN
+	// PROGRESS: its owner is running the handler. ForgetInProgress forces it.
+	ErrRecordInProgress = errors.New("dedup: record in progress")
 )

@@ -30,7 +30,7 @@ func ExampleDeduper_HealthHandler() {
 	fmt.Print(rec.Body.String())
 	// Output:
 	// 200
-	// {"status":"ok","checks":[{"name":"store.reachable","status":"ok","value":"memory","detail":"in process: 1 of 1048576 records"}],"local":[{"handler":"orders","len":1,"cap":1024}]}
+	// {"status":"ok","checks":[{"name":"store.reachable","status":"ok","value":"memory","detail":"in process: 1 of 1048576 records"},{"name":"forget.notices","status":"ok","value":"subscribed"}],"local":[{"handler":"orders","len":1,"cap":1024}]}
 }
 
 // Turn on OpenTelemetry metrics with the application's MeterProvider (here an SDK

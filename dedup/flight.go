@@ -33,6 +33,18 @@ type flight struct {
 	// ends as far as this process knows, for the RetryAfter of those that wait.
 	running  bool
 	leaseEnd atomic.Int64
+	// processed is set by the leader, before it leaves, when its run of fn ended
+	// Processed: a call for the key then answers Duplicate
+	processed atomic.Bool
+	// completing is set by a leader whose completion goes out after the run (a
+	// committed transactional run's): the completion leaves the flight once it has
+	// landed, so that a call for the key meanwhile waits for it here, instead of
+	// finding the claim still IN PROGRESS in the store
+	completing bool
+	// stale is set when the key was forgotten (or the local tier purged) while the
+	// flight was out: its store answer may predate the forget, so the leader must not
+	// leave it in the local tier (see Handler.remember).
+	stale atomic.Bool
 }
 
 func newFlights() *flights {
@@ -60,10 +72,38 @@ func (fs *flights) join(key string) (*flight, bool) {
 	return f, true
 }
 
+// invalidate marks the flight out for key, if any, stale.
+func (fs *flights) invalidate(key string) {
+	s := fs.shard(key)
+	s.mu.Lock()
+	if f, ok := s.m[key]; ok {
+		f.stale.Store(true)
+	}
+	s.mu.Unlock()
+}
+
+// invalidateAll marks every flight out stale.
+func (fs *flights) invalidateAll() {
+	for i := range fs.shards {
+		s := &fs.shards[i]
+		s.mu.Lock()
+		for _, f := range s.m {
+			f.stale.Store(true)
+		}
+		s.mu.Unlock()
+	}
+}
+
 // answer publishes the leader's answer to the waiting callers.
 func (f *flight) answer(res Result, err error, running bool) {
 	f.res, f.err, f.running = res, err, running
 	f.ready.fire()
+}
+
+// ran notes the result of the leader's run of fn (processed), and returns it.
+func (f *flight) ran(res Result, err error) (Result, error) {
+	f.processed.Store(res.Outcome == Processed)
+	return res, err
 }
 
 // leave removes the flight; the leader calls it once it is done with the key.

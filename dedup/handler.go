@@ -17,15 +17,19 @@ import (
 // Handler guards one handler's messages: each key runs successfully at most once
 // inside the retention. Get one from Deduper.Register. Safe for concurrent use.
 type Handler struct {
-	d       *Deduper
-	name    string
-	cfg     handlerConfig
+	d    *Deduper
+	name string
+	cfg  handlerConfig
+	// store is the Deduper's store, as the handler sees it: behind formerStore when
+	// it has former names (former.go)
+	store   Store
 	local   *lru.Cache // DONE keys only; nil when the tier is off
 	flights *flights
 	// completions coalesces the completions that need not hold their caller: batch
 	// items' and committed transactional runs' (completions.go)
 	completions completions
-	keyHead     string // "<prefix>:<name>:", the head of every record key
+	keyHead     string   // "<prefix>:<name>:", the head of every record key
+	formerHeads []string // "<prefix>:<former name>:", for each former name
 	log         *slog.Logger
 	stats       counters
 	met         *handlerMetrics // nil: metrics off (metrics.go)
@@ -161,16 +165,31 @@ func localKey(k, fp string) string {
 	return k + "#" + fp
 }
 
-func (h *Handler) remember(lk string) {
+// remember caches a DONE key, learnt by the leader of flight f. Should the key be
+// forgotten while f was out (f.stale: a forget notice, or a purge, came meanwhile),
+// the store's answer may predate the forget, so the entry is taken out again. The
+// order matters: Add, then look at f.stale; the forgetting side marks f stale, then
+// removes the key (dropLocal). Either this sees the mark, or the removal follows
+// the Add.
+func (h *Handler) remember(f *flight, lk string) {
 	if h.local != nil {
 		h.local.Add(lk)
+		h.unlessStale(f, lk)
 	}
 }
 
-// rememberFor caches a DONE key for no longer than its record has left in the store.
-func (h *Handler) rememberFor(lk string, left time.Duration) {
+// rememberFor caches a DONE key for no longer than its record has left in the store
+// (as remember for the rest).
+func (h *Handler) rememberFor(f *flight, lk string, left time.Duration) {
 	if h.local != nil {
 		h.local.AddFor(lk, left)
+		h.unlessStale(f, lk)
+	}
+}
+
+func (h *Handler) unlessStale(f *flight, lk string) {
+	if f == nil || f.stale.Load() {
+		h.local.Remove(lk)
 	}
 }
 
@@ -205,6 +224,10 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 			return nil, h.count(Result{Outcome: Cancelled}), err
 		}
 		if f.running {
+			if f.processed.Load() && f.fp == fp && !f.stale.Load() {
+				// the run processed the key, and its completion is on its way
+				return nil, h.count(Result{Outcome: Duplicate, Tier: TierLocal}), nil
+			}
 			if !waitsForRunning(ctx) {
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
@@ -218,6 +241,12 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 			}
 			if !done {
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
+			}
+			if f.processed.Load() && f.fp == fp && !f.stale.Load() {
+				// the run processed the key: a duplicate, whether or not its DONE
+				// record has landed yet (a committed run's completion is lazy) or the
+				// local tier kept it
+				return nil, h.count(Result{Outcome: Duplicate, Tier: TierLocal}), nil
 			}
 			continue
 		}
@@ -304,7 +333,7 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	if f == nil {
 		return res, err
 	}
-	defer h.flights.leave(k, f)
+	defer h.leaveFlight(k, f)
 	if !h.d.enter() {
 		return h.lead(f, Result{Outcome: Cancelled}, ErrClosed)
 	}
@@ -313,14 +342,14 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	rk := h.keyHead + k
 	token := newToken()
 	sent := time.Now()
-	ans, err := h.d.store.Claim(ctx, rk, token, fp, h.cfg.lease)
+	ans, err := h.store.Claim(ctx, rk, token, fp, h.cfg.lease)
 	if err != nil {
 		h.releaseUnanswered(ctx, k, rk, token)
 		return h.storeFailed(ctx, f, k, lk, fp, err, fn, step)
 	}
 	switch ans.Status {
 	case StatusDuplicate:
-		h.rememberFor(lk, ans.TTL)
+		h.rememberFor(f, lk, ans.TTL)
 		return h.lead(f, Result{Outcome: Duplicate, Tier: TierStore}, nil)
 	case StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
@@ -331,12 +360,23 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	validUntil := sent.Add(h.cfg.lease)
 	f.leaseEnd.Store(validUntil.UnixNano())
 	f.answer(Result{}, nil, true)
-	return h.runLeased(ctx, f, claimed{k: k, lk: lk, rk: rk, fp: fp, token: token}, validUntil, fn, step)
+	return f.ran(h.runLeased(ctx, f, claimed{k: k, lk: lk, rk: rk, fp: fp, token: token, f: f}, validUntil, fn, step))
+}
+
+// leaveFlight leaves the flight of a run, unless its completion, still out, leaves it
+// when it lands (completeCommitted).
+func (h *Handler) leaveFlight(k string, f *flight) {
+	if !f.completing {
+		h.flights.leave(k, f)
+	}
 }
 
 // claimed names a run's key in its forms (normalized, local-tier, record), with its
-// payload fingerprint and its owner token.
-type claimed struct{ k, lk, rk, fp, token string }
+// payload fingerprint, its owner token and the flight its caller leads for it.
+type claimed struct {
+	k, lk, rk, fp, token string
+	f                    *flight
+}
 
 // lead publishes the leader's result to those waiting on f and returns it. First is
 // not counted here: Mark counts it, and Handle goes on to run fn and counts that.
@@ -377,7 +417,7 @@ func (h *Handler) storeFailed(ctx context.Context, f *flight, k, lk, fp string, 
 		// and stays exactly once
 		h.log.Warn("dedup: store unavailable, running on the database marker alone", "key_hash", keyHash(k), "err", err)
 		f.answer(Result{}, nil, true) // concurrent calls for this key wait on this run
-		return h.runOnMarker(ctx, claimed{k: k, lk: lk, rk: h.keyHead + k, fp: fp, token: newToken()}, fn, step)
+		return f.ran(h.runOnMarker(ctx, claimed{k: k, lk: lk, rk: h.keyHead + k, fp: fp, token: newToken(), f: f}, fn, step))
 	}
 	if h.cfg.storeFailure == FailOpen {
 		h.met.failOpen()
@@ -447,7 +487,7 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, validUnti
 		return h.committed(c, nil)
 	}
 	end()
-	return h.completed(c.k, c.lk, h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention))
+	return h.completed(c, h.store.Complete(bg, c.rk, c.token, h.cfg.retention))
 }
 
 // failed classifies fn's error once its claim is released: a panic, a lost lease,
@@ -466,10 +506,11 @@ func (h *Handler) failed(k string, panicked bool, err, cause error) (Result, err
 }
 
 // completed turns the answer to Complete into the result of a successful fn.
-func (h *Handler) completed(k, lk string, cerr error) (Result, error) {
+func (h *Handler) completed(c claimed, cerr error) (Result, error) {
+	k := c.k
 	switch {
 	case cerr == nil:
-		h.remember(lk)
+		h.remember(c.f, c.lk)
 		return h.count(Result{Outcome: Processed}), nil
 	case errors.Is(cerr, ErrLeaseLost):
 		h.met.leaseLost(opComplete)
@@ -592,7 +633,7 @@ func (h *Handler) storeExtend(ctx context.Context, rk, token string) error {
 	h.d.running.Add(1)
 	go func() {
 		defer h.d.running.Done()
-		errc <- h.d.store.Extend(ctx, rk, token, h.cfg.lease)
+		errc <- h.store.Extend(ctx, rk, token, h.cfg.lease)
 	}()
 	select {
 	case err := <-errc:
@@ -603,7 +644,7 @@ func (h *Handler) storeExtend(ctx context.Context, rk, token string) error {
 }
 
 func (h *Handler) release(ctx context.Context, k, rk, token string) {
-	if err := h.d.store.Release(ctx, rk, token); err != nil {
+	if err := h.store.Release(ctx, rk, token); err != nil {
 		h.log.Warn("dedup: release failed; the key stays claimed until its lease ends", "key_hash", keyHash(k), "err", err)
 	}
 }
@@ -616,18 +657,19 @@ func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 		return res, err
 	}
 	defer h.flights.leave(k, f)
-	ans, err := h.d.store.Mark(ctx, h.keyHead+k, newToken(), fp, h.cfg.retention)
+	ans, err := h.store.Mark(ctx, h.keyHead+k, newToken(), fp, h.cfg.retention)
 	if err != nil {
 		return h.storeFailed(ctx, f, k, lk, fp, err, nil, nil)
 	}
-	return h.lead(f, h.marked(k, lk, ans), nil)
+	return h.lead(f, h.marked(f, k, lk, ans), nil)
 }
 
-// marked turns a store's answer to Mark into a result, caching only what is DONE.
-func (h *Handler) marked(k, lk string, ans Answer) Result {
+// marked turns a store's answer to Mark, for the leader of flight f, into a result,
+// caching only what is DONE.
+func (h *Handler) marked(f *flight, k, lk string, ans Answer) Result {
 	switch ans.Status {
 	case StatusAcquired:
-		h.remember(lk)
+		h.remember(f, lk)
 		return Result{Outcome: First}
 	case StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
@@ -640,7 +682,7 @@ func (h *Handler) marked(k, lk string, ans Answer) Result {
 	// DONE by another owner, earlier: cached for no longer than the record has left,
 	// and not at all when the store does not say (Mark's TTL is 0). A local entry that
 	// outlived the record would answer Duplicate once the key is claimed again.
-	h.rememberFor(lk, ans.TTL)
+	h.rememberFor(f, lk, ans.TTL)
 	return Result{Outcome: Duplicate, Tier: TierStore}
 }
 

@@ -39,6 +39,11 @@ const (
 	CheckRedisEviction = "redis.maxmemory_policy"
 	// CheckRedisMemory warns when used memory is at 90% of maxmemory or more.
 	CheckRedisMemory = "redis.memory"
+	// CheckForgetNotices warns while the Deduper's subscription to forget notices is
+	// silent or not confirmed, so that its local tiers are being dropped every
+	// WithForgetBound/4 (see Handler.Forget). Only a Deduper with a subscription (a
+	// handler with a local tier on RedisStore or MemoryStore) reports it.
+	CheckForgetNotices = "forget.notices"
 )
 
 // HealthCheck is one finding of a health check.
@@ -144,6 +149,9 @@ func (d *Deduper) Health(ctx context.Context) HealthReport {
 	} else {
 		rep.Checks = append(rep.Checks, HealthCheck{Name: CheckStoreReachable, Status: HealthUnknown,
 			Detail: fmt.Sprintf("the store (%T) does not report its health", d.base)})
+	}
+	if c, ok := d.noticeHealth(); ok && !closed {
+		rep.Checks = append(rep.Checks, c)
 	}
 	sort.Slice(hs, func(i, j int) bool { return hs[i].name < hs[j].name })
 	rep.Local = make([]LocalTierHealth, 0, len(hs))

@@ -21,6 +21,7 @@ type MemoryStore struct {
 	limit   int
 	recs    map[string]memRecord
 	nextExp time.Time // no record expires before this; a sweep before it frees nothing
+	bus     memBus    // forget notices to the Dedupers on this store (memory_records.go)
 }
 
 type memRecord struct {

@@ -32,10 +32,14 @@ const (
 	opClaimMany
 	opMarkMany
 	opCompleteMany
+	opLookup
+	opForget
+	opCount
 	numOps
 )
 
-var opNames = [numOps]string{"claim", "complete", "release", "extend", "mark", "claim_many", "mark_many", "complete_many"}
+var opNames = [numOps]string{"claim", "complete", "release", "extend", "mark", "claim_many", "mark_many", "complete_many",
+	"lookup", "forget", "count"}
 
 // Bucket boundaries, in seconds. A Redis round trip is tens of microseconds to a few
 // milliseconds; a handler's fn runs for anything up to its lease and beyond.
@@ -80,7 +84,8 @@ var (
 // can be counted under both. dedup.handler.duration is how long fn ran.
 //
 // The store instruments time and count every Store call, by operation: claim,
-// complete, release, extend, mark, claim_many, mark_many, complete_many. A lease-lost
+// complete, release, extend, mark, claim_many, mark_many, complete_many, and the
+// RecordStore calls lookup, forget and count. A lease-lost
 // answer is not an error, nor is a call whose context the caller cancelled (a passed
 // deadline is: the store was too slow). A batch call that fails whole counts one
 // error; otherwise each failed item counts one.
@@ -374,6 +379,41 @@ func answerErrs(ctx context.Context, as []Answer) int {
 	n := 0
 	for _, a := range as {
 		if isStoreError(ctx, a.Err) {
+			n++
+		}
+	}
+	return n
+}
+
+// Lookup implements RecordStore when the store does (Deduper.records checks).
+func (s *meteredStore) Lookup(ctx context.Context, keys []string) ([]Record, error) {
+	start := time.Now()
+	rs, err := s.s.(RecordStore).Lookup(ctx, keys)
+	s.done(ctx, opLookup, start, err, recordErrs(ctx, rs))
+	return rs, err
+}
+
+// Forget implements RecordStore when the store does (Deduper.records checks). A
+// record left alone because it is IN PROGRESS is an answer, not a store error.
+func (s *meteredStore) Forget(ctx context.Context, keys []string, force bool) ([]Record, error) {
+	start := time.Now()
+	rs, err := s.s.(RecordStore).Forget(ctx, keys, force)
+	s.done(ctx, opForget, start, err, recordErrs(ctx, rs))
+	return rs, err
+}
+
+// CountRecords implements RecordStore when the store does (Deduper.records checks).
+func (s *meteredStore) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
+	start := time.Now()
+	n, err := s.s.(RecordStore).CountRecords(ctx, prefix, handler)
+	s.done(ctx, opCount, start, err, 0)
+	return n, err
+}
+
+func recordErrs(ctx context.Context, rs []Record) int {
+	n := 0
+	for _, r := range rs {
+		if isStoreError(ctx, r.Err) && !errors.Is(r.Err, ErrRecordInProgress) {
 			n++
 		}
 	}

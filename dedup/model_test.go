@@ -505,14 +505,11 @@ func runModel(t *testing.T, b modelBackend, seed uint64, steps int, engine bool)
 			t.Fatal(err)
 		}
 		defer d.Close()
-		// A lease far beyond the test's run: no heartbeat fires while fn runs.
-		h, err := d.Register("model", WithRetention(engineRet), WithLease(time.Minute))
+		// A lease far beyond the test's run: no heartbeat fires while fn runs. The
+		// local tier on the store's fake clock, as it is on the real one in use.
+		h, err := d.Register("model", WithRetention(engineRet), WithLease(time.Minute),
+			WithLocalCache(64, 0), withLocalOpts(lru.WithClock(b.clock)))
 		if err != nil {
-			t.Fatal(err)
-		}
-		// The local tier on the store's fake clock, as it is on the real one in use.
-		h.local.Close()
-		if h.local, err = lru.New(64, h.cfg.localTTL, lru.WithClock(b.clock)); err != nil {
 			t.Fatal(err)
 		}
 		r.h = h
@@ -722,4 +719,12 @@ func (r *run) describe(k int) string {
 		parts = append(parts, describeRec(p))
 	}
 	return fmt.Sprintf("at %v: %s", r.b.now(), strings.Join(parts, " | "))
+}
+
+// withLocalOpts builds the handler's local tier with opts (a fake clock).
+func withLocalOpts(opts ...lru.Option) HandlerOption {
+	return func(c *handlerConfig) error {
+		c.localOpts = opts
+		return nil
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/dedupkit/dedupkit/keys"
+	"github.com/dedupkit/dedupkit/lru"
 )
 
 // Defaults for handler settings.
@@ -33,8 +34,9 @@ var DefaultKeyStrategy keys.Strategy = keys.FirstOf(keys.Header("Idempotency-Key
 type Option func(*config) error
 
 type config struct {
-	prefix string
-	logger *slog.Logger
+	prefix      string
+	logger      *slog.Logger
+	forgetBound time.Duration // WithForgetBound (notices.go)
 
 	meterProvider metric.MeterProvider // nil: metrics off (metrics.go)
 }
@@ -117,6 +119,8 @@ type handlerConfig struct {
 	storeFailure StoreFailurePolicy
 	fingerprint  bool
 	mode         Mode
+	formerNames  []string     // WithFormerNames (former.go)
+	localOpts    []lru.Option // for tests: the local tier on a fake clock
 }
 
 func defaultHandlerConfig() handlerConfig {
@@ -227,6 +231,14 @@ func WithMode(m Mode) HandlerOption {
 		c.mode = m
 		return nil
 	}
+}
+
+// validName checks a handler name, wrapping ErrInvalidOption.
+func validName(name string) error {
+	if err := keys.ValidateName(name); err != nil {
+		return fmt.Errorf("%w: handler name: %w", ErrInvalidOption, err)
+	}
+	return nil
 }
 
 func (c *handlerConfig) check() error {

@@ -95,9 +95,48 @@ func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
 		_ = p.s.process(ctx, cmd)
 		return cmd.Err()
 	}
+	c := p.enqueue(ctx, cmd)
+	p.spawnLocked()
+	return p.await(ctx, c)
+}
+
+// doAll sends cmds as do sends one: at once as one pipeline while a round trip is
+// free and nothing is queued, otherwise queued together, to go out with the next
+// flush (in one pipeline unless the batch limit splits them). Each command holds its
+// reply or error; it returns the round trip's error when it sent them itself, else
+// nil. A command still queued when ctx ends is never sent and holds ctx's cause.
+func (p *autoPipe) doAll(ctx context.Context, cmds ...redis.Cmder) error {
+	p.mu.Lock()
+	if len(p.queue) == 0 && p.flushers < p.inFlight {
+		p.flushers++
+		p.mu.Unlock()
+		defer p.release()
+		return p.s.exec(ctx, cmds...)
+	}
+	calls := make([]*pcall, len(cmds))
+	for i, cmd := range cmds {
+		calls[i] = p.enqueue(ctx, cmd)
+	}
+	p.spawnLocked()
+	for i, c := range calls {
+		if err := p.await(ctx, c); err != nil && cmds[i].Err() == nil {
+			cmds[i].SetErr(err) // never sent
+		}
+	}
+	return nil
+}
+
+// enqueue queues cmd. Called with p.mu held.
+func (p *autoPipe) enqueue(ctx context.Context, cmd redis.Cmder) *pcall {
 	c := pcallPool.Get().(*pcall)
 	c.ctx, c.cmd = ctx, cmd
 	p.queue = append(p.queue, c)
+	return c
+}
+
+// spawnLocked starts a flusher for the queue if a round trip is free, and unlocks
+// p.mu.
+func (p *autoPipe) spawnLocked() {
 	spawn := p.flushers < p.inFlight
 	if spawn {
 		p.flushers++
@@ -106,6 +145,12 @@ func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
 	if spawn {
 		go p.flush()
 	}
+}
+
+// await waits for the queued call c and returns its command's error, or ctx's cause
+// if ctx ended while c was still queued (it is then never sent).
+func (p *autoPipe) await(ctx context.Context, c *pcall) error {
+	cmd := c.cmd
 	select {
 	case <-c.done:
 	case <-ctx.Done():

@@ -292,6 +292,77 @@ func TestAutoPipelineQueuedCallerLeavesOnContext(t *testing.T) {
 	}
 }
 
+// A Lookup of several keys goes out as one pipeline when a round trip is free, and
+// queued behind a busy one, its commands go together with other callers' in the
+// next; a queued Lookup whose context ends leaves with its cause, unsent.
+func TestAutoPipelineLookupOfSeveralKeys(t *testing.T) {
+	s, g, prefix := pipelinedStore(t, 64, 1)
+	ctx := context.Background()
+	keys := []string{prefix + ":h:a", prefix + ":h:b", prefix + ":h:c"}
+	close(g.gate) // let the lone Lookup through at once
+	if _, err := s.c.Set(ctx, keys[1], encodeRecord(stateDone, "T", ""), time.Minute).Result(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lookup(ctx, keys[:1]); err != nil { // loads the script (NOSCRIPT, then EVAL)
+		t.Fatal(err)
+	}
+	before := len(g.snapshot())
+	recs, err := s.Lookup(ctx, keys)
+	if err != nil || recs[0].State != RecordAbsent || recs[1].State != RecordDone || recs[2].State != RecordAbsent {
+		t.Fatalf("lookup: %+v %v", recs, err)
+	}
+	if runs := g.snapshot()[before:]; len(runs) != 1 || runs[0].cmds != 3 {
+		t.Fatalf("round trips %+v, want one pipeline of 3", runs)
+	}
+
+	g2 := newGateHook()
+	s.c.AddHook(g2)
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.Mark(ctx, prefix+":first", "T", "", time.Minute)
+		first <- err
+	}()
+	<-g2.entered
+	type lookup struct {
+		recs []Record
+		err  error
+	}
+	got := make(chan lookup, 1)
+	go func() {
+		recs, err := s.Lookup(ctx, keys)
+		got <- lookup{recs, err}
+	}()
+	waitQueued(t, s.pipe, 3)
+	cctx, cancel := context.WithCancelCause(ctx)
+	left := make(chan []Record, 1)
+	go func() {
+		recs, _ := s.Lookup(cctx, []string{keys[0], keys[2]})
+		left <- recs
+	}()
+	waitQueued(t, s.pipe, 5)
+	stop := errors.New("caller gave up")
+	cancel(stop)
+	for _, r := range <-left {
+		if !errors.Is(r.Err, stop) {
+			t.Fatalf("abandoned lookup: %+v, want its context's cause", r)
+		}
+	}
+	go func() { _, _ = s.Mark(ctx, prefix+":second", "T", "", time.Minute) }()
+	waitQueued(t, s.pipe, 4)
+	close(g2.gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	l := <-got
+	if l.err != nil || l.recs[1].State != RecordDone || l.recs[0].State != RecordAbsent {
+		t.Fatalf("queued lookup: %+v %v", l.recs, l.err)
+	}
+	runs := g2.snapshot()
+	if len(runs) != 2 || runs[1].cmds != 4 {
+		t.Fatalf("round trips %+v, want the first mark, then the queued lookup's 3 and a mark's 1 together", runs)
+	}
+}
+
 func TestAutoPipelineOptions(t *testing.T) {
 	_, c := newMiniredis(t)
 	for _, o := range []RedisOption{WithAutoPipeline(0, 1), WithAutoPipeline(10001, 1), WithAutoPipeline(1, 0), WithAutoPipeline(1, 1025)} {

@@ -540,6 +540,12 @@ func markCmds(ctx context.Context, entries []Entry) (cmds []*redis.StatusCmd, se
 // runScripts sends one EVALSHA per entry in a single round trip. Entries answered
 // NOSCRIPT (the server lost its script cache) go again, as EVAL, in a second one.
 func (s *RedisStore) runScripts(ctx context.Context, sc *redis.Script, src string, entries []Entry, args func(Entry) []any) ([]*redis.Cmd, error) {
+	return s.runScriptsVia(ctx, s.exec, sc, src, entries, args)
+}
+
+// runScriptsVia is runScripts, each round trip sent by send: exec (a pipeline of its
+// own), or the auto-pipeliner's doAll.
+func (s *RedisStore) runScriptsVia(ctx context.Context, send func(context.Context, ...redis.Cmder) error, sc *redis.Script, src string, entries []Entry, args func(Entry) []any) ([]*redis.Cmd, error) {
 	if len(entries) == 0 {
 		return nil, nil
 	}
@@ -552,7 +558,7 @@ func (s *RedisStore) runScripts(ctx context.Context, sc *redis.Script, src strin
 		cmds[i] = script("evalsha", sc.Hash(), e)
 		sent[i] = cmds[i]
 	}
-	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
+	if err := send(ctx, sent...); failedRoundTrip(err) {
 		return nil, storeErr("pipeline", err)
 	}
 	var again []redis.Cmder
@@ -565,7 +571,7 @@ func (s *RedisStore) runScripts(ctx context.Context, sc *redis.Script, src strin
 	if len(again) > 0 {
 		// A failure here is already on each re-sent command; the others have their
 		// answers and keep them (a claim that was acquired is reported as acquired).
-		_ = s.exec(ctx, again...)
+		_ = send(ctx, again...)
 	}
 	return cmds, nil
 }

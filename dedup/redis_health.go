@@ -20,9 +20,9 @@ const memoryWarnFill = 0.9
 // a *redis.ClusterClient every master (ForEachMaster), on a *redis.Ring every live
 // shard; any other client is checked through its own commands. For each server:
 //
-//   - CheckStoreReachable: a PING, timed. A PING refused by the ACL (NOPERM; the
-//     README's least-privilege user may not run it) still proves the server up and
-//     the credentials valid, so it is ok too. Anything else fails the check, and the
+//   - CheckStoreReachable: a PING, timed. A PING refused by the ACL (NOPERM: a user
+//     without the forget notices' +ping) still proves the server up and the
+//     credentials valid, so it is ok too. Anything else fails the check, and the
 //     other checks of that server are skipped.
 //   - CheckRedisVersion: from INFO, else from HELLO (open to every user). Older than
 //     7.0 fails: Claim and Mark send SET with both NX and GET, which Redis accepts

@@ -308,7 +308,7 @@ func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState
 	}
 	var cerr error
 	if hasClaim {
-		cerr = h.d.store.Complete(bg, c.rk, c.token, h.cfg.retention)
+		cerr = h.store.Complete(bg, c.rk, c.token, h.cfg.retention)
 	}
 	return h.repaired(c, cerr)
 }
@@ -320,7 +320,7 @@ func (h *Handler) repaired(c claimed, cerr error) (Result, error) {
 	if cerr != nil {
 		h.log.Warn("dedup: committed earlier; DONE not repaired in the store", "key_hash", keyHash(c.k), "err", cerr)
 	}
-	h.remember(c.lk)
+	h.remember(c.f, c.lk)
 	return h.count(Result{Outcome: Duplicate, Tier: TierDatabase}), nil
 }
 
@@ -344,7 +344,7 @@ func (h *Handler) commitFailed(ctx context.Context, c claimed, cerr error, hasCl
 // a redelivery.
 func (h *Handler) committed(c claimed, cerr error) (Result, error) {
 	h.notCompleted(c, cerr)
-	h.remember(c.lk)
+	h.remember(c.f, c.lk)
 	return h.count(Result{Outcome: Processed}), nil
 }
 
@@ -359,11 +359,14 @@ func (h *Handler) notCompleted(c claimed, cerr error) {
 // with the handler's other completions: the run is Processed whatever the store
 // answers (the marker answers a redelivery), so its caller (the ack) need not wait a
 // round trip for it. Close waits for it.
+// The run's flight is left when the completion has landed (see flight.completing).
 func (h *Handler) completeCommitted(ctx context.Context, c claimed) {
 	h.d.running.Add(1)
+	c.f.completing = true
 	h.completions.add(pendingCompletion{ctx: ctx, c: c, lazy: true, answered: func(cerr error) {
 		defer h.d.running.Done()
 		h.notCompleted(c, cerr)
+		h.flights.leave(c.k, c.f)
 	}})
 }
 

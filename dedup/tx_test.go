@@ -597,3 +597,29 @@ func TestCloseFlushesLazyCompletions(t *testing.T) {
 		t.Fatalf("after Close: %v, want DONE", ans.Status)
 	}
 }
+
+// A call for a key whose committed run's completion has not landed yet (it is lazy)
+// answers Duplicate, not InProgress: the run's flight lasts until the completion
+// lands. With the local tier off, nothing else in the process remembers the key.
+func TestCallDuringALazyCompletionIsADuplicate(t *testing.T) {
+	f := newFixture(t, true)
+	h := f.handler("orders", WithLocalCache(0, 0))
+	db := newFakeDB()
+	for _, wait := range []bool{false, true} {
+		key := fmt.Sprint("o-", wait)
+		ctx := context.Background()
+		if res, _ := DoTx(ctx, h, key, db, effect(key)); res.Outcome != Processed {
+			t.Fatal(res.Outcome)
+		}
+		if wait {
+			ctx = WaitForRunning(ctx)
+		}
+		res, err := DoTx(ctx, h, key, db, effect(key))
+		if res.Outcome != Duplicate || err != nil {
+			t.Errorf("WaitForRunning %v: the call right after the commit answered %v %v, want Duplicate", wait, res.Outcome, err)
+		}
+	}
+	if db.effectsOf("o-false") != 1 || db.effectsOf("o-true") != 1 {
+		t.Error("an effect ran twice")
+	}
+}

@@ -158,6 +158,23 @@ func (c *Cache) Remove(key string) {
 	s.mu.Unlock()
 }
 
+// RemovePrefix deletes every key that starts with prefix ("" deletes them all)
+// and returns how many it deleted; their slots are reused by later Adds. Unlike
+// Remove it visits every key the cache holds, one shard at a time under that
+// shard's lock (an Add to the shard waits for its visit; Contains never does),
+// so it costs time in proportion to [Cache.Len]: use it for rare invalidations,
+// not on a hot path. A key added while it runs may stay.
+func (c *Cache) RemovePrefix(prefix string) int {
+	n := 0
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		n += s.removePrefix(prefix)
+		s.mu.Unlock()
+	}
+	return n
+}
+
 // Len returns the number of keys held. Expiry is lazy, so this includes
 // expired keys not yet reclaimed by an Add; Len never exceeds [Cache.Cap].
 // It is 0 after [Cache.Close].

@@ -362,3 +362,27 @@ type expirableSet struct {
 
 func (e expirableSet) Contains(k string) bool { _, ok := e.Get(k); return ok }
 func (e expirableSet) Add(k string)           { e.LRU.Add(k, struct{}{}) }
+
+// BenchmarkRemovePrefix is the cost of one RemovePrefix that matches no key (so
+// the cache stays full): a visit of every key held, by cache size. dedup pays it
+// once per forget notice on a handler with fingerprints.
+func BenchmarkRemovePrefix(b *testing.B) {
+	for _, size := range []int{10_000, 1 << 20} {
+		b.Run(fmt.Sprintf("size:%d", size), func(b *testing.B) {
+			c, err := lru.New(size, benchTTL)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			for _, k := range keyTrace(size) {
+				c.Add(k)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				c.RemovePrefix("none#")
+			}
+			b.ReportMetric(float64(c.Len()), "keys")
+		})
+	}
+}

@@ -300,6 +300,64 @@ func TestRemove(t *testing.T) {
 	}
 }
 
+// RemovePrefix deletes exactly the keys with the prefix, long (kept outside
+// the node) and short alike, in every shard, and frees their slots.
+func TestRemovePrefix(t *testing.T) {
+	c := newCache(t, 64, time.Hour, lru.WithShards(4))
+	long := strings.Repeat("x", 50)
+	keep := []string{"a", "ab", "b#a", "a-1", "b", long, "a" + long[:1]}
+	gone := []string{"a#1", "a#2", "a#" + long, "a#"}
+	for _, k := range append(append([]string{}, keep...), gone...) {
+		c.Add(k)
+	}
+	if n := c.RemovePrefix("a#"); n != len(gone) {
+		t.Fatalf("RemovePrefix removed %d keys, want %d", n, len(gone))
+	}
+	for _, k := range gone {
+		if c.Contains(k) {
+			t.Errorf("%q still held", k)
+		}
+	}
+	for _, k := range keep {
+		if !c.Contains(k) {
+			t.Errorf("%q removed, though it does not start with the prefix", k)
+		}
+	}
+	if c.Len() != len(keep) {
+		t.Fatalf("Len = %d, want %d", c.Len(), len(keep))
+	}
+	if n := c.RemovePrefix("zzz"); n != 0 {
+		t.Fatalf("RemovePrefix of an absent prefix removed %d", n)
+	}
+	if n := c.RemovePrefix(""); n != len(keep) || c.Len() != 0 {
+		t.Fatalf(`RemovePrefix("") removed %d, Len %d; want %d, 0`, n, c.Len(), len(keep))
+	}
+	c.Close()
+	if n := c.RemovePrefix(""); n != 0 {
+		t.Fatalf("RemovePrefix after Close removed %d", n)
+	}
+}
+
+// The slots RemovePrefix frees are reused: a full shard emptied by it takes as
+// many new keys without evicting any of them.
+func TestRemovePrefixFreesSlots(t *testing.T) {
+	c := newCache(t, 16, time.Hour, lru.WithShards(1))
+	for i := range 16 {
+		c.Add("old#" + key(i))
+	}
+	if n := c.RemovePrefix("old#"); n != 16 {
+		t.Fatalf("removed %d, want 16", n)
+	}
+	for i := range 16 {
+		c.Add(key(i))
+	}
+	for i := range 16 {
+		if !c.Contains(key(i)) {
+			t.Fatalf("%s evicted, though RemovePrefix freed every slot", key(i))
+		}
+	}
+}
+
 // Churn through removals and re-adds in one shard exercises tombstones and
 // table rebuilds; every key added and not removed must stay visible.
 func TestRemoveChurn(t *testing.T) {

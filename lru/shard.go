@@ -49,6 +49,14 @@ func (n *node) is(key string) bool {
 	return int(n.n) == len(key) && string(n.short[:len(key)]) == key
 }
 
+// hasPrefix reports whether n's key starts with prefix.
+func (n *node) hasPrefix(prefix string) bool {
+	if n.n == longKey {
+		return strings.HasPrefix(*n.long, prefix)
+	}
+	return len(prefix) <= int(n.n) && string(n.short[:len(prefix)]) == prefix
+}
+
 // gone marks a node removed or evicted, so a reader still holding it (from a
 // table replaced while it probed) reads it as absent.
 const gone = math.MinInt64
@@ -287,6 +295,25 @@ func (s *shard) remove(h uint64, key string) {
 		s.ring[n.pos] = entry{}
 		s.free = append(s.free, n.pos)
 	}
+}
+
+// removePrefix deletes every key starting with prefix and returns how many.
+// Called with s.mu held.
+func (s *shard) removePrefix(prefix string) int {
+	if s.closed {
+		return 0
+	}
+	n := 0
+	for p, e := range s.ring {
+		if e.n == nil || !e.n.hasPrefix(prefix) {
+			continue
+		}
+		s.unlink(e.n, e.h)
+		s.ring[p] = entry{}
+		s.free = append(s.free, int32(p))
+		n++
+	}
+	return n
 }
 
 // close drops everything the shard holds. Called with s.mu held.

@@ -176,6 +176,11 @@ func TestTxStoreDown(t *testing.T) {
 				if s := h.Stats(); s.DatabaseDuplicates+s.LocalDuplicates != dups || s.Count(dedup.Processed) != n {
 					t.Errorf("stats %+v: want %d processed and %d duplicates", s, n, dups)
 				}
+				// back up, so that go-redis's redial goroutine (a dial a second
+				// while the server is down) ends before the leak check
+				if err := rs.Start(); err != nil {
+					t.Fatal(err)
+				}
 				return
 			}
 			consistently(t, time.Second, func() string {

@@ -1,0 +1,475 @@
+// Command dedupctl operates on dedupkit's records in Redis: it looks records up,
+// forgets them (so that a message runs again, every process's local tier included),
+// counts them per handler, and prints a Deduper's health report. It normalizes and
+// hashes a message key exactly as the library does (it is the library doing it), so
+// an operator never needs redis-cli or the hashing rule.
+//
+// Usage:
+//
+//	dedupctl lookup -redis ADDR -handler NAME [-former NAMES] KEY...
+//	dedupctl forget -redis ADDR -handler NAME [-former NAMES] [-force] KEY...
+//	dedupctl count  -redis ADDR [-handler NAME]
+//	dedupctl health -redis ADDR
+//
+// Every command takes -redis ADDR or -redis-cluster ADDR,ADDR,..., -prefix (the
+// Deduper's WithPrefix, default "dedup"), -json (one JSON document on stdout) and
+// -timeout. KEY is the message key as the application passes it (Do's key, the
+// Nats-Msg-Id header, ...). -former lists the handler's former names
+// (dedup.WithFormerNames), comma-separated: pass the same ones as the application.
+//
+// Exit codes: 0 done; 1 operational error (Redis unreachable or failing, health
+// fail); 2 usage error (bad flags, a bad or unknown handler name, a missing key); 3
+// not found (lookup or forget of a key without a record); 4 refused (forget of a
+// record IN PROGRESS without -force). With several keys the code is the worst
+// outcome: 1, then 4, then 3.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitFailed   = 1
+	exitUsage    = 2
+	exitNotFound = 3
+	exitRefused  = 4
+)
+
+const usage = `dedupctl looks up, forgets and counts dedupkit records in Redis.
+
+Usage:
+  dedupctl lookup -redis ADDR -handler NAME [-former NAMES] KEY...
+  dedupctl forget -redis ADDR -handler NAME [-former NAMES] [-force] KEY...
+  dedupctl count  -redis ADDR [-handler NAME]
+  dedupctl health -redis ADDR
+
+Every command takes -redis ADDR or -redis-cluster ADDR,ADDR,..., -prefix P (default
+dedup), -json and -timeout D. "dedupctl COMMAND -h" lists a command's flags.
+
+Exit codes: 0 done, 1 operational error, 2 usage error (bad flags, a bad or unknown
+handler, a missing key), 3 not found, 4 refused (forget of a record IN PROGRESS
+without -force).
+`
+
+func main() {
+	redis.SetLogger(quietRedis{}) // its dial retries; dedupctl says what failed itself
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// run runs one command and returns its exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cmds := map[string]func(context.Context, *command) int{
+		"lookup": lookup, "forget": forget, "count": count, "health": health,
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	fn, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "dedupctl: unknown command %q (lookup, forget, count or health)\n", args[0])
+		return exitUsage
+	}
+	c := &command{name: args[0], stdout: stdout, stderr: stderr}
+	if code, ok := c.parse(args[1:]); !ok {
+		return code
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return fn(ctx, c)
+}
+
+// command is one run: its flags, and what it writes to.
+type command struct {
+	name           string
+	stdout, stderr io.Writer
+
+	redis, cluster, prefix, handler, former string
+	force, json                             bool
+	timeout                                 time.Duration
+	keys                                    []string
+}
+
+// parse reads the command's flags and arguments; ok is false when the run ends
+// there, with code.
+func (c *command) parse(args []string) (code int, ok bool) {
+	fs := flag.NewFlagSet("dedupctl "+c.name, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	fs.StringVar(&c.redis, "redis", "", "Redis `host:port`")
+	fs.StringVar(&c.cluster, "redis-cluster", "", "Redis Cluster nodes, `host:port,host:port,...`")
+	fs.StringVar(&c.prefix, "prefix", dedup.DefaultPrefix, "the Deduper's key `prefix` (dedup.WithPrefix)")
+	fs.BoolVar(&c.json, "json", false, "print one JSON document on stdout")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "give up after this long")
+	keyed := c.name == "lookup" || c.name == "forget"
+	if keyed || c.name == "count" {
+		fs.StringVar(&c.handler, "handler", "", "the handler's `name`")
+	}
+	if keyed {
+		fs.StringVar(&c.former, "former", "", "the handler's former `names`, comma-separated (dedup.WithFormerNames)")
+	}
+	if c.name == "forget" {
+		fs.BoolVar(&c.force, "force", false, "forget a record IN PROGRESS too (dangerous: its owner is running it and will find its lease lost)")
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK, false
+		}
+		return exitUsage, false
+	}
+	c.keys = fs.Args()
+	switch {
+	case c.redis == "" && c.cluster == "":
+		return c.usageErr("-redis or -redis-cluster is required")
+	case c.redis != "" && c.cluster != "":
+		return c.usageErr("-redis and -redis-cluster exclude each other")
+	case c.timeout <= 0:
+		return c.usageErr("-timeout must be positive")
+	case keyed && c.handler == "":
+		return c.usageErr("-handler is required")
+	case keyed && len(c.keys) == 0:
+		return c.usageErr("missing key: give the message key(s) to " + c.name)
+	case !keyed && len(c.keys) > 0:
+		return c.usageErr(fmt.Sprintf("%s takes no arguments, got %q", c.name, c.keys))
+	}
+	for _, k := range c.keys {
+		if k == "" {
+			return c.usageErr("missing key: an empty key has no record")
+		}
+	}
+	return 0, true
+}
+
+func (c *command) usageErr(msg string) (int, bool) {
+	fmt.Fprintf(c.stderr, "dedupctl %s: %s (dedupctl %s -h for help)\n", c.name, msg, c.name)
+	return exitUsage, false
+}
+
+func (c *command) errorf(format string, args ...any) {
+	fmt.Fprintf(c.stderr, "dedupctl %s: "+format+"\n", append([]any{c.name}, args...)...)
+}
+
+// deduper connects to Redis and returns a Deduper over it, with the command's
+// handler registered (without a local tier: dedupctl keeps no cache, and so does not
+// subscribe to forget notices either). code is not 0 on failure.
+func (c *command) deduper(ctx context.Context) (d *dedup.Deduper, h *dedup.Handler, done func(), code int) {
+	var rdb redis.UniversalClient
+	addr := c.redis
+	if c.cluster != "" {
+		addr = c.cluster
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(c.cluster, ","),
+			DialTimeout: 2 * time.Second, DialerRetries: 1, MaxRetries: 1, MaxRedirects: 3})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: c.redis, DialTimeout: 2 * time.Second, DialerRetries: 1, MaxRetries: 1})
+	}
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		rdb.Close()
+		c.errorf("cannot reach Redis at %s: %v", addr, err)
+		return nil, nil, nil, exitFailed
+	}
+	store, err := dedup.NewRedisStore(rdb)
+	if err == nil {
+		d, err = dedup.New(store, dedup.WithPrefix(c.prefix), dedup.WithLogger(slog.New(slog.DiscardHandler)))
+	}
+	if err != nil {
+		rdb.Close()
+		c.errorf("%v", err)
+		return nil, nil, nil, exitUsage
+	}
+	done = func() {
+		d.Close()
+		rdb.Close()
+	}
+	if c.handler == "" {
+		return d, nil, done, 0
+	}
+	opts := []dedup.HandlerOption{dedup.WithLocalCache(0, 0)}
+	if c.former != "" {
+		opts = append(opts, dedup.WithFormerNames(strings.Split(c.former, ",")...))
+	}
+	if h, err = d.Register(c.handler, opts...); err != nil {
+		done()
+		c.errorf("%v", err)
+		return nil, nil, nil, exitUsage
+	}
+	return d, h, done, 0
+}
+
+// known reports whether anything shows that the handler exists: a process that runs
+// it (subscribed to its forget notices), or a record under its name. An error counts
+// as known: it is not the operator's to fix.
+func known(ctx context.Context, d *dedup.Deduper, h *dedup.Handler) bool {
+	if n, err := h.Subscribers(ctx); err != nil || n > 0 {
+		return true
+	}
+	counts, err := d.CountRecords(ctx, h.Name())
+	return err != nil || counts[h.Name()] > 0
+}
+
+func (c *command) unknownHandler() int {
+	c.errorf("unknown handler %q: no process runs it (with a local tier) and it has no record under prefix %q; check -handler and -prefix",
+		c.handler, c.prefix)
+	return exitUsage
+}
+
+// record is one key's record, as printed.
+type record struct {
+	Key         string `json:"key"`
+	Name        string `json:"name"`
+	RecordKey   string `json:"record_key"`
+	State       string `json:"state"`
+	Owner       string `json:"owner,omitempty"`
+	TTLMillis   int64  `json:"ttl_ms"`
+	Fingerprint string `json:"fingerprint,omitempty"`
+	ReplySize   int    `json:"reply_size"`
+	Deleted     *bool  `json:"deleted,omitempty"`
+	Notified    *int   `json:"notified,omitempty"`
+	Error       string `json:"error,omitempty"`
+}
+
+func recordOf(key string, info dedup.RecordInfo, err error) record {
+	r := record{Key: key, Name: info.Handler, RecordKey: info.RecordKey, State: info.State.String(), Owner: info.Owner,
+		TTLMillis: info.TTL.Milliseconds(), Fingerprint: info.Fingerprint, ReplySize: info.ReplySize}
+	if err != nil {
+		r.Error = err.Error()
+	}
+	return r
+}
+
+func (c *command) printRecord(r record) {
+	w := c.stdout
+	switch {
+	case r.Error != "" && r.State == dedup.RecordAbsent.String():
+		fmt.Fprintf(w, "%s: error: %s\n", r.Key, r.Error)
+		return
+	case r.State == dedup.RecordAbsent.String():
+		fmt.Fprintf(w, "%s: no record under %s (%s)\n", r.Key, r.Name, r.RecordKey)
+	default:
+		fmt.Fprintf(w, "%s: %s under %s, %v left\n", r.Key, strings.ToUpper(strings.ReplaceAll(r.State, "-", " ")), r.Name,
+			(time.Duration(r.TTLMillis) * time.Millisecond).String())
+		fmt.Fprintf(w, "  record key   %s\n  owner        %s\n", r.RecordKey, r.Owner)
+		fmt.Fprintf(w, "  fingerprint  %s\n  reply        %s\n", orNone(r.Fingerprint), replyOf(r.ReplySize))
+	}
+	if r.Deleted != nil {
+		if *r.Deleted {
+			fmt.Fprintf(w, "  forgotten: the key runs again when it comes; forget notice sent to %d subscribed process(es)\n", *r.Notified)
+		} else if r.Error == "" {
+			fmt.Fprintf(w, "  nothing to delete; forget notice sent to %d subscribed process(es) all the same\n", *r.Notified)
+		}
+	}
+	if r.Error != "" {
+		fmt.Fprintf(w, "  not forgotten: %s\n", r.Error)
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+func replyOf(n int) string {
+	if n == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+func (c *command) printJSON(v any) {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func lookup(ctx context.Context, c *command) int {
+	d, h, done, code := c.deduper(ctx)
+	if code != 0 {
+		return code
+	}
+	defer done()
+	infos, err := h.LookupMany(ctx, c.keys)
+	if err != nil {
+		c.errorf("%v", err)
+		return exitFailed
+	}
+	out := make([]record, len(infos))
+	code, absent := exitOK, 0
+	for i, info := range infos {
+		out[i] = recordOf(c.keys[i], info, info.Err)
+		switch {
+		case info.Err != nil:
+			code = exitFailed
+		case info.State == dedup.RecordAbsent:
+			absent++
+		}
+	}
+	if absent == len(infos) && !known(ctx, d, h) {
+		return c.unknownHandler()
+	}
+	if absent > 0 && code == exitOK {
+		code = exitNotFound
+	}
+	if c.json {
+		c.printJSON(struct {
+			Prefix  string   `json:"prefix"`
+			Handler string   `json:"handler"`
+			Records []record `json:"records"`
+		}{c.prefix, c.handler, out})
+	} else {
+		for _, r := range out {
+			c.printRecord(r)
+		}
+	}
+	return code
+}
+
+func forget(ctx context.Context, c *command) int {
+	d, h, done, code := c.deduper(ctx)
+	if code != 0 {
+		return code
+	}
+	defer done()
+	var opts []dedup.ForgetOption
+	if c.force {
+		opts = append(opts, dedup.ForgetInProgress())
+	}
+	out := make([]record, len(c.keys))
+	worst := func(a, b int) int { // 1, then 4, then 3, then 0
+		rank := map[int]int{exitOK: 0, exitNotFound: 1, exitRefused: 2, exitFailed: 3}
+		if rank[b] > rank[a] {
+			return b
+		}
+		return a
+	}
+	code, absent := exitOK, 0
+	for i, key := range c.keys {
+		info, err := h.Forget(ctx, key, opts...)
+		r := recordOf(key, info, err)
+		deleted, notified := err == nil && info.State != dedup.RecordAbsent, info.Notified
+		r.Deleted, r.Notified = &deleted, &notified
+		switch {
+		case errors.Is(err, dedup.ErrRecordInProgress):
+			r.Error += "; -force forgets it, at the cost of its owner's lease"
+			code = worst(code, exitRefused)
+		case err != nil:
+			code = worst(code, exitFailed)
+		case info.State == dedup.RecordAbsent:
+			absent++
+			code = worst(code, exitNotFound)
+		}
+		out[i] = r
+	}
+	if absent == len(c.keys) && !known(ctx, d, h) {
+		return c.unknownHandler()
+	}
+	if c.json {
+		c.printJSON(struct {
+			Prefix    string   `json:"prefix"`
+			Handler   string   `json:"handler"`
+			Forgotten []record `json:"forgotten"`
+		}{c.prefix, c.handler, out})
+	} else {
+		for _, r := range out {
+			c.printRecord(r)
+		}
+	}
+	return code
+}
+
+func count(ctx context.Context, c *command) int {
+	d, h, done, code := c.deduper(ctx) // h: -handler's, to ask who runs it
+	if code != 0 {
+		return code
+	}
+	defer done()
+	counts, err := d.CountRecords(ctx, c.handler)
+	if err != nil {
+		c.errorf("%v", err)
+		return exitFailed
+	}
+	if h != nil && counts[c.handler] == 0 {
+		if n, err := h.Subscribers(ctx); err == nil && n == 0 {
+			return c.unknownHandler()
+		}
+		counts[c.handler] = 0
+	}
+	var total int64
+	names := make([]string, 0, len(counts))
+	for n, k := range counts {
+		names = append(names, n)
+		total += k
+	}
+	sort.Strings(names)
+	if c.json {
+		c.printJSON(struct {
+			Prefix string           `json:"prefix"`
+			Counts map[string]int64 `json:"counts"`
+			Total  int64            `json:"total"`
+		}{c.prefix, counts, total})
+		return exitOK
+	}
+	for _, n := range names {
+		fmt.Fprintf(c.stdout, "%-24s %d\n", n, counts[n])
+	}
+	fmt.Fprintf(c.stdout, "%-24s %d\n", "total", total)
+	return exitOK
+}
+
+func health(ctx context.Context, c *command) int {
+	d, _, done, code := c.deduper(ctx)
+	if code != 0 {
+		return code
+	}
+	defer done()
+	rep := d.Health(ctx)
+	if c.json {
+		c.printJSON(rep)
+	} else {
+		fmt.Fprintf(c.stdout, "status: %s\n", rep.Status)
+		for _, ch := range rep.Checks {
+			line := fmt.Sprintf("  %-24s %-7s", ch.Name, ch.Status)
+			if ch.Server != "" {
+				line += " " + ch.Server
+			}
+			if ch.Value != "" {
+				line += " " + ch.Value
+			}
+			if ch.Latency > 0 {
+				line += " " + ch.Latency.Round(time.Microsecond).String()
+			}
+			if ch.Detail != "" {
+				line += ": " + ch.Detail
+			}
+			fmt.Fprintln(c.stdout, line)
+		}
+	}
+	if rep.Status == dedup.HealthFail {
+		return exitFailed
+	}
+	return exitOK
+}

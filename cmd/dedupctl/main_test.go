@@ -1,0 +1,316 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/embedded"
+	"github.com/dedupkit/dedupkit/internal/testenv"
+)
+
+// bin is the dedupctl binary, built once by TestMain; the tests run it as a process.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "dedupctl-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "dedupctl")
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building dedupctl: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	testenv.Main(m, func() { os.RemoveAll(dir) })
+}
+
+// result is one run of the binary.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func dedupctl(t *testing.T, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := result{stdout: stdout.String(), stderr: stderr.String()}
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		r.code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("dedupctl %q: %v", args, err)
+	}
+	t.Logf("dedupctl %s → %d\nstdout:\n%sstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	return r
+}
+
+func (r result) want(t *testing.T, code int, stdout, stderr string) {
+	t.Helper()
+	if r.code != code || !strings.Contains(r.stdout, stdout) || !strings.Contains(r.stderr, stderr) {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q", r.code, r.stdout, r.stderr, code, stdout, stderr)
+	}
+}
+
+// app is an application's Deduper (with a local tier, so subscribed to forget
+// notices) on a spawned redis-server.
+type app struct {
+	addr, prefix string
+	d            *dedup.Deduper
+}
+
+func newApp(t *testing.T) app {
+	t.Helper()
+	addr := testenv.SpawnRedis(t).Addr()
+	return newAppOn(t, redis.NewClient(&redis.Options{Addr: addr}), addr)
+}
+
+func newAppOn(t *testing.T, c redis.UniversalClient, addr string) app {
+	t.Helper()
+	store, err := dedup.NewRedisStore(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := testenv.Prefix()
+	d, err := dedup.New(store, dedup.WithPrefix(prefix), dedup.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Close()
+		testenv.DeletePrefix(t, c, prefix)
+		c.Close()
+	})
+	return app{addr: addr, prefix: prefix, d: d}
+}
+
+func (a app) handler(t *testing.T, name string, opts ...dedup.HandlerOption) *dedup.Handler {
+	t.Helper()
+	h, err := a.d.Register(name, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (a app) args(cmd string, more ...string) []string {
+	return append([]string{cmd, "-redis", a.addr, "-prefix", a.prefix}, more...)
+}
+
+func ok(context.Context) error { return nil }
+
+func do(t *testing.T, h *dedup.Handler, key string, want dedup.Outcome) {
+	t.Helper()
+	res, err := h.Do(context.Background(), key, ok)
+	if res.Outcome != want {
+		t.Fatalf("Do(%q): %v (%v), want %v", key, res.Outcome, err, want)
+	}
+}
+
+// lookup reports a DONE record (a key stored hashed: the tool hashes it as the
+// library does), an absent one (exit 3), and -json gives the same as one document;
+// forget deletes the record, the application's local tier drops the key, and the key
+// runs again; a second forget finds nothing (exit 3).
+func TestLookupForget(t *testing.T) {
+	t.Parallel()
+	a := newApp(t)
+	orders := a.handler(t, "orders")
+	key := "order 1 from ünïcode land, long enough to be hashed: " + strings.Repeat("x", 40)
+	do(t, orders, key, dedup.Processed)
+	do(t, orders, "order-2", dedup.Processed)
+
+	dedupctl(t, a.args("lookup", "-handler", "orders", key)...).want(t, exitOK, "DONE under orders", "")
+	r := dedupctl(t, a.args("lookup", "-handler", "orders", "-json", key, "order-9")...)
+	r.want(t, exitNotFound, `"state": "done"`, "")
+	var doc struct {
+		Prefix, Handler string
+		Records         []record
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Records) != 2 || doc.Records[0].RecordKey != orders.RecordKey(key) || doc.Records[0].State != "done" ||
+		doc.Records[0].TTLMillis <= 0 || doc.Records[0].Owner == "" || doc.Records[1].State != "absent" || doc.Prefix != a.prefix {
+		t.Fatalf("JSON: %+v", doc)
+	}
+	dedupctl(t, a.args("lookup", "-handler", "orders", "order-9")...).want(t, exitNotFound, "no record under orders", "")
+
+	dedupctl(t, a.args("forget", "-handler", "orders", key)...).want(t, exitOK, "forget notice sent to 1 subscribed process", "")
+	testenv.Eventually(t, 5*time.Second, "the application's local tier drops the key", func() bool {
+		res, _ := orders.Do(context.Background(), key, ok)
+		return res.Outcome == dedup.Processed
+	})
+	do(t, orders, "order-2", dedup.Duplicate) // the other key stays
+	dedupctl(t, a.args("forget", "-handler", "orders", "-json", "order-9")...).want(t, exitNotFound, `"deleted": false`, "")
+}
+
+// forget leaves a record IN PROGRESS alone (exit 4) unless -force, which forgets it
+// and costs the running owner its lease.
+func TestForgetInProgress(t *testing.T) {
+	t.Parallel()
+	a := newApp(t)
+	orders := a.handler(t, "orders", dedup.WithLease(time.Minute))
+	started, finish := make(chan struct{}), make(chan struct{})
+	done := make(chan dedup.Result, 1)
+	go func() {
+		res, _ := orders.Do(context.Background(), "order-1", func(context.Context) error {
+			close(started)
+			<-finish
+			return nil
+		})
+		done <- res
+	}()
+	<-started
+	dedupctl(t, a.args("lookup", "-handler", "orders", "order-1")...).want(t, exitOK, "IN PROGRESS under orders", "")
+	dedupctl(t, a.args("forget", "-handler", "orders", "order-1")...).want(t, exitRefused, "-force forgets it", "")
+	dedupctl(t, a.args("forget", "-handler", "orders", "-force", "order-1")...).want(t, exitOK, "forgotten", "")
+	close(finish)
+	if res := <-done; res.Outcome != dedup.LeaseLost {
+		t.Fatalf("the owner: %v, want LeaseLost", res.Outcome)
+	}
+}
+
+// count gives the records per handler (all, or one), and -json the same.
+func TestCount(t *testing.T) {
+	t.Parallel()
+	a := newApp(t)
+	orders, audit := a.handler(t, "orders"), a.handler(t, "audit")
+	for i := range 5 {
+		do(t, orders, fmt.Sprint("order-", i), dedup.Processed)
+	}
+	for i := range 2 {
+		do(t, audit, fmt.Sprint("audit-", i), dedup.Processed)
+	}
+	r := dedupctl(t, a.args("count")...)
+	r.want(t, exitOK, "orders", "")
+	for _, line := range []string{"audit 2", "orders 5", "total 7"} {
+		if !strings.Contains(strings.Join(strings.Fields(r.stdout), " "), line) {
+			t.Fatalf("no %q in %q", line, r.stdout)
+		}
+	}
+	r = dedupctl(t, a.args("count", "-handler", "orders", "-json")...)
+	var doc struct {
+		Counts map[string]int64
+		Total  int64
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || r.code != exitOK || doc.Total != 5 || len(doc.Counts) != 1 {
+		t.Fatalf("JSON %+v %v", doc, err)
+	}
+	// a handler that runs (subscribed) but has no record yet is known: 0
+	a.handler(t, "payments")
+	dedupctl(t, a.args("count", "-handler", "payments")...).want(t, exitOK, "payments", "")
+}
+
+// health prints the Deduper's report (-json: the HealthReport).
+func TestHealth(t *testing.T) {
+	t.Parallel()
+	a := newApp(t)
+	dedupctl(t, a.args("health")...).want(t, exitOK, "redis.version", "")
+	r := dedupctl(t, a.args("health", "-json")...)
+	var rep dedup.HealthReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != exitOK || rep.Status != dedup.HealthOK || len(rep.Checks) == 0 {
+		t.Fatalf("JSON %+v %v", rep, err)
+	}
+}
+
+// A renamed handler: -former finds (and forgets) the record under the former name.
+func TestFormerNames(t *testing.T) {
+	t.Parallel()
+	a := newApp(t)
+	old := a.handler(t, "orders")
+	do(t, old, "order-1", dedup.Processed)
+	dedupctl(t, a.args("lookup", "-handler", "orders-v2", "-former", "orders", "order-1")...).want(t, exitOK, "DONE under orders,", "")
+	dedupctl(t, a.args("forget", "-handler", "orders-v2", "-former", "orders", "order-1")...).want(t, exitOK, "forgotten", "")
+	testenv.Eventually(t, 5*time.Second, "the old name's process runs it again", func() bool {
+		res, _ := old.Do(context.Background(), "order-1", ok)
+		return res.Outcome == dedup.Processed
+	})
+}
+
+// Every error is clear and has its exit code.
+func TestErrors(t *testing.T) {
+	t.Parallel()
+	a := newApp(t)
+	a.handler(t, "orders")
+	refused := testenv.RefusedAddr(t)
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"no command", nil, exitUsage, "Usage"},
+		{"unknown command", []string{"drop"}, exitUsage, `unknown command "drop"`},
+		{"bad flag", a.args("lookup", "-handler", "orders", "-nope", "k"), exitUsage, "flag provided but not defined: -nope"},
+		{"no server", []string{"lookup", "-handler", "orders", "k"}, exitUsage, "-redis or -redis-cluster is required"},
+		{"both servers", []string{"count", "-redis", a.addr, "-redis-cluster", a.addr}, exitUsage, "exclude each other"},
+		{"missing key", a.args("lookup", "-handler", "orders"), exitUsage, "missing key"},
+		{"empty key", a.args("forget", "-handler", "orders", ""), exitUsage, "missing key"},
+		{"missing handler", a.args("forget", "k"), exitUsage, "-handler is required"},
+		{"bad handler name", a.args("lookup", "-handler", "bad name", "k"), exitUsage, `handler name "bad name"`},
+		{"bad former name", a.args("lookup", "-handler", "orders", "-former", "a:b", "k"), exitUsage, "former name"},
+		{"bad prefix", []string{"count", "-redis", a.addr, "-prefix", "a:b"}, exitUsage, "prefix"},
+		{"unknown handler", a.args("lookup", "-handler", "ordres", "k"), exitUsage, `unknown handler "ordres"`},
+		{"unknown handler (forget)", a.args("forget", "-handler", "ordres", "k"), exitUsage, `unknown handler "ordres"`},
+		{"unknown handler (count)", a.args("count", "-handler", "ordres"), exitUsage, `unknown handler "ordres"`},
+		{"arguments to count", a.args("count", "k"), exitUsage, "takes no arguments"},
+		{"unreachable", []string{"lookup", "-redis", refused, "-handler", "orders", "k"}, exitFailed, "cannot reach Redis at " + refused},
+		{"unreachable cluster", []string{"health", "-redis-cluster", refused}, exitFailed, "cannot reach Redis at " + refused},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dedupctl(t, tc.args...).want(t, tc.code, "", tc.stderr)
+		})
+	}
+	dedupctl(t, "help").want(t, exitOK, "Exit codes", "")
+	dedupctl(t, a.args("lookup", "-h")...).want(t, exitOK, "", "-former")
+}
+
+// The same on a Redis Cluster (-redis-cluster): records spread over the masters.
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	addrs, stop, err := embedded.StartRedisCluster(t.TempDir(), 3)
+	if errors.Is(err, exec.ErrNotFound) {
+		testenv.SkipNoServer(t, "redis-server is not on PATH: no Redis Cluster to spawn")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	a := newAppOn(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}), strings.Join(addrs, ","))
+	orders := a.handler(t, "orders")
+	for i := range 20 {
+		do(t, orders, fmt.Sprint("order-", i), dedup.Processed)
+	}
+	args := func(cmd string, more ...string) []string {
+		return append([]string{cmd, "-redis-cluster", a.addr, "-prefix", a.prefix}, more...)
+	}
+	dedupctl(t, args("count")...).want(t, exitOK, "20", "")
+	dedupctl(t, args("lookup", "-handler", "orders", "order-7")...).want(t, exitOK, "DONE under orders", "")
+	dedupctl(t, args("forget", "-handler", "orders", "order-7")...).want(t, exitOK, "forgotten", "")
+	testenv.Eventually(t, 5*time.Second, "the key runs again", func() bool {
+		res, _ := orders.Do(context.Background(), "order-7", ok)
+		return res.Outcome == dedup.Processed
+	})
+	dedupctl(t, args("health")...).want(t, exitOK, "status: ok", "")
+}

@@ -1,0 +1,283 @@
+package dedup
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/keys"
+)
+
+var (
+	//go:embed scripts/lookup.lua
+	lookupLua    string
+	lookupScript = redis.NewScript(lookupLua)
+	//go:embed scripts/forget.lua
+	forgetLua    string
+	forgetScript = redis.NewScript(forgetLua)
+)
+
+// scanCount is the COUNT of each SCAN step of CountRecords: the most keys Redis
+// looks at per call, so that no call holds the server for long.
+const scanCount = 1000
+
+// Lookup implements RecordStore: one lookup script per key (GET and PTTL, read
+// together; one key each, so it runs on Redis Cluster), all in one round trip,
+// coalesced with concurrent calls by the auto-pipeliner (a handler's former names on
+// a miss share round trips as its claims do), or a pipeline of its own without it.
+func (s *RedisStore) Lookup(ctx context.Context, keys []string) ([]Record, error) {
+	switch len(keys) {
+	case 0:
+		return nil, nil
+	case 1:
+		return []Record{s.lookupOne(ctx, keys[0])}, nil
+	}
+	send := s.exec
+	if s.pipe != nil {
+		send = s.pipe.doAll
+	}
+	cmds, err := s.runScriptsVia(ctx, send, lookupScript, lookupLua, keyEntries(keys), func(Entry) []any { return nil })
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Record, len(keys))
+	for i, c := range cmds {
+		v, err := c.Result()
+		switch {
+		case errors.Is(err, redis.Nil): // no record
+		case err != nil:
+			out[i].Err = storeErr("lookup", err)
+		default:
+			out[i] = lookupReply(v)
+		}
+	}
+	return out, nil
+}
+
+// lookupOne looks up one key through send (the auto-pipeliner).
+func (s *RedisStore) lookupOne(ctx context.Context, key string) Record {
+	cmd, err := s.eval(ctx, lookupScript, lookupLua, key)
+	switch {
+	case errors.Is(err, redis.Nil):
+		return Record{}
+	case err != nil:
+		return Record{Err: storeErr("lookup", err)}
+	}
+	return lookupReply(cmd.Val())
+}
+
+// lookupReply reads the lookup script's {value, pttl}.
+func lookupReply(v any) Record {
+	a, ok := v.([]any)
+	if !ok || len(a) != 2 {
+		return Record{Err: storeErr("lookup", fmt.Errorf("unexpected reply %T", v))}
+	}
+	val, ok1 := a[0].(string)
+	ttl, ok2 := a[1].(int64)
+	if !ok1 || !ok2 {
+		return Record{Err: storeErr("lookup", fmt.Errorf("unexpected reply %v", a))}
+	}
+	r, err := recordOf(val, time.Duration(ttl)*time.Millisecond)
+	if err != nil {
+		r.Err = storeErr("lookup", err)
+	}
+	return r
+}
+
+// Forget implements RecordStore: one forget script per key, all in one pipeline.
+// The script deletes the record and publishes the forget notice (PUBLISH to
+// "<prefix>:<handler>", the message key as payload) in one atomic step, so a record
+// is never deleted without its notice going out; it publishes for an absent record
+// too, and not for one it leaves alone.
+func (s *RedisStore) Forget(ctx context.Context, keys []string, force bool) ([]Record, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	for _, k := range keys {
+		if _, _, ok := splitRecordKey(k); !ok {
+			return nil, fmt.Errorf("%w: %q is not a record key (<prefix>:<handler>:<key>)", ErrInvalidOption, k)
+		}
+	}
+	forceArg := "0"
+	if force {
+		forceArg = "1"
+	}
+	cmds, err := s.runScripts(ctx, forgetScript, forgetLua, keyEntries(keys), func(e Entry) []any {
+		channel, k, _ := splitRecordKey(e.Key)
+		return []any{forceArg, channel, k}
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Record, len(keys))
+	for i, c := range cmds {
+		v, err := c.Result()
+		if err != nil {
+			out[i].Err = storeErr("forget", err)
+			continue
+		}
+		out[i] = forgetReply(v)
+	}
+	return out, nil
+}
+
+// forgetReply reads the forget script's {code, value, pttl, subscribers}.
+func forgetReply(v any) Record {
+	a, ok := v.([]any)
+	if !ok || len(a) != 4 {
+		return Record{Err: storeErr("forget", fmt.Errorf("unexpected reply %T", v))}
+	}
+	code, ok1 := a[0].(int64)
+	val, ok2 := a[1].(string)
+	ttl, ok3 := a[2].(int64)
+	n, ok4 := a[3].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || code < 0 || code > 2 {
+		return Record{Err: storeErr("forget", fmt.Errorf("unexpected reply %v", a))}
+	}
+	if code == 0 {
+		return Record{Notified: int(n)}
+	}
+	r, err := recordOf(val, time.Duration(ttl)*time.Millisecond)
+	switch {
+	case err != nil:
+		r.Err = storeErr("forget", err)
+	case code == 2:
+		r.Err = inProgressErr(r)
+	}
+	r.Notified = int(n)
+	return r
+}
+
+// CountRecords implements RecordStore with SCAN (MATCH <prefix>:* or
+// <prefix>:<handler>:*, COUNT scanCount) on the server, on every master of a Redis
+// Cluster, and on every shard of a Ring. It counts the keys of the form
+// <prefix>:<handler>:<key> with a valid handler name. It goes through the client,
+// also WithDirectConnections.
+func (s *RedisStore) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
+	if err := keys.ValidatePrefix(prefix); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+	}
+	match := prefix + ":*"
+	if handler != "" {
+		if err := validName(handler); err != nil {
+			return nil, err
+		}
+		match = prefix + ":" + handler + ":*"
+	}
+	counts := make(map[string]int64)
+	var mu sync.Mutex
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		local := make(map[string]int64)
+		iter := c.Scan(ctx, 0, match, scanCount).Iterator()
+		for iter.Next(ctx) {
+			if name, ok := handlerOf(iter.Val(), prefix); ok {
+				local[name]++
+			}
+		}
+		mu.Lock()
+		for n, c := range local {
+			counts[n] += c
+		}
+		mu.Unlock()
+		return iter.Err()
+	}
+	var err error
+	switch c := s.c.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) })
+	case *redis.Ring:
+		err = c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error { return scan(ctx, shard) })
+	default:
+		err = scan(ctx, s.c)
+	}
+	if err != nil {
+		return nil, storeErr("count", err)
+	}
+	return counts, nil
+}
+
+// handlerOf returns the handler name of a record key under prefix.
+func handlerOf(rk, prefix string) (string, bool) {
+	channel, k, ok := splitRecordKey(rk)
+	if !ok || k == "" || len(channel) <= len(prefix)+1 || channel[:len(prefix)] != prefix {
+		return "", false
+	}
+	name := channel[len(prefix)+1:]
+	return name, keys.ValidateName(name) == nil
+}
+
+// subscribeNotices implements noticeBus with a go-redis PubSub: SUBSCRIBE on a
+// connection of its own (on a Cluster, to the master that owns the slot of the
+// first channel; a notice published on any node reaches it over the cluster bus).
+// go-redis redials and subscribes again after a failure.
+func (s *RedisStore) subscribeNotices() noticeSub {
+	return &redisNotices{ps: s.c.Subscribe(context.Background())}
+}
+
+// noticeSubscribers implements noticeBus: PUBSUB NUMSUB, summed over every master
+// of a Cluster (or shard of a Ring), where each subscriber is connected to one.
+func (s *RedisStore) noticeSubscribers(ctx context.Context, channel string) (int64, error) {
+	var mu sync.Mutex
+	var total int64
+	count := func(ctx context.Context, c redis.Cmdable) error {
+		m, err := c.PubSubNumSub(ctx, channel).Result()
+		mu.Lock()
+		total += m[channel]
+		mu.Unlock()
+		return err
+	}
+	var err error
+	switch c := s.c.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return count(ctx, node) })
+	case *redis.Ring:
+		err = c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error { return count(ctx, shard) })
+	default:
+		err = count(ctx, s.c)
+	}
+	if err != nil {
+		return 0, storeErr("subscribers", err)
+	}
+	return total, nil
+}
+
+// redisNotices is a noticeSub over a go-redis PubSub. receive runs on the listener's
+// goroutine; add (from Register) and close may run while it waits, which PubSub
+// allows (its reads do not hold its lock).
+type redisNotices struct{ ps *redis.PubSub }
+
+func (r *redisNotices) add(ctx context.Context, channels ...string) error {
+	// go-redis keeps the channels even when this fails, and subscribes to them again
+	// on its next connection
+	return r.ps.Subscribe(ctx, channels...)
+}
+
+func (r *redisNotices) receive(ctx context.Context, timeout time.Duration) (notice, error) {
+	m, err := r.ps.ReceiveTimeout(ctx, timeout)
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return notice{}, errNoticeTimeout
+		}
+		return notice{}, err
+	}
+	switch m := m.(type) {
+	case *redis.Subscription:
+		if m.Kind == "subscribe" {
+			return notice{kind: noticeSubscribed, channel: m.Channel}, nil
+		}
+	case *redis.Message:
+		return notice{kind: noticeForgotten, channel: m.Channel, k: m.Payload}, nil
+	}
+	return notice{kind: noticeHeard}, nil // a PONG, or a reply of no interest: the line is alive
+}
+
+func (r *redisNotices) ping(ctx context.Context) error { return r.ps.Ping(ctx) }
+
+func (r *redisNotices) close() error { return r.ps.Close() }
