@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dedupkit/dedupkit/dedup"
 	"github.com/dedupkit/dedupkit/internal/markersql"
 )
 
@@ -39,6 +40,21 @@ type MarkerInfo struct {
 	Owner       string        // the token of the run that wrote it
 	Fingerprint string        // its payload fingerprint; "" for none
 	ExpiresIn   time.Duration // until it expires, by the database's clock; ≤ 0 once expired
+}
+
+// Forget deletes the marker of handler h's message key, so that the message runs
+// again: for a transactional handler, the other half of h.Forget, which deletes the
+// Redis record (and drops the key from every process's local tier). Forget the
+// marker first: a redelivery between the two then finds neither. It reports whether
+// there was a marker. A marker a running transaction holds makes it wait for that
+// transaction (and then delete what it committed).
+func (t *Transactor) Forget(ctx context.Context, h *dedup.Handler, key string) (bool, error) {
+	digest := dedup.RecordDigest(h.RecordKey(key))
+	tag, err := t.pool.Exec(ctx, t.table.Forget(), h.Name(), digest[:])
+	if err != nil {
+		return false, fmt.Errorf("pgxtx: forget: %w", err)
+	}
+	return tag.RowsAffected() > 0, nil
 }
 
 // Lookup reads the marker of handler and digest (dedup.RecordDigest of the record

@@ -133,6 +133,13 @@ func (t Table) DeleteMarker() string {
 		" AND owner = " + p.next()
 }
 
+// Forget returns the statement that deletes one marker by its arguments handler and
+// key_hash, whoever wrote it: an operator's "run this message again".
+func (t Table) Forget() string {
+	p := placeholders{d: t.d}
+	return "DELETE FROM " + t.String() + " WHERE handler = " + p.next() + " AND key_hash = " + p.next()
+}
+
 // Lookup returns the statement that reads one marker by its arguments handler and
 // key_hash: owner, fingerprint, and the microseconds until it expires (negative once
 // expired), by the database's clock.
