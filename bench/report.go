@@ -195,6 +195,9 @@ func (b *bench) printRatios(details map[string]ratioResult) {
 			if !*rr.Met {
 				verdict = "NOT MET"
 			}
+			if rr.Reference {
+				verdict += " (issue 4, reference)"
+			}
 		}
 		what := fmt.Sprintf("%s / %s (%s)", rr.Num, rr.Den, rr.Metric)
 		if def.figure {

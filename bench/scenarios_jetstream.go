@@ -13,6 +13,7 @@ import (
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
 	dnats "github.com/dedupkit/dedupkit/nats"
@@ -30,14 +31,24 @@ import (
 //   - dedup-filter, dedup-do: the dnats adapter's Handler around an empty fn, on a
 //     filter-mode and a Do-mode handler (new handler names each round, so no round
 //     sees another's records);
-//   - naive-setnx: the callback sends one SetNX of the Nats-Msg-Id and then acks.
+//   - naive-setnx: the callback sends one SetNX of the Nats-Msg-Id and then acks;
+//   - handpipelined: what a user writes by hand in thirty lines (issue 22): the
+//     callback queues the message, and 4 workers each take up to 64 queued messages,
+//     send their SET NX PX in one go-redis pipeline, and ack them.
 //
 // The stream keeps its messages in memory: file storage would add the disk of a
 // shared machine to every variant alike and so hide what dedup costs, which is what
 // the ratios are about.
 
 // JetStream variants, in the order of the chart.
-var jsVariants = []string{"raw-ack", varFilter, varDo, varFilterDirect, varDoDirect, varNaive}
+var jsVariants = []string{"raw-ack", varFilter, varDo, varFilterDirect, varDoDirect, varNaive, varHandPipelined}
+
+// The hand-pipelined variant: its workers and the most messages one pipeline carries.
+const (
+	varHandPipelined = "handpipelined"
+	handWorkers      = 4
+	handBatch        = 64
+)
 
 // jsState is what scenario d keeps across rounds.
 type jsState struct {
@@ -295,6 +306,8 @@ func (b *bench) jsHandler(ctx context.Context, r int, v string, cons jetstream.C
 			return nil, nil, err
 		}
 		return a.Handler(ctx, func(context.Context, *dnats.Msg) error { return nil }), a.Wait, nil
+	case varHandPipelined:
+		return b.handPipelined(ctx, fmt.Sprintf("%s:jshand-r%d:", b.prefix, r))
 	case varNaive:
 		head := fmt.Sprintf("%s:jsnaive-r%d:", b.prefix, r)
 		return func(msg jetstream.Msg) {
@@ -327,4 +340,52 @@ func settled(ctx context.Context, cons jetstream.Consumer) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// handPipelined is the hand-pipelined variant's callback: messages queue, and each
+// of handWorkers workers takes what has queued (up to handBatch), sends one pipeline
+// of SET NX PX (the Nats-Msg-Id under head), and acks each (a first sighting or not,
+// the empty work is done; a failed pipeline Naks them). wait stops the workers once
+// Consume has stopped.
+func (b *bench) handPipelined(ctx context.Context, head string) (func(jetstream.Msg), func(), error) {
+	queue := make(chan jetstream.Msg, jsMaxAckPending)
+	var wg sync.WaitGroup
+	for range handWorkers {
+		wg.Go(func() {
+			batch := make([]jetstream.Msg, 0, handBatch)
+			cmds := make([]*redis.BoolCmd, 0, handBatch)
+			for msg := range queue {
+				batch = append(batch[:0], msg)
+			fill:
+				for len(batch) < handBatch {
+					select {
+					case m, ok := <-queue:
+						if !ok {
+							break fill
+						}
+						batch = append(batch, m)
+					default:
+						break fill
+					}
+				}
+				cmds = cmds[:0]
+				_, err := b.plainRDB.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for _, m := range batch {
+						cmds = append(cmds, p.SetNX(ctx, head+m.Headers().Get(jetstream.MsgIDHeader), 1, retention))
+					}
+					return nil
+				})
+				for _, m := range batch {
+					if err != nil {
+						_ = m.Nak()
+						continue
+					}
+					_ = m.Ack()
+				}
+			}
+		})
+	}
+	var once sync.Once
+	stop := func() { once.Do(func() { close(queue) }); wg.Wait() }
+	return func(msg jetstream.Msg) { queue <- msg }, stop, nil
 }

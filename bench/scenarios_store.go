@@ -55,6 +55,12 @@ const (
 	varRueidis      = "rueidis-setnx"       // one SET NX PX per call, on rueidis
 	varRueidis2     = "rueidis-setnx-setxx" // SET NX PX, then SET XX PX, on rueidis
 	varGoAuto       = "goredis-auto-setnx"  // one SetNX per call, through go-redis's AutoPipeline
+	// varMarkMany is the store's MarkMany of markManyKeys new keys per call from
+	// markManyConc goroutines (issue 22: the batch path against the ceiling); its
+	// rate is in keys.
+	varMarkMany  = "dedup-markmany64"
+	markManyKeys = 64
+	markManyConc = 4
 )
 
 // storeVariants are scenario b's, in the order of the report.
@@ -192,6 +198,9 @@ func (b *bench) roundStore(ctx context.Context, r int) error {
 	}
 	if err := b.pairedLatency(ctx, r); err != nil {
 		return fmt.Errorf("latency at concurrency 1: %w", err)
+	}
+	if err := b.markMany(ctx, r); err != nil {
+		return fmt.Errorf("%s: %w", varMarkMany, err)
 	}
 	variants := storeVariants
 	for _, c := range b.cfg.concurrency {
@@ -346,3 +355,39 @@ const (
 	varMark   = "dedup-mark"
 	varDirect = "direct-set-nx-get"
 )
+
+// markMany measures varMarkMany: markManyConc goroutines each sending MarkMany of
+// markManyKeys new keys per call to the Redis store, as a batch path does; the rate
+// is keys per second.
+func (b *bench) markMany(ctx context.Context, r int) error {
+	store := b.dd.Store()
+	km := keyMaker{head: fmt.Sprintf("%s:mm-r%d-", b.prefix, r)}
+	op := func(ctx context.Context, w, i int) error {
+		entries := make([]dedup.Entry, markManyKeys)
+		for j := range entries {
+			entries[j] = dedup.Entry{Key: km.key(w, i*markManyKeys+j), Token: "t", TTL: retention}
+		}
+		answers, err := store.MarkMany(ctx, entries)
+		if err != nil {
+			return err
+		}
+		for _, a := range answers {
+			if a.Err != nil || a.Status != dedup.StatusAcquired {
+				return fmt.Errorf("MarkMany of a new key answered %v %v", a.Status, a.Err)
+			}
+		}
+		return nil
+	}
+	meter := b.startCPU(ctx)
+	var m metrics
+	var err error
+	pprof.Do(ctx, pprof.Labels("scenario", "store", "variant", varMarkMany, "concurrency", strconv.Itoa(markManyConc)), func(ctx context.Context) {
+		m, err = load(ctx, markManyConc, b.cfg.duration, op)
+	})
+	if err != nil {
+		return err
+	}
+	m[mOps] *= markManyKeys // keys, not calls; the latencies are a call's
+	meter.stop(ctx).addTo(m)
+	return b.record(ctx, "store", varMarkMany, markManyConc, r, m)
+}
