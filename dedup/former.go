@@ -88,6 +88,12 @@ type formerStore struct {
 	records RecordStore
 }
 
+// CompleteReply implements ReplyStore when the Deduper's store does (Register
+// checks, for a handler WithReplies).
+func (s *formerStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
+	return s.Store.(ReplyStore).CompleteReply(ctx, key, token, reply, retention)
+}
+
 // Claim implements Store.
 func (s *formerStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (Answer, error) {
 	a, err := s.Store.Claim(ctx, key, token, fingerprint, lease)
@@ -172,7 +178,7 @@ func (s *formerStore) settle(ctx context.Context, entries []Entry, answers []Ans
 		case r.State == RecordDone && fingerprintsDiffer(r.Fingerprint, e.Fingerprint):
 			answers[i] = Answer{Status: StatusConflict}
 		case r.State == RecordDone:
-			answers[i] = Answer{Status: StatusDuplicate, TTL: r.TTL}
+			answers[i] = Answer{Status: StatusDuplicate, TTL: r.TTL, Reply: r.reply, HasReply: r.HasReply}
 		case r.State == RecordInProgress:
 			answers[i] = Answer{Status: StatusInProgress, TTL: r.TTL}
 		default:
@@ -183,6 +189,7 @@ func (s *formerStore) settle(ctx context.Context, entries []Entry, answers []Ans
 			e.TTL = 0
 			if r.State == RecordDone && r.Fingerprint == e.Fingerprint && r.TTL > 0 {
 				e.TTL = r.TTL
+				e.Reply, e.HasReply = r.reply, r.HasReply // copied forward with its reply
 			}
 			undo = append(undo, e)
 		}

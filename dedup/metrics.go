@@ -327,6 +327,15 @@ func (s *meteredStore) Complete(ctx context.Context, key, token string, retentio
 	return err
 }
 
+// CompleteReply implements ReplyStore when the store does (Deduper.replyStore
+// checks); it is timed and counted as a complete.
+func (s *meteredStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
+	start := time.Now()
+	err := s.s.(ReplyStore).CompleteReply(ctx, key, token, reply, retention)
+	s.done(ctx, opComplete, start, err, 0)
+	return err
+}
+
 func (s *meteredStore) Release(ctx context.Context, key, token string) error {
 	start := time.Now()
 	err := s.s.Release(ctx, key, token)

@@ -25,6 +25,9 @@ const (
 	MinLease = 30 * time.Millisecond
 	// MaxLocalSize bounds the local tier per handler.
 	MaxLocalSize = 1 << 24
+	// MaxReplyLimit bounds the replies stored with DONE records (DESIGN §10): 1 MiB,
+	// NATS's default largest payload.
+	MaxReplyLimit = 1 << 20
 )
 
 // DefaultKeyStrategy reads the Idempotency-Key header, else Nats-Msg-Id.

@@ -77,8 +77,8 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		state, _, _, _ := decodeRecord(v)
-		return state
+		r, _ := parseRecord(v)
+		return r.state
 	}
 	// claims several keys directly on the store, for CompleteMany
 	claimed := func(keys ...string) []Entry {
