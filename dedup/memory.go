@@ -160,7 +160,9 @@ func (s *MemoryStore) complete(e Entry) error {
 	}
 	if r.state == stateInProgress {
 		r.state, r.expires = stateDone, now.Add(e.TTL)
-		r.reply, r.hasReply = e.Reply, e.HasReply
+		if e.HasReply {
+			r.reply, r.hasReply = e.Reply, true
+		}
 		s.set(e.Key, r)
 	}
 	return nil
