@@ -35,6 +35,8 @@ import (
 //     that run fails, its redelivery is dropped as a filter drops a failed run. Should
 //     the lookup fail, the Mark answers First (it runs) rather than drop a message on
 //     account of a rename.
+//   - A former DONE record's stored reply (WithReplies) answers the reply forms'
+//     duplicates, and is copied forward with the record.
 //   - Lookup, LookupMany and Forget cover the former names' records too.
 //
 // Each name is validated as a handler name. Register refuses, wrapping
