@@ -85,10 +85,10 @@ func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) e
 }
 
 // DoReply is Do for fn that returns a reply, for a handler WithReplies: the reply is
-// stored with the DONE record, and every duplicate of key gets it back in its Result
-// (Reply, HasReply), from the local tier or the store, byte for byte, where Do's
-// duplicates get nothing. That is what request/reply needs: a client that retries a
-// request after a timeout gets the first run's answer.
+// stored with the DONE record, and every duplicate of key gets it back in its
+// ReplyResult (Reply, HasReply), from the local tier or the store, byte for byte,
+// where Do's duplicates get nothing. That is what request/reply needs: a client that
+// retries a request after a timeout gets the first run's answer.
 //
 // The reply rides the one claim → run → complete lifecycle: it is held with the
 // claim from fn's return to the completion that writes it into the DONE record, so
@@ -100,7 +100,7 @@ func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) e
 //     with fn's reply and an error wrapping ErrReplyTooLarge; its duplicates answer
 //     Duplicate with HasReply false (Stats.RepliesTooLarge, Stats.RepliesMissing).
 //   - A Duplicate without a reply (HasReply false) is a DONE record written without
-//     one: see Result.HasReply.
+//     one: see ReplyResult.HasReply.
 //   - A concurrent call for key in this process waits for the run's store answer and,
 //     under WaitForRunning, for its run, and is then answered with its reply.
 //
@@ -724,9 +724,11 @@ func (h *Handler) completed(c claimed, cerr error) (Result, error) {
 	switch {
 	case cerr == nil:
 		h.remember(c.f, c.lk)
-		c.f.knowReply(c.reply, c.storesReply())
 		if c.storesReply() {
+			c.f.knowReply(c.reply, true)
 			h.rememberReply(c.f, c.lk, c.reply, h.cfg.retention)
+		} else {
+			c.f.knowReply("", false)
 		}
 		if c.tooLarge {
 			return h.count(Result{Outcome: Processed}), fmt.Errorf("%w: %d bytes, the handler's limit is %d", ErrReplyTooLarge, len(c.reply), h.cfg.replyLimit)

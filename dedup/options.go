@@ -246,7 +246,7 @@ func WithMode(m Mode) HandlerOption {
 
 // WithReplies turns on stored replies (DESIGN §10): the reply forms (DoReply,
 // HandleReply, HandleKeyReply, HandleBatchReply) store fn's reply with the DONE
-// record, and a duplicate's Result carries it back (Result.Reply), from the store or
+// record, and a duplicate's ReplyResult carries it back (Reply), from the store or
 // from the local tier. That is what request/reply needs: a client that retries after
 // a timeout gets the first run's answer, not silence (see the NATS package's
 // Replier).

@@ -70,7 +70,7 @@ type Stats struct {
 	// processed, and not stored (ErrReplyTooLarge).
 	RepliesTooLarge uint64
 	// RepliesMissing counts the Duplicates of reply forms answered without a reply:
-	// their DONE record holds none (see Result.HasReply).
+	// their DONE record holds none (see ReplyResult.HasReply).
 	RepliesMissing uint64
 }
 
