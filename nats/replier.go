@@ -67,6 +67,7 @@ const (
 	DescInProgress       = "dedup: request in progress; retry"
 	DescStoreUnavailable = "dedup: store unavailable; retry"
 	DescShuttingDown     = "dedup: shutting down; retry"
+	DescNotCompleted     = "dedup: not completed; retry"
 	DescFailed           = "dedup: handler failed"
 	DescPanicked         = "dedup: handler panicked"
 	DescNotStored        = "dedup: processed already; its reply was not stored"
@@ -126,7 +127,7 @@ func (s ReplyStats) Count(k ReplyKind) uint64 {
 // (dedup.WithReplies), so that a request is run once and every retry of it gets the
 // same answer: the natural way to write an idempotent NATS service. Handler serves a
 // core NATS subscription; MicroHandler a nats.go/micro endpoint. A request's key is
-// read by the handler's key strategy (dedup.WithKeyStrategy), else by WithKeyStrategy,
+// read by the Replier's WithKeyStrategy, else by the handler's (dedup.WithKeyStrategy),
 // else by dedup.DefaultKeyStrategy (the Idempotency-Key header, else Nats-Msg-Id).
 //
 // What a request is answered with:
@@ -141,6 +142,7 @@ func (s ReplyStats) Count(k ReplyKind) uint64 {
 //	store unavailable (fail closed)         no        503 (CodeRetry)
 //	no key / key reused with other payload  no        400 / 422
 //	shutting down (Close, ctx cancelled)    no/cut    503 (CodeRetry)
+//	lease lost while fn ran, fn failed      ran       503 (CodeRetry): another owner may be running it
 //
 // A reply larger than the handler's limit is sent to the first request all the same
 // (counted by the handler as RepliesTooLarge); its duplicates get 409. A reply whose
@@ -293,9 +295,11 @@ func (r *Replier) answerFor(res dedup.ReplyResult, err error, first Reply) answe
 		return answer{kind: ReplyRejected, code: CodeNoKey, desc: DescNoKey}
 	case dedup.KeyReuse:
 		return answer{kind: ReplyRejected, code: CodeKeyReuse, desc: DescKeyReuse}
+	case dedup.Cancelled:
+		return answer{kind: ReplyRetry, code: CodeRetry, desc: DescShuttingDown}
 	}
-	// Cancelled (shutdown), a lease lost while fn ran, CommitUnknown: not now
-	return answer{kind: ReplyRetry, code: CodeRetry, desc: DescShuttingDown}
+	// a lease lost while fn ran (another owner may run it now), or no result: not now
+	return answer{kind: ReplyRetry, code: CodeRetry, desc: DescNotCompleted}
 }
 
 // responded counts an answer sent (rerr: the connection's error).

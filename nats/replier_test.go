@@ -22,6 +22,7 @@ import (
 	"github.com/dedupkit/dedupkit/dedup"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
+	"github.com/dedupkit/dedupkit/keys"
 )
 
 // replyStores are the stores the Replier tests run on, each with the prefix its
@@ -422,6 +423,17 @@ func TestReplierConfig(t *testing.T) {
 	m.header.Set("Idempotency-Key", "ik")
 	if k := r.a.cfg.strategy.Key(m); k != "ik" {
 		t.Fatalf("default strategy found %q", k)
+	}
+	m.header.Set("Request-Id", "rid")
+	own := register(t, d, "own", dedup.WithReplies(0), dedup.WithKeyStrategy(keys.Header("Request-Id")))
+	if r, _ = NewReplier(own); r.a.cfg.strategy.Key(m) != "rid" {
+		t.Fatalf("the handler's strategy found %q", r.a.cfg.strategy.Key(m))
+	}
+	if r, _ = NewReplier(own, WithKeyStrategy(keys.Header("Nats-Msg-Id"))); r.a.cfg.strategy.Key(m) != "id" {
+		t.Fatalf("the Replier's strategy found %q", r.a.cfg.strategy.Key(m))
+	}
+	if _, err := NewReplier(own, WithRetryAfter(0)); !errors.Is(err, dedup.ErrInvalidOption) {
+		t.Fatalf("WithRetryAfter(0): %v", err)
 	}
 }
 
