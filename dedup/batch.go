@@ -18,9 +18,13 @@ type Item struct {
 }
 
 // ItemResult is the outcome of one item of a batch; Err is what Do would return.
+// Reply and HasReply are, for HandleBatchReply, the item's reply, as ReplyResult's
+// are for DoReply; other batches leave them empty.
 type ItemResult struct {
 	Result
-	Err error
+	Err      error
+	Reply    string
+	HasReply bool
 }
 
 // HandleBatch guards fn for every item by the handler's mode with one store round trip
@@ -42,7 +46,7 @@ type ItemResult struct {
 // ErrClosed when the Deduper closes; it ends when the batch does, not when each fn
 // returns. In ModeDo each fn has its own under it, which a lost lease cancels.
 func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error) []ItemResult {
-	return h.handleBatch(ctx, items, 1, fn, nil, nil)
+	return h.handleBatch(ctx, items, 1, fn, nil, nil, nil)
 }
 
 // HandleBatchParallel is HandleBatch for handlers whose fn may run for several items
@@ -74,7 +78,63 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 // slowest fn. In ModeDo a Processed item's result is final once its completion has
 // been answered, so its acknowledgement follows its own DONE write.
 func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(i int, r ItemResult)) []ItemResult {
-	return h.handleBatch(ctx, items, max(parallel, 1), fn, done, nil)
+	return h.handleBatch(ctx, items, max(parallel, 1), fn, done, nil, nil)
+}
+
+// HandleBatchReply is HandleBatchParallel for fn that returns a reply, for a handler
+// WithReplies, as DoReply is Do's: each item's reply is stored with its DONE record
+// (carried by its claim to its completion, which goes out with the handler's other
+// completions, CompleteMany), and every duplicate gets it back in its ItemResult
+// (Reply, HasReply), from the local tier or the store, byte for byte. An item whose
+// key appears earlier in the batch gets that item's stored reply. The items claim
+// whatever the handler's mode. Results, errors and done are HandleBatchParallel's,
+// with DoReply's additions (ErrReplyTooLarge). On a handler without WithReplies every
+// item's error wraps ErrInvalidOption, and nothing runs.
+func (h *Handler) HandleBatchReply(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) ([]byte, error), done func(i int, r ItemResult)) []ItemResult {
+	if err := h.checkReplies(); err != nil {
+		out := make([]ItemResult, len(items))
+		for i := range out {
+			out[i].Err = err
+			if done != nil {
+				done(i, out[i])
+			}
+		}
+		return out
+	}
+	rb := &batchReplies{fn: fn, items: make([]replyRun, len(items))}
+	return h.handleBatch(ctx, items, max(parallel, 1), rb.call, done, nil, rb)
+}
+
+// batchReplies holds the replies of a reply batch, by item, as replyRun does for
+// DoReply: an item's is written by the goroutine that runs its fn (or that finds it
+// a duplicate), and read once that has returned (by the same goroutine, or by its
+// completion's, after the completions' lock).
+type batchReplies struct {
+	fn    func(context.Context, int) ([]byte, error)
+	items []replyRun
+}
+
+// call runs item i's fn, keeping its reply; it is the fn the batch runs.
+func (rb *batchReplies) call(ctx context.Context, i int) error {
+	b, err := rb.fn(ctx, i)
+	if err == nil {
+		r := &rb.items[i]
+		r.reply, r.has, r.ran = string(b), true, true
+	}
+	return err
+}
+
+// of is item i's replyRun (nil for a batch without replies), for the paths a call
+// of DoReply takes: with fn set, it runs item i's fn.
+func (rb *batchReplies) of(i int) *replyRun {
+	if rb == nil {
+		return nil
+	}
+	r := &rb.items[i]
+	if r.fn == nil {
+		r.fn = func(ctx context.Context) ([]byte, error) { return rb.fn(ctx, i) }
+	}
+	return r
 }
 
 type whenCheckedKey struct{}
@@ -101,6 +161,8 @@ type batchOut struct {
 	lead    []*batchItem
 	leave   func(b *batchItem)
 	checked func() // WhenChecked's, called at the first flush
+	h       *Handler
+	replies *batchReplies // a reply batch's; nil otherwise
 
 	mu      sync.Mutex
 	isSet   []bool
@@ -118,6 +180,11 @@ func (o *batchOut) set(i int, r ItemResult) { o.setAndLeave(i, r, true) }
 // setAndLeave is set, leaving the item's flight only when leave is true (else the
 // caller leaves it later: a committed item's, once its completion has landed).
 func (o *batchOut) setAndLeave(i int, r ItemResult, leave bool) {
+	if o.replies != nil {
+		rr := &o.replies.items[i]
+		reply := o.h.replied(r.Result, rr.reply, rr.has)
+		r.Reply, r.HasReply = reply.Reply, reply.HasReply
+	}
 	o.mu.Lock()
 	o.r[i], o.isSet[i] = r, true
 	b, holding := o.lead[i], o.holding
@@ -163,14 +230,15 @@ func (o *batchOut) sweep(h *Handler) {
 	}
 	o.mu.Unlock()
 	for _, i := range missing {
-		o.set(i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
+		o.set(i, ItemResult{Result: h.count(Result{Outcome: Panicked}), Err: errGoexit})
 	}
 	o.flush()
 }
 
 // handleBatch is HandleBatchParallel; step is a transactional batch's transaction
-// (HandleBatchTx, parallel 1), in which the claimed items' fns run, nil otherwise.
-func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(int, ItemResult), step runStep) []ItemResult {
+// (HandleBatchTx, parallel 1), in which the claimed items' fns run, nil otherwise;
+// rb is a reply batch's replies (HandleBatchReply: fn is rb.call), nil otherwise.
+func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(int, ItemResult), step runStep, rb *batchReplies) []ItemResult {
 	checked, _ := ctx.Value(whenCheckedKey{}).(func())
 	if checked != nil {
 		ctx = context.WithValue(ctx, whenCheckedKey{}, nil) // not to the fns' calls
@@ -182,6 +250,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		}
 	}
 	out := newBatchOut(len(items), done, leave, checked)
+	out.h, out.replies = h, rb
 	defer out.sweep(h) // last: also when an fn ends this goroutine (runtime.Goexit)
 	var joiners sync.WaitGroup
 	defer joiners.Wait() // after the leads' flights are left (the defer below)
@@ -203,7 +272,12 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		k := keys.Normalize(it.Key)
 		fp := h.fingerprint(it.Payload)
 		lk := localKey(k, fp)
-		if h.localDone(lk) {
+		if rb != nil {
+			if h.localReply(lk, rb.of(i)) {
+				out.set(i, ItemResult{Result: h.count(Result{Outcome: Duplicate, Tier: TierLocal})})
+				continue
+			}
+		} else if h.localDone(lk) {
 			out.set(i, ItemResult{Result: h.countLocalHit()})
 			continue
 		}
@@ -216,14 +290,19 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			joiners.Add(1)
 			go func() {
 				defer joiners.Done()
-				if h.cfg.mode == ModeDo && parallel > 1 && waitsForRunning(ctx) {
+				if (h.cfg.mode == ModeDo || rb != nil) && parallel > 1 && waitsForRunning(ctx) {
 					// as Do does: wait for a run to end, then the key is DONE, or
 					// free again and this item claims it and runs
-					res, err := h.do(ctx, it.Key, fp, func(c context.Context) error { return fn(c, i) }, freshOf(step))
-					out.set(i, ItemResult{res, err})
+					run := func(c context.Context) error { return fn(c, i) }
+					r := rb.of(i)
+					if r != nil {
+						run = r.call
+					}
+					res, err := h.do(ctx, it.Key, fp, run, freshOf(step), r)
+					out.set(i, ItemResult{Result: res, Err: err})
 					return
 				}
-				out.set(i, h.joined(ctx, f, fp))
+				out.set(i, h.joined(ctx, f, fp, rb.of(i)))
 			}()
 			continue
 		}
@@ -242,13 +321,16 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 	out.flush()
 	for _, i := range keyless {
 		res, err := h.noKey(ctx, func(c context.Context) error { return fn(c, i) }, freshOf(step))
-		out.set(i, ItemResult{res, err})
+		out.set(i, ItemResult{Result: res, Err: err})
 	}
 	for i, b := range follows {
 		res := Result{Outcome: InProgress, RetryAfter: min(h.cfg.lease, time.Second)}
-		switch out.r[b.i].Outcome {
+		switch first := out.r[b.i]; first.Outcome {
 		case Processed, Duplicate, NotRecorded:
 			res = Result{Outcome: Duplicate, Tier: TierLocal}
+			if first.HasReply && !errors.Is(first.Err, ErrReplyTooLarge) {
+				rb.of(i).dup(first.Reply, true) // the first item's, as stored
+			}
 			if fingerprintsDiffer(b.fp, h.fingerprint(items[i].Payload)) {
 				res = Result{Outcome: KeyReuse}
 			}
@@ -265,28 +347,32 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 // joined is the result of a batch item whose key another call in this process leads:
 // once that call has the store's answer, a DONE key is a Duplicate; a key being run
 // (a claim) is InProgress for what is left of its lease; a failure is the leader's.
-func (h *Handler) joined(ctx context.Context, f *flight, fp string) ItemResult {
+// A reply batch's item (replies) takes a Duplicate only with what the flight knows
+// of its reply; without it, it is to be retried.
+func (h *Handler) joined(ctx context.Context, f *flight, fp string, r *replyRun) ItemResult {
 	if err := wait(ctx, f.ready.done()); err != nil {
-		return ItemResult{h.count(Result{Outcome: Cancelled}), err}
+		return ItemResult{Result: h.count(Result{Outcome: Cancelled}), Err: err}
 	}
 	if err := ctx.Err(); err != nil { // both were ready: shutting down wins
-		return ItemResult{h.count(Result{Outcome: Cancelled}), context.Cause(ctx)}
+		return ItemResult{Result: h.count(Result{Outcome: Cancelled}), Err: context.Cause(ctx)}
 	}
 	switch {
 	case f.running:
 		return ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)})}
-	case (f.res.Outcome == First || f.res.Outcome == Duplicate || f.res.Outcome == Processed) && f.fp == fp:
-		return ItemResult{Result: h.count(Result{Outcome: Duplicate, Tier: TierLocal})}
+	case (f.res.Outcome == First || f.res.Outcome == Duplicate || f.res.Outcome == Processed) && f.fp == fp &&
+		(r == nil || f.replyKnown):
+		return ItemResult{Result: h.count(f.duplicate(r))}
 	case f.res.Outcome == KeyReuse && f.fp == fp,
 		f.res.Outcome == StoreUnavailable, f.res.Outcome == InProgress,
 		f.res.Outcome == Cancelled && errors.Is(f.err, ErrClosed):
-		return ItemResult{h.count(f.res), f.err}
+		return ItemResult{Result: h.count(f.res), Err: f.err}
 	}
 	// another fingerprint, or the leader gave up: to be retried
 	return ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: min(h.cfg.lease, time.Second)})}
 }
 
 func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
+	// a reply batch claims whatever the mode: its replies are stored by completions
 	if !h.d.enter() {
 		for _, b := range leads {
 			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
@@ -294,14 +380,15 @@ func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int
 		return
 	}
 	defer h.d.running.Done() // deferred: fn may end its goroutine (runtime.Goexit)
-	if h.cfg.mode == ModeFilter && step == nil {
+	if h.cfg.mode == ModeFilter && step == nil && out.replies == nil {
 		h.markBatch(ctx, leads, parallel, fn, out)
 	} else {
 		h.claimBatch(ctx, leads, parallel, fn, out, step)
 	}
 }
 
-// batchItem is an item the batch leads: it holds the flight for its key.
+// batchItem is an item the batch leads: it holds the flight for its key and, in a
+// reply batch, its fn's reply from its return to its completion (claimed).
 type batchItem struct {
 	i                    int
 	k, lk, fp, rk, token string
@@ -309,6 +396,8 @@ type batchItem struct {
 	answered             bool        // f has been answered
 	left                 atomic.Bool // f has been left
 	lost                 atomic.Bool // the heartbeat found the lease gone, or judged it may be
+	reply                string      // fn's reply, when replied (a reply batch)
+	replied, tooLarge    bool
 }
 
 func (b *batchItem) settleFlight(res Result, err error) {
@@ -324,7 +413,7 @@ func (h *Handler) settle(out *batchOut, b *batchItem, res Result, err error) {
 	if res.Outcome != First {
 		h.count(res)
 	}
-	out.set(b.i, ItemResult{res, err})
+	out.set(b.i, ItemResult{Result: res, Err: err})
 }
 
 // storeItemFailed is storeFailed for one item of a batch; step is a transactional
@@ -345,7 +434,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 		}
 		c := b.claimed()
 		res, ferr := h.runOnMarker(ctx, c, func(ctx context.Context) error { return fn(ctx, b.i) }, step.fresh())
-		out.set(b.i, ItemResult{res, ferr})
+		out.set(b.i, ItemResult{Result: res, Err: ferr})
 		return
 	}
 	if h.cfg.storeFailure == FailOpen {
@@ -356,7 +445,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 			b.f.answer(Result{}, nil, true)
 		}
 		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, b.i) }, true, false, nil)
-		out.set(b.i, ItemResult{res, ferr})
+		out.set(b.i, ItemResult{Result: res, Err: ferr})
 		return
 	}
 	h.log.Warn("dedup: store unavailable, failing closed", "key_hash", keyHash(b.k), "err", err)
@@ -411,7 +500,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 			return
 		}
 		res, ferr := h.runIn(fctx, func(c context.Context) error { return fn(c, p.b.i) }, false, true)
-		out.set(p.b.i, ItemResult{res, ferr})
+		out.set(p.b.i, ItemResult{Result: res, Err: ferr})
 	}
 	// Also one at a time (parallel 1), through runParallel: should an fn end the
 	// caller's goroutine (runtime.Goexit), the marked items after it still run, on
@@ -421,7 +510,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 		ran := false
 		defer func() {
 			if !ran { // fn called runtime.Goexit: it did not finish
-				out.set(p.b.i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
+				out.set(p.b.i, ItemResult{Result: h.count(Result{Outcome: Panicked}), Err: errGoexit})
 			}
 		}()
 		runOne(p)
@@ -531,6 +620,11 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			claimed = append(claimed, b)
 		case StatusDuplicate:
 			h.rememberFor(b.f, b.lk, a.TTL)
+			if a.HasReply {
+				h.rememberReply(b.f, b.lk, a.Reply, a.TTL)
+			}
+			b.f.knowReply(a.Reply, a.HasReply)
+			out.replies.of(b.i).dup(a.Reply, a.HasReply)
 			h.settle(out, b, Result{Outcome: Duplicate, Tier: TierStore}, nil)
 		case StatusConflict:
 			h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(b.k))
@@ -629,7 +723,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 				bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
 				h.release(bg, b.k, b.rk, b.token)
 				bgDone()
-				out.set(b.i, ItemResult{h.count(Result{Outcome: Panicked}), errGoexit})
+				out.set(b.i, ItemResult{Result: h.count(Result{Outcome: Panicked}), Err: errGoexit})
 			}
 		}()
 		if h.runClaimedItem(ctx, fnCtx, hb, b, fn, out, nil, false) {
@@ -678,6 +772,11 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *b
 		ferr = fctx.Err()
 	}
 	if ferr == nil {
+		if r := out.replies.of(b.i); r != nil && r.ran {
+			c := b.claimed()
+			h.setReply(&c, r.reply)
+			b.reply, b.replied, b.tooLarge = c.reply, c.replied, c.tooLarge
+		}
 		return true
 	}
 	cause := context.Cause(fctx)
@@ -687,7 +786,7 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *b
 	h.release(bg, b.k, b.rk, b.token)
 	bgDone()
 	res, err := h.failed(b.k, panicked, ferr, cause)
-	out.set(b.i, ItemResult{res, err})
+	out.set(b.i, ItemResult{Result: res, Err: err})
 	return false
 }
 
@@ -721,7 +820,8 @@ func (h *Handler) unrun(ctx context.Context, hb *batchBeat, b *batchItem, out *b
 }
 
 func (b *batchItem) claimed() claimed {
-	return claimed{k: b.k, lk: b.lk, rk: b.rk, fp: b.fp, token: b.token, f: b.f}
+	return claimed{k: b.k, lk: b.lk, rk: b.rk, fp: b.fp, token: b.token, f: b.f,
+		reply: b.reply, replied: b.replied, tooLarge: b.tooLarge}
 }
 
 // beginBatch opens a transactional batch's transaction with the markers of its
@@ -740,7 +840,7 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, hb *batchBeat, c *compl
 		for _, b := range claimed {
 			hb.forget(b)
 			res, rerr := h.stepAnswered(ctx, b.claimed(), MarkerState{}, err, cause, true)
-			out.set(b.i, ItemResult{res, rerr})
+			out.set(b.i, ItemResult{Result: res, Err: rerr})
 		}
 		return nil
 	}
@@ -752,7 +852,7 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, hb *batchBeat, c *compl
 		case fingerprintsDiffer(found[j].Fingerprint, b.fp):
 			hb.forget(b)
 			res, rerr := h.stepAnswered(ctx, b.claimed(), found[j], nil, nil, true)
-			out.set(b.i, ItemResult{res, rerr})
+			out.set(b.i, ItemResult{Result: res, Err: rerr})
 		default:
 			c.addAs(b, completedEarlier)
 		}
@@ -778,13 +878,13 @@ func (h *Handler) commitBatch(ctx context.Context, hb *batchBeat, c *completer, 
 			// redelivery, so the ack need not wait for the round trip
 			res, err := h.committed(b.claimed(), nil)
 			b.f.processed.Store(true)
-			out.setAndLeave(b.i, ItemResult{res, err}, false) // left once its completion lands
+			out.setAndLeave(b.i, ItemResult{Result: res, Err: err}, false) // left once its completion lands
 			c.addAs(b, committedNow)
 			continue
 		}
 		hb.forget(b)
 		res, err := h.commitFailed(bg, b.claimed(), cerr, true)
-		out.set(b.i, ItemResult{res, err})
+		out.set(b.i, ItemResult{Result: res, Err: err})
 	}
 }
 
@@ -842,7 +942,7 @@ func (c *completer) addAs(b *batchItem, how completionKind) {
 			res, err = h.completed(b.claimed(), cerr)
 		}
 		b.f.processed.Store(res.Outcome == Processed)
-		c.out.set(b.i, ItemResult{res, err})
+		c.out.set(b.i, ItemResult{Result: res, Err: err})
 	}})
 }
 

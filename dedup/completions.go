@@ -108,7 +108,11 @@ func (q *completions) flush() {
 
 		entries = entries[:0]
 		for _, p := range batch {
-			entries = append(entries, Entry{Key: p.c.rk, Token: p.c.token, TTL: h.cfg.retention})
+			e := Entry{Key: p.c.rk, Token: p.c.token, TTL: h.cfg.retention}
+			if p.c.storesReply() { // a reply batch's item carries its reply here, to its DONE record
+				e.Reply, e.HasReply = p.c.reply, true
+			}
+			entries = append(entries, e)
 		}
 		// the first one's context, for its values: the others' are alike
 		ctx, done := context.WithTimeout(context.WithoutCancel(batch[0].ctx), h.cfg.lease)

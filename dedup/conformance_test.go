@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,7 +94,7 @@ func TestStoreConformance(t *testing.T) {
 	for _, bf := range storeBackends() {
 		t.Run(bf.name, func(t *testing.T) {
 			t.Parallel()
-			for _, c := range conformanceCases {
+			for _, c := range append(conformanceCases, replyCases...) {
 				t.Run(c.name, func(t *testing.T) {
 					t.Parallel()
 					b := bf.new(t)
@@ -573,6 +574,150 @@ var conformanceCases = []struct {
 		s.wantStatus(s.claim(k, "B", fp), StatusDuplicate)
 		s.wantStatus(s.claim(k, "B", fp+"x"), StatusConflict)
 	}},
+}
+
+// replyCases are the conformance cases of ReplyStore: a reply written with DONE comes
+// back with every duplicate's claim, byte for byte.
+var replyCases = []struct {
+	name string
+	run  func(t *testing.T, s *suite)
+}{
+	{"reply/complete", func(t *testing.T, s *suite) {
+		k := s.key()
+		reply := "\x00{\"id\":7}\r\n:d:x:\xff" // binary, separators, CRLF
+		s.claim(k, "A", "fp1")
+		s.must(s.completeReply(k, "A", reply))
+		a := s.claim(k, "B", "fp1")
+		s.wantStatus(a, StatusDuplicate)
+		if !a.HasReply || a.Reply != reply || a.TTL <= 0 || a.TTL > cRetention {
+			t.Fatalf("duplicate's answer %+v, want the reply %q and a TTL in (0, %v]", a, reply, cRetention)
+		}
+		if s.b.rdb != nil { // the record's form: r:<token>:<len(fingerprint)>:<fingerprint><reply>
+			if v := s.b.rdb.Get(s.ctx, k).Val(); v != "r:A:3:fp1"+reply {
+				t.Fatalf("record value %q", v)
+			}
+		}
+		s.wantStatus(s.claim(k, "B", "fp2"), StatusConflict)
+		if a := s.claim(k, "B", ""); !a.HasReply || a.Reply != reply {
+			t.Fatalf("unfingerprinted duplicate: %+v", a)
+		}
+		s.must(s.completeReply(k, "A", reply)) // retried, its first attempt landed
+		s.must(s.complete(k, "A"))
+		s.wantLeaseLost(s.completeReply(k, "B", reply))
+		s.wantLeaseLost(s.b.store.Extend(s.ctx, k, "A", cLease))
+		s.must(s.b.store.Release(s.ctx, k, "A"))
+		s.wantStatus(s.mark(k, "B", ""), StatusDuplicate)
+		s.wantStatus(s.mark(k, "A", ""), StatusAcquired) // a mark finds its own token
+		r := s.lookup(k)[0]
+		if r.State != RecordDone || r.Owner != "A" || r.Fingerprint != "fp1" || !r.HasReply || r.ReplySize != len(reply) {
+			t.Fatalf("lookup: %+v", r)
+		}
+		s.b.advance(cRetention + cMargin)
+		s.wantStatus(s.claim(k, "C", ""), StatusAcquired)
+	}},
+	{"reply/empty-and-none", func(t *testing.T, s *suite) {
+		empty, none := s.key(), s.key()
+		s.claim(empty, "A", "")
+		s.claim(none, "A", "")
+		s.must(s.completeReply(empty, "A", ""))
+		s.must(s.complete(none, "A"))
+		if a := s.claim(empty, "B", ""); a.Status != StatusDuplicate || !a.HasReply || a.Reply != "" {
+			t.Fatalf("empty reply: %+v", a)
+		}
+		if a := s.claim(none, "B", ""); a.Status != StatusDuplicate || a.HasReply {
+			t.Fatalf("no reply: %+v", a)
+		}
+		got := s.lookup(empty, none)
+		if !got[0].HasReply || got[0].ReplySize != 0 || got[1].HasReply {
+			t.Fatalf("lookup: %+v", got)
+		}
+	}},
+	{"reply/hostile-fingerprint", func(t *testing.T, s *suite) {
+		k := s.key()
+		fp := "a:b:3:c\x00\xff"
+		s.claim(k, "A", fp)
+		s.must(s.completeReply(k, "A", "7:x:"))
+		if a := s.claim(k, "B", fp); a.Status != StatusDuplicate || a.Reply != "7:x:" {
+			t.Fatalf("got %+v", a)
+		}
+		s.wantStatus(s.claim(k, "B", fp+"x"), StatusConflict)
+		if r := s.lookup(k)[0]; r.Fingerprint != fp || r.ReplySize != 4 {
+			t.Fatalf("lookup: %+v", r)
+		}
+	}},
+	{"reply/largest", func(t *testing.T, s *suite) {
+		k := s.key()
+		reply := strings.Repeat("\xfe:", MaxReplyLimit/2)
+		s.claim(k, "A", Fingerprint([]byte("x")))
+		s.must(s.completeReply(k, "A", reply))
+		if a := s.claim(k, "B", ""); !a.HasReply || a.Reply != reply {
+			t.Fatalf("a %d-byte reply came back as %d bytes (has %v)", len(reply), len(a.Reply), a.HasReply)
+		}
+		got, err := s.b.store.ClaimMany(s.ctx, []Entry{{Key: k, Token: "B", TTL: cLease}})
+		s.must(err)
+		if !got[0].HasReply || got[0].Reply != reply {
+			t.Fatalf("ClaimMany: %d bytes (has %v)", len(got[0].Reply), got[0].HasReply)
+		}
+	}},
+	{"reply/batch", func(t *testing.T, s *suite) {
+		withReply, without, other, absent := s.key(), s.key(), s.key(), s.key()
+		for _, k := range []string{withReply, without} {
+			s.claim(k, "A", "")
+		}
+		s.claim(other, "X", "")
+		errs, err := s.b.store.CompleteMany(s.ctx, []Entry{
+			{Key: withReply, Token: "A", TTL: cRetention, Reply: "one", HasReply: true},
+			{Key: without, Token: "A", TTL: cRetention},
+			{Key: other, Token: "A", TTL: cRetention, Reply: "two", HasReply: true},
+			{Key: absent, Token: "A", TTL: cRetention, Reply: "three", HasReply: true},
+		})
+		s.must(err)
+		if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], ErrLeaseLost) || !errors.Is(errs[3], ErrLeaseLost) {
+			t.Fatalf("CompleteMany: %v", errs)
+		}
+		s.checkTTL(withReply)
+		got, err := s.b.store.ClaimMany(s.ctx, []Entry{
+			{Key: withReply, Token: "B", TTL: cLease},
+			{Key: without, Token: "B", TTL: cLease},
+			{Key: other, Token: "B", TTL: cLease},
+			{Key: absent, Token: "B", TTL: cLease},
+		})
+		s.must(err)
+		if got[0].Status != StatusDuplicate || !got[0].HasReply || got[0].Reply != "one" || got[0].TTL <= 0 ||
+			got[1].Status != StatusDuplicate || got[1].HasReply || got[2].Status != StatusInProgress || got[2].HasReply ||
+			got[3].Status != StatusAcquired {
+			t.Fatalf("ClaimMany: %+v", got)
+		}
+		// a batch that names a key twice goes as claim scripts
+		got, err = s.b.store.ClaimMany(s.ctx, []Entry{{Key: withReply, Token: "C", TTL: cLease}, {Key: withReply, Token: "D", TTL: cLease}})
+		s.must(err)
+		for _, a := range got {
+			if a.Status != StatusDuplicate || a.Reply != "one" {
+				t.Fatalf("repeated key: %+v", got)
+			}
+		}
+	}},
+	{"reply/forget", func(t *testing.T, s *suite) {
+		k := s.key()
+		s.claim(k, "A", "")
+		s.must(s.completeReply(k, "A", "reply"))
+		got := s.forget(false, k)
+		if got[0].Err != nil || got[0].State != RecordDone || got[0].ReplySize != 5 {
+			t.Fatalf("forget: %+v", got[0])
+		}
+		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+	}},
+}
+
+func (s *suite) completeReply(key, token, reply string) error {
+	s.t.Helper()
+	rs, ok := s.b.store.(ReplyStore)
+	if !ok {
+		s.t.Fatalf("%T does not implement ReplyStore", s.b.store)
+	}
+	err := rs.CompleteReply(s.ctx, key, token, reply, cRetention)
+	s.checkTTL(key)
+	return err
 }
 
 // A value under a record key that dedup did not write is reported, never taken for a

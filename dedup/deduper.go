@@ -95,12 +95,24 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		}
 		h.store = &formerStore{Store: d.store, h: h, records: rs}
 	}
+	if cfg.replyLimit > 0 {
+		if _, ok := d.base.(ReplyStore); !ok {
+			return nil, fmt.Errorf("%w: handler %q: WithReplies needs a store that keeps replies (dedup.ReplyStore); %T does not", ErrInvalidOption, name, d.base)
+		}
+		h.replyStore = h.store.(ReplyStore) // formerStore and meteredStore pass it on
+	}
 	if cfg.localSize > 0 {
 		c, err := lru.New(cfg.localSize, cfg.localTTL, cfg.localOpts...)
 		if err != nil {
 			return nil, fmt.Errorf("%w: handler %q: local cache: %w", ErrInvalidOption, name, err)
 		}
 		h.local = c
+		if cfg.replyLimit > 0 && cfg.localReplies > 0 {
+			if h.replies, err = lru.NewBytes(int64(cfg.localReplies), cfg.localTTL, cfg.localOpts...); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("%w: handler %q: local replies: %w", ErrInvalidOption, name, err)
+			}
+		}
 	}
 	if err := d.add(h); err != nil {
 		h.closeLocal()

@@ -33,6 +33,12 @@ var (
 	// program shares the prefix). The record is left alone and the message is not dropped.
 	ErrBadRecord = errors.New("dedup: unrecognised record")
 
+	// ErrReplyTooLarge reports a reply larger than the handler's WithReplies limit:
+	// the message was processed (Processed: its DONE record is written, without the
+	// reply) but its duplicates cannot get the reply back; they answer Duplicate with
+	// HasReply false. Counted in Stats.RepliesTooLarge.
+	ErrReplyTooLarge = errors.New("dedup: reply too large to store")
+
 	// ErrRecordInProgress reports that Forget left a record alone because it is IN
 	// PROGRESS: its owner is running the handler. ForgetInProgress forces it.
 	ErrRecordInProgress = errors.New("dedup: record in progress")

@@ -126,3 +126,25 @@ func ExampleHandler_Handle() {
 	// key-reuse
 	// no-key
 }
+
+// A request retried after a timeout gets the first run's reply, not silence: the
+// reply is stored with DONE, and every duplicate gets it back.
+func ExampleHandler_DoReply() {
+	store, _ := dedup.NewMemoryStore()
+	d, _ := dedup.New(store)
+	defer d.Close()
+	create, _ := d.Register("create-order", dedup.WithReplies(0)) // replies up to 64 KiB
+
+	ctx := context.Background()
+	for _, requestID := range []string{"req-1", "req-1"} { // the client retried
+		res, err := create.DoReply(ctx, requestID, func(ctx context.Context) ([]byte, error) {
+			fmt.Println("creating the order")
+			return []byte(`{"order":"o-42"}`), nil
+		})
+		fmt.Println(res.Outcome, res.Reply, err)
+	}
+	// Output:
+	// creating the order
+	// processed {"order":"o-42"} <nil>
+	// duplicate {"order":"o-42"} <nil>
+}

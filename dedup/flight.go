@@ -41,6 +41,13 @@ type flight struct {
 	// landed, so that a call for the key meanwhile waits for it here, instead of
 	// finding the claim still IN PROGRESS in the store
 	completing bool
+	// reply is what the flight knows of the key's stored reply (WithReplies), when
+	// replyKnown: set by the leader before ready fires (its claim's answer) or before
+	// processed is set (the reply its run stored, or none). A Mark's answer, or the
+	// local tier's to a call that is not a reply form, says nothing of it.
+	reply      string
+	hasReply   bool
+	replyKnown bool
 	// stale is set when the key was forgotten (or the local tier purged) while the
 	// flight was out: its store answer may predate the forget, so the leader must not
 	// leave it in the local tier (see Handler.remember).
@@ -98,6 +105,19 @@ func (fs *flights) invalidateAll() {
 func (f *flight) answer(res Result, err error, running bool) {
 	f.res, f.err, f.running = res, err, running
 	f.ready.fire()
+}
+
+// knowReply records what the leader knows of the key's stored reply; before it
+// publishes an answer (answer) or its run's processing (ran, processed).
+func (f *flight) knowReply(reply string, has bool) {
+	f.reply, f.hasReply, f.replyKnown = reply, has, true
+}
+
+// duplicate is the answer a call gets from the flight of a key found or made DONE,
+// with what the flight knows of its reply for a reply form (r; nil otherwise).
+func (f *flight) duplicate(r *replyRun) Result {
+	r.dup(f.reply, f.hasReply)
+	return Result{Outcome: Duplicate, Tier: TierLocal}
 }
 
 // ran notes the result of the leader's run of fn (processed), and returns it.

@@ -35,6 +35,8 @@ import (
 //     that run fails, its redelivery is dropped as a filter drops a failed run. Should
 //     the lookup fail, the Mark answers First (it runs) rather than drop a message on
 //     account of a rename.
+//   - A former DONE record's stored reply (WithReplies) answers the reply forms'
+//     duplicates, and is copied forward with the record.
 //   - Lookup, LookupMany and Forget cover the former names' records too.
 //
 // Each name is validated as a handler name. Register refuses, wrapping
@@ -86,6 +88,12 @@ type formerStore struct {
 	Store
 	h       *Handler
 	records RecordStore
+}
+
+// CompleteReply implements ReplyStore when the Deduper's store does (Register
+// checks, for a handler WithReplies).
+func (s *formerStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
+	return s.Store.(ReplyStore).CompleteReply(ctx, key, token, reply, retention)
 }
 
 // Claim implements Store.
@@ -172,7 +180,7 @@ func (s *formerStore) settle(ctx context.Context, entries []Entry, answers []Ans
 		case r.State == RecordDone && fingerprintsDiffer(r.Fingerprint, e.Fingerprint):
 			answers[i] = Answer{Status: StatusConflict}
 		case r.State == RecordDone:
-			answers[i] = Answer{Status: StatusDuplicate, TTL: r.TTL}
+			answers[i] = Answer{Status: StatusDuplicate, TTL: r.TTL, Reply: r.reply, HasReply: r.HasReply}
 		case r.State == RecordInProgress:
 			answers[i] = Answer{Status: StatusInProgress, TTL: r.TTL}
 		default:
@@ -183,6 +191,7 @@ func (s *formerStore) settle(ctx context.Context, entries []Entry, answers []Ans
 			e.TTL = 0
 			if r.State == RecordDone && r.Fingerprint == e.Fingerprint && r.TTL > 0 {
 				e.TTL = r.TTL
+				e.Reply, e.HasReply = r.reply, r.HasReply // copied forward with its reply
 			}
 			undo = append(undo, e)
 		}

@@ -22,9 +22,16 @@ type Handler struct {
 	cfg  handlerConfig
 	// store is the Deduper's store, as the handler sees it: behind formerStore when
 	// it has former names (former.go)
-	store   Store
-	local   *lru.Cache // DONE keys only; nil when the tier is off
-	flights *flights
+	store Store
+	local *lru.Cache // DONE keys only; nil when the tier is off
+	// replies keeps the stored replies of DONE keys, by local key, for the reply
+	// forms, bounded by bytes (WithLocalReplies); nil without replies or without a
+	// local tier. A reply form's local hit needs its key here: the keys-only tier
+	// above cannot answer it.
+	replies *lru.Bytes
+	// replyStore is store as a ReplyStore, for a handler WithReplies (Register checks)
+	replyStore ReplyStore
+	flights    *flights
 	// completions coalesces the completions that need not hold their caller: batch
 	// items' and committed transactional runs' (completions.go)
 	completions completions
@@ -46,6 +53,10 @@ func (h *Handler) Lease() time.Duration { return h.cfg.lease }
 
 // Mode returns how Handle guards fn.
 func (h *Handler) Mode() Mode { return h.cfg.mode }
+
+// ReplyLimit returns the largest reply the handler stores (WithReplies), 0 when it
+// stores none.
+func (h *Handler) ReplyLimit() int { return h.cfg.replyLimit }
 
 // KeyStrategy returns the handler's key strategy, and whether it was set with
 // WithKeyStrategy (adapters put their own default in place of DefaultKeyStrategy).
@@ -70,7 +81,117 @@ func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) e
 	if key == "" {
 		return h.noKey(ctx, fn, nil)
 	}
-	return h.do(ctx, key, "", fn, nil)
+	return h.do(ctx, key, "", fn, nil, nil)
+}
+
+// DoReply is Do for fn that returns a reply, for a handler WithReplies: the reply is
+// stored with the DONE record, and every duplicate of key gets it back in its
+// ReplyResult (Reply, HasReply), from the local tier or the store, byte for byte,
+// where Do's duplicates get nothing. That is what request/reply needs: a client that
+// retries a request after a timeout gets the first run's answer.
+//
+// The reply rides the one claim → run → complete lifecycle: it is held with the
+// claim from fn's return to the completion that writes it into the DONE record, so
+// that it is stored exactly when DONE is. Outcomes and errors are Do's, and:
+//
+//   - Processed, NotRecorded, and a LeaseLost found at completion carry fn's reply
+//     (the first requester is answered even when the record could not be written).
+//   - A reply larger than the handler's limit is not stored: the result is Processed
+//     with fn's reply and an error wrapping ErrReplyTooLarge; its duplicates answer
+//     Duplicate with HasReply false (Stats.RepliesTooLarge, Stats.RepliesMissing).
+//   - A Duplicate without a reply (HasReply false) is a DONE record written without
+//     one: see ReplyResult.HasReply.
+//   - A concurrent call for key in this process waits for the run's store answer and,
+//     under WaitForRunning, for its run, and is then answered with its reply.
+//
+// DoReply claims whatever the handler's mode. On a handler without WithReplies it
+// does nothing and returns an error wrapping ErrInvalidOption. An empty key follows
+// the missing-key policy (under ProcessMissingKey, fn's reply is returned, not
+// stored).
+func (h *Handler) DoReply(ctx context.Context, key string, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
+	return h.doReply(ctx, key, "", fn)
+}
+
+// HandleReply is DoReply for a message: the key is read with the handler's key
+// strategy, and the payload fingerprinted when fingerprinting is on (a duplicate
+// with another payload answers KeyReuse, not the stored reply).
+func (h *Handler) HandleReply(ctx context.Context, msg keys.Message, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
+	return h.HandleKeyReply(ctx, h.cfg.strategy.Key(msg), msg.Data(), fn)
+}
+
+// HandleKeyReply is HandleReply for a key the caller has already read from the
+// message (an adapter with its own key strategy).
+func (h *Handler) HandleKeyReply(ctx context.Context, key string, payload []byte, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
+	return h.doReply(ctx, key, h.fingerprint(payload), fn)
+}
+
+func (h *Handler) doReply(ctx context.Context, key, fp string, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
+	if err := h.checkReplies(); err != nil {
+		return ReplyResult{}, err
+	}
+	if key != "" && h.replies != nil {
+		// the local tier's answer, before anything is allocated for a run
+		if v, ok := h.replies.Get(localKey(keys.Normalize(key), fp)); ok {
+			return ReplyResult{Result: h.countLocalHit(), Reply: v, HasReply: true}, nil
+		}
+	}
+	r := &replyRun{fn: fn}
+	var res Result
+	var err error
+	if key == "" {
+		res, err = h.noKey(ctx, r.call, nil)
+	} else {
+		res, err = h.do(ctx, key, fp, r.call, nil, r)
+	}
+	return h.replied(res, r.reply, r.has), err
+}
+
+// checkReplies refuses a reply form on a handler without WithReplies.
+func (h *Handler) checkReplies() error {
+	if h.replyStore == nil {
+		return fmt.Errorf("%w: handler %q does not store replies (WithReplies)", ErrInvalidOption, h.name)
+	}
+	return nil
+}
+
+// replyRun is one call of a reply form: the reply its result carries, kept here
+// rather than in Result (see Result). It is fn's, from fn's return on, or, for a
+// Duplicate, the stored one as the lifecycle found it (dup): a call either runs fn
+// or is a duplicate, never both.
+type replyRun struct {
+	fn    func(context.Context) ([]byte, error)
+	reply string
+	has   bool
+	ran   bool // has is fn's reply, not a duplicate's
+}
+
+// call runs fn, keeping its reply; it is the fn the lifecycle runs.
+func (r *replyRun) call(ctx context.Context) error {
+	b, err := r.fn(ctx)
+	if err == nil {
+		r.reply, r.has, r.ran = string(b), true, true
+	}
+	return err
+}
+
+// dup records what a duplicate answer says of the key's stored reply. Safe on nil
+// (a call that is not a reply form).
+func (r *replyRun) dup(reply string, has bool) {
+	if r != nil {
+		r.reply, r.has = reply, has
+	}
+}
+
+// replied is a reply form's result: res with the reply it carries, and a Duplicate
+// without a reply counted.
+func (h *Handler) replied(res Result, reply string, has bool) ReplyResult {
+	if res.Outcome == Duplicate && !has {
+		h.stats.repliesMissing.Add(1)
+	}
+	if !has || (res.Outcome != Duplicate && res.Outcome != Processed && res.Outcome != NotRecorded && res.Outcome != LeaseLost) {
+		return ReplyResult{Result: res}
+	}
+	return ReplyResult{Result: res, Reply: reply, HasReply: true}
 }
 
 // Mark is filter mode: one round trip that records key as DONE and answers First the
@@ -113,7 +234,7 @@ func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn 
 	}
 	fp := h.fingerprint(payload)
 	if h.cfg.mode == ModeDo {
-		return h.do(ctx, key, fp, fn, nil)
+		return h.do(ctx, key, fp, fn, nil, nil)
 	}
 	k := keys.Normalize(key)
 	lk := localKey(k, fp)
@@ -131,6 +252,20 @@ func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn 
 		return res, err
 	}
 	return h.run(ctx, fn, res.Unguarded, true, nil)
+}
+
+// localReply answers a reply form (r) from the local tier: lk's stored reply, kept
+// in the local tier's replies. Without it (never kept, evicted, or its record has no
+// reply) the caller asks the store, which has it or says it has none.
+func (h *Handler) localReply(lk string, r *replyRun) bool {
+	if h.replies == nil {
+		return false
+	}
+	v, ok := h.replies.Get(lk)
+	if ok {
+		r.dup(v, true)
+	}
+	return ok
 }
 
 // localDone reports whether the local tier holds lk (localKey) as DONE. Mark and
@@ -193,9 +328,26 @@ func (h *Handler) unlessStale(f *flight, lk string) {
 	}
 }
 
+// rememberReply keeps the stored reply of a DONE key for the reply forms' local
+// hits, for no longer than left (what its record has left; nothing when the store
+// did not say), as rememberFor does for the key (with the same care for a forget
+// meanwhile).
+func (h *Handler) rememberReply(f *flight, lk, reply string, left time.Duration) {
+	if h.replies == nil || left <= 0 {
+		return
+	}
+	h.replies.AddFor(lk, reply, left)
+	if f == nil || f.stale.Load() {
+		h.replies.Remove(lk)
+	}
+}
+
 func (h *Handler) closeLocal() {
 	if h.local != nil {
 		h.local.Close()
+	}
+	if h.replies != nil {
+		h.replies.Close()
 	}
 }
 
@@ -203,16 +355,32 @@ func (h *Handler) closeLocal() {
 // returns the flight the caller leads when neither could answer. A waiter takes the
 // leader's answer only where it is its own too; otherwise (another payload, or a
 // leader cancelled by its own context) it waits for the leader to leave and asks again.
-func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result, error) {
+// A reply form (replies) takes a Duplicate only with what is known of its reply:
+// from the local tier's replies, or from a flight that knows it (its claim's answer,
+// or its run).
+func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*flight, Result, error) {
+	replies := r != nil
 	for {
-		if h.localDone(lk) {
+		if replies {
+			if h.localReply(lk, r) {
+				return nil, h.count(Result{Outcome: Duplicate, Tier: TierLocal}), nil
+			}
+		} else if h.localDone(lk) {
 			return nil, h.countLocalHit(), nil
 		}
 		f, lead := h.flights.join(k)
 		if lead {
 			f.fp = fp
-			if h.localDone(lk) {
-				// a leader that left between our look and our join made it DONE
+			// a leader that left between our look and our join made it DONE
+			var ok bool
+			if replies {
+				if ok = h.localReply(lk, r); ok {
+					f.knowReply(r.reply, true)
+				}
+			} else {
+				ok = h.localDone(lk)
+			}
+			if ok {
 				res := Result{Outcome: Duplicate, Tier: TierLocal}
 				f.answer(res, nil, false)
 				h.flights.leave(k, f)
@@ -226,7 +394,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 		if f.running {
 			if f.processed.Load() && f.fp == fp && !f.stale.Load() {
 				// the run processed the key, and its completion is on its way
-				return nil, h.count(Result{Outcome: Duplicate, Tier: TierLocal}), nil
+				return nil, h.count(f.duplicate(r)), nil
 			}
 			if !waitsForRunning(ctx) {
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
@@ -245,15 +413,18 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string) (*flight, Result,
 			if f.processed.Load() && f.fp == fp && !f.stale.Load() {
 				// the run processed the key: a duplicate, whether or not its DONE
 				// record has landed yet (a committed run's completion is lazy) or the
-				// local tier kept it
-				return nil, h.count(Result{Outcome: Duplicate, Tier: TierLocal}), nil
+				// local tier kept it, with the reply the run stored (or none)
+				return nil, h.count(f.duplicate(r)), nil
 			}
 			continue
 		}
 		switch f.res.Outcome {
 		case First, Duplicate:
-			if f.fp == fp {
-				return nil, h.count(Result{Outcome: Duplicate, Tier: TierLocal}), nil
+			// a reply form needs the reply, which a Mark's answer, or the local
+			// tier's to another call, does not bring: it asks the store itself once
+			// the leader has left
+			if f.fp == fp && (!replies || f.replyKnown) {
+				return nil, h.count(f.duplicate(r)), nil
 			}
 		case KeyReuse:
 			if f.fp == fp {
@@ -325,11 +496,12 @@ func wait(ctx context.Context, ch <-chan struct{}) error {
 }
 
 // do runs fn once for key (Do, HandleKey in ModeDo, and the transactional runs: step
-// is their transaction around fn, nil for a plain run).
-func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Context) error, step runStep) (Result, error) {
+// is their transaction around fn, nil for a plain run). r is a reply form's run (fn
+// is r.call), nil otherwise.
+func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Context) error, step runStep, r *replyRun) (Result, error) {
 	k := keys.Normalize(key)
 	lk := localKey(k, fp)
-	f, res, err := h.check(ctx, k, lk, fp)
+	f, res, err := h.check(ctx, k, lk, fp, r)
 	if f == nil {
 		return res, err
 	}
@@ -350,6 +522,11 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	switch ans.Status {
 	case StatusDuplicate:
 		h.rememberFor(f, lk, ans.TTL)
+		if ans.HasReply {
+			h.rememberReply(f, lk, ans.Reply, ans.TTL)
+		}
+		f.knowReply(ans.Reply, ans.HasReply)
+		r.dup(ans.Reply, ans.HasReply)
 		return h.lead(f, Result{Outcome: Duplicate, Tier: TierStore}, nil)
 	case StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
@@ -360,7 +537,7 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	validUntil := sent.Add(h.cfg.lease)
 	f.leaseEnd.Store(validUntil.UnixNano())
 	f.answer(Result{}, nil, true)
-	return f.ran(h.runLeased(ctx, f, claimed{k: k, lk: lk, rk: rk, fp: fp, token: token, f: f}, validUntil, fn, step))
+	return f.ran(h.runLeased(ctx, f, claimed{k: k, lk: lk, rk: rk, fp: fp, token: token, f: f, run: r}, validUntil, fn, step))
 }
 
 // leaveFlight leaves the flight of a run, unless its completion, still out, leaves it
@@ -372,10 +549,40 @@ func (h *Handler) leaveFlight(k string, f *flight) {
 }
 
 // claimed names a run's key in its forms (normalized, local-tier, record), with its
-// payload fingerprint, its owner token and the flight its caller leads for it.
+// payload fingerprint, its owner token and the flight its caller leads for it. For a
+// reply form it also holds fn's reply, from fn's return to the completion that
+// stores it with DONE (setReply): that is where a reply lives meanwhile, on the
+// single path (runLeased) and on the batch's (batchItem, then the completions).
 type claimed struct {
 	k, lk, rk, fp, token string
 	f                    *flight
+	run                  *replyRun // a reply form's run (Do's path), nil otherwise
+
+	reply    string // fn's reply, when replied
+	replied  bool
+	tooLarge bool // reply is larger than the handler's limit: DONE is written without it
+}
+
+// setReply gives c fn's reply, to store with DONE unless it is too large.
+func (h *Handler) setReply(c *claimed, reply string) {
+	c.reply, c.replied = reply, true
+	if len(reply) > h.cfg.replyLimit {
+		c.tooLarge = true
+		h.stats.repliesTooLarge.Add(1)
+		h.log.Warn("dedup: reply too large to store; processed, its duplicates will get no reply",
+			"key_hash", keyHash(c.k), "reply_bytes", len(reply), "limit", h.cfg.replyLimit)
+	}
+}
+
+// storesReply says c's completion writes a reply with DONE.
+func (c *claimed) storesReply() bool { return c.replied && !c.tooLarge }
+
+// complete completes c's claim: with its reply when it has one to store.
+func (h *Handler) complete(ctx context.Context, c claimed) error {
+	if c.storesReply() {
+		return h.replyStore.CompleteReply(ctx, c.rk, c.token, c.reply, h.cfg.retention)
+	}
+	return h.store.Complete(ctx, c.rk, c.token, h.cfg.retention)
 }
 
 // lead publishes the leader's result to those waiting on f and returns it. First is
@@ -477,6 +684,9 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, validUnti
 		h.release(bg, c.k, c.rk, c.token)
 		return h.failed(c.k, panicked, err, cause)
 	}
+	if c.run != nil && c.run.ran {
+		h.setReply(&c, c.run.reply)
+	}
 	if step != nil {
 		cerr := step.commit(bg)
 		end()
@@ -487,7 +697,7 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, validUnti
 		return h.committed(c, nil)
 	}
 	end()
-	return h.completed(c, h.store.Complete(bg, c.rk, c.token, h.cfg.retention))
+	return h.completed(c, h.complete(bg, c))
 }
 
 // failed classifies fn's error once its claim is released: a panic, a lost lease,
@@ -505,12 +715,24 @@ func (h *Handler) failed(k string, panicked bool, err, cause error) (Result, err
 	return h.count(Result{Outcome: Failed}), err
 }
 
-// completed turns the answer to Complete into the result of a successful fn.
+// completed turns the answer to Complete into the result of a successful fn. A
+// completion that wrote DONE tells the flight, and the local tier, what reply it
+// stored (or none); fn's own reply goes into the result where the caller adds it
+// (replied, batchOut).
 func (h *Handler) completed(c claimed, cerr error) (Result, error) {
 	k := c.k
 	switch {
 	case cerr == nil:
 		h.remember(c.f, c.lk)
+		if c.storesReply() {
+			c.f.knowReply(c.reply, true)
+			h.rememberReply(c.f, c.lk, c.reply, h.cfg.retention)
+		} else {
+			c.f.knowReply("", false)
+		}
+		if c.tooLarge {
+			return h.count(Result{Outcome: Processed}), fmt.Errorf("%w: %d bytes, the handler's limit is %d", ErrReplyTooLarge, len(c.reply), h.cfg.replyLimit)
+		}
 		return h.count(Result{Outcome: Processed}), nil
 	case errors.Is(cerr, ErrLeaseLost):
 		h.met.leaseLost(opComplete)
@@ -652,7 +874,7 @@ func (h *Handler) release(ctx context.Context, k, rk, token string) {
 // mark is Mark after the caller has entered, for k normalized and lk its localKey
 // with fp.
 func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
-	f, res, err := h.check(ctx, k, lk, fp)
+	f, res, err := h.check(ctx, k, lk, fp, nil)
 	if f == nil {
 		return res, err
 	}
@@ -670,6 +892,7 @@ func (h *Handler) marked(f *flight, k, lk string, ans Answer) Result {
 	switch ans.Status {
 	case StatusAcquired:
 		h.remember(f, lk)
+		f.knowReply("", false) // the mark wrote DONE without a reply
 		return Result{Outcome: First}
 	case StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))

@@ -82,3 +82,14 @@ func (s *hookStore) CompleteMany(ctx context.Context, entries []Entry) ([]error,
 	}
 	return s.Store.CompleteMany(ctx, entries)
 }
+
+// replyHookStore is a hookStore over a ReplyStore that is one too: CompleteReply is
+// hooked as "complete-reply".
+type replyHookStore struct{ *hookStore }
+
+func (s replyHookStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
+	if err := s.hook("complete-reply", &s.completes); err != nil {
+		return err
+	}
+	return s.Store.(ReplyStore).CompleteReply(ctx, key, token, reply, retention)
+}

@@ -123,3 +123,62 @@ func TestLogsHoldNoKeyOrPayload(t *testing.T) {
 		}
 	}
 }
+
+// Replies are opaque and never logged: every log line the stored replies' paths
+// write (a reply too large, a completion with a reply that failed or found its lease
+// lost, a fail-open run, in the single and the batch forms) holds neither the reply
+// nor the key.
+func TestLogsHoldNoReply(t *testing.T) {
+	const secretReply = "SECRET-REPLY-5be1c0"
+	unavailable := fmt.Errorf("%w: injected", ErrStoreUnavailable)
+	reply := func(n int) func(context.Context) ([]byte, error) {
+		return func(context.Context) ([]byte, error) { return []byte(secretReply + strings.Repeat("x", n)), nil }
+	}
+	for _, sc := range []struct {
+		name string
+		fail map[string]error
+		opts []HandlerOption
+		run  func(ctx context.Context, h *Handler, key string)
+		want string
+	}{
+		{"too large", nil, nil, func(ctx context.Context, h *Handler, key string) { h.DoReply(ctx, key, reply(64)) }, "reply too large"},
+		{"too large (batch)", nil, nil, func(ctx context.Context, h *Handler, key string) {
+			h.HandleBatchReply(ctx, []Item{{Key: key}}, 1, func(ctx context.Context, _ int) ([]byte, error) { return reply(64)(ctx) }, nil)
+		}, "reply too large"},
+		{"not recorded", map[string]error{"complete-reply": unavailable}, nil,
+			func(ctx context.Context, h *Handler, key string) { h.DoReply(ctx, key, reply(0)) }, "DONE not written"},
+		{"lease lost", map[string]error{"complete-reply": ErrLeaseLost}, nil,
+			func(ctx context.Context, h *Handler, key string) { h.DoReply(ctx, key, reply(0)) }, "lease lost before completion"},
+		{"not recorded (batch)", map[string]error{"complete-many": unavailable}, nil, func(ctx context.Context, h *Handler, key string) {
+			h.HandleBatchReply(ctx, []Item{{Key: key}}, 1, func(ctx context.Context, _ int) ([]byte, error) { return reply(0)(ctx) }, nil)
+		}, "DONE not written"},
+		{"fail open", map[string]error{"claim": unavailable}, []HandlerOption{WithStoreFailure(FailOpen)},
+			func(ctx context.Context, h *Handler, key string) { h.DoReply(ctx, key, reply(0)) }, "running without dedup"},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			mem, _ := NewMemoryStore()
+			store := replyHookStore{&hookStore{Store: mem}}
+			logs := &testenv.LogBuffer{}
+			d, err := New(store, WithLogger(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := d.Register("orders", append([]HandlerOption{WithReplies(len(secretReply) + 8)}, sc.opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			store.onFail(func(op string) error { return sc.fail[op] })
+			sc.run(context.Background(), h, secretPlainKey)
+			d.Close()
+			out := logs.String()
+			if !strings.Contains(out, sc.want) {
+				t.Fatalf("no %q line in the logs:\n%s", sc.want, out)
+			}
+			for _, secret := range []string{secretReply, secretPlainKey} {
+				if strings.Contains(out, secret) {
+					t.Fatalf("a log line holds %q:\n%s", secret, out)
+				}
+			}
+		})
+	}
+}

@@ -25,13 +25,15 @@ type MemoryStore struct {
 }
 
 type memRecord struct {
-	state   byte
-	token   string
-	fp      string
-	expires time.Time
+	state    byte
+	token    string
+	fp       string
+	reply    string // a DONE record's stored reply, when hasReply
+	hasReply bool
+	expires  time.Time
 }
 
-var _ Store = (*MemoryStore)(nil)
+var _ ReplyStore = (*MemoryStore)(nil)
 
 // MemoryOption configures a MemoryStore.
 type MemoryOption func(*MemoryStore) error
@@ -142,22 +144,26 @@ func (s *MemoryStore) claim(key, token, fp string, lease time.Duration) (Answer,
 	case fingerprintsDiffer(r.fp, fp):
 		return Answer{Status: StatusConflict}, nil
 	default:
-		return Answer{Status: StatusDuplicate, TTL: r.expires.Sub(now)}, nil
+		return Answer{Status: StatusDuplicate, TTL: r.expires.Sub(now), Reply: r.reply, HasReply: r.hasReply}, nil
 	}
 }
 
-func (s *MemoryStore) complete(key, token string, retention time.Duration) error {
-	if err := checkEntry(Entry{Token: token, TTL: retention}, "retention"); err != nil {
+// complete completes e's claim, with e's reply when it has one.
+func (s *MemoryStore) complete(e Entry) error {
+	if err := checkEntry(e, "retention"); err != nil {
 		return err
 	}
 	now := s.now()
-	r, ok := s.get(key, now)
-	if !ok || r.token != token {
+	r, ok := s.get(e.Key, now)
+	if !ok || r.token != e.Token {
 		return ErrLeaseLost
 	}
 	if r.state == stateInProgress {
-		r.state, r.expires = stateDone, now.Add(retention)
-		s.set(key, r)
+		r.state, r.expires = stateDone, now.Add(e.TTL)
+		if e.HasReply {
+			r.reply, r.hasReply = e.Reply, true
+		}
+		s.set(e.Key, r)
 	}
 	return nil
 }
@@ -197,7 +203,14 @@ func (s *MemoryStore) Claim(ctx context.Context, key, token, fingerprint string,
 func (s *MemoryStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.complete(key, token, retention)
+	return s.complete(Entry{Key: key, Token: token, TTL: retention})
+}
+
+// CompleteReply implements ReplyStore.
+func (s *MemoryStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.complete(Entry{Key: key, Token: token, TTL: retention, Reply: reply, HasReply: true})
 }
 
 // Release implements Store.
@@ -255,10 +268,11 @@ func (s *MemoryStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, 
 	})
 }
 
-// CompleteMany implements Store under one lock.
+// CompleteMany implements Store (and ReplyStore: an entry's reply is stored with its
+// DONE record) under one lock.
 func (s *MemoryStore) CompleteMany(ctx context.Context, entries []Entry) ([]error, error) {
 	ans, err := s.many(entries, "retention", func(e Entry) Answer {
-		return Answer{Err: s.complete(e.Key, e.Token, e.TTL)}
+		return Answer{Err: s.complete(e)}
 	})
 	if err != nil {
 		return nil, err

@@ -31,7 +31,8 @@ func uuid4() string {
 // MEMORY USAGE says of a sample of them (bytes/record) and, on a redis-server of its
 // own, how much used_memory grew per record (used-bytes/record, which adds the
 // keyspace's and the expiry table's share). Records: a UUID key; the same with a
-// payload fingerprint; a key too long to store as is (kept as its SHA-256).
+// payload fingerprint; a key too long to store as is (kept as its SHA-256); a UUID
+// key with a stored reply (WithReplies) of 64 bytes, 1 KiB and 16 KiB.
 //
 //	go test -run '^$' -bench RecordMemory -benchtime 100000x ./dedup
 //	DEDUP_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench 'RecordMemory/server:external' -benchtime 2000x ./dedup
@@ -41,13 +42,17 @@ func BenchmarkRecordMemory(b *testing.B) {
 		servers = append(servers, "external")
 	}
 	kinds := []struct {
-		name string
-		fp   bool
-		key  func() string
+		name  string
+		fp    bool
+		key   func() string
+		reply int // bytes of stored reply; 0: none
 	}{
-		{"uuid", false, uuid4},
-		{"uuid+fingerprint", true, uuid4},
-		{"hashed", false, func() string { return "order " + uuid4() + strings.Repeat(" line item", 8) }},
+		{"uuid", false, uuid4, 0},
+		{"uuid+fingerprint", true, uuid4, 0},
+		{"hashed", false, func() string { return "order " + uuid4() + strings.Repeat(" line item", 8) }, 0},
+		{"uuid+reply:64B", false, uuid4, 64},
+		{"uuid+reply:1KiB", false, uuid4, 1 << 10},
+		{"uuid+reply:16KiB", false, uuid4, 16 << 10},
 	}
 	for _, srv := range servers {
 		for _, k := range kinds {
@@ -63,13 +68,13 @@ func BenchmarkRecordMemory(b *testing.B) {
 					testenv.DeletePrefix(b, c, DefaultPrefix+":"+name)
 					c.Close()
 				})
-				recordMemory(b, c, name, k.fp, k.key, srv == "spawned")
+				recordMemory(b, c, name, k.fp, k.key, k.reply, srv == "spawned")
 			})
 		}
 	}
 }
 
-func recordMemory(b *testing.B, c *redis.Client, name string, fp bool, key func() string, ownServer bool) {
+func recordMemory(b *testing.B, c *redis.Client, name string, fp bool, key func() string, replySize int, ownServer bool) {
 	ctx := context.Background()
 	st, err := NewRedisStore(c)
 	if err != nil {
@@ -80,10 +85,16 @@ func recordMemory(b *testing.B, c *redis.Client, name string, fp bool, key func(
 		b.Fatal(err)
 	}
 	defer d.Close()
-	h, err := d.Register(name, WithFingerprint(fp), WithLocalCache(0, 0))
+	opts := []HandlerOption{WithFingerprint(fp), WithLocalCache(0, 0)}
+	if replySize > 0 {
+		opts = append(opts, WithReplies(replySize))
+	}
+	h, err := d.Register(name, opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
+	reply := make([]byte, replySize)
+	_, _ = rand.Read(reply)
 	usedMemory := func() int64 {
 		n, _ := strconv.ParseInt(parseInfo(c.Info(ctx, "memory").Val())["used_memory"], 10, 64)
 		return n
@@ -98,7 +109,13 @@ func recordMemory(b *testing.B, c *redis.Client, name string, fp bool, key func(
 		for i := range items {
 			items[i] = Item{Key: key(), Payload: []byte(`{"order":42,"sku":"A-1","qty":1}`)}
 		}
-		for i, r := range h.HandleBatch(ctx, items, func(context.Context, int) error { return nil }) {
+		var rs []ItemResult
+		if replySize > 0 {
+			rs = h.HandleBatchReply(ctx, items, 1, func(context.Context, int) ([]byte, error) { return reply, nil }, nil)
+		} else {
+			rs = h.HandleBatch(ctx, items, func(context.Context, int) error { return nil })
+		}
+		for i, r := range rs {
 			if r.Outcome != Processed {
 				b.Fatalf("%v %v", r.Outcome, r.Err)
 			}

@@ -32,6 +32,9 @@ func (s *MemoryStore) record(key string, now time.Time) Record {
 	if r.state == stateInProgress {
 		rec.State = RecordInProgress
 	}
+	if r.hasReply {
+		rec.ReplySize, rec.HasReply, rec.reply = len(r.reply), true, r.reply
+	}
 	return rec
 }
 

@@ -67,6 +67,8 @@ var (
 //	dedup.store.errors      Counter              {error}      dedup.operation.name
 //	dedup.local.usage       async UpDownCounter  {entry}      dedup.handler.name
 //	dedup.local.limit       async UpDownCounter  {entry}      dedup.handler.name
+//	dedup.replies.too_large async Counter        {reply}      dedup.handler.name
+//	dedup.replies.missing   async Counter        {duplicate}  dedup.handler.name
 //
 // dedup.checks counts every call (Do, Handle, HandleKey, Mark, and each item of
 // HandleBatch) once, by its final Outcome; dedup.outcome is Outcome.String() with '-'
@@ -90,6 +92,11 @@ var (
 // deadline is: the store was too slow). A batch call that fails whole counts one
 // error; otherwise each failed item counts one.
 //
+// dedup.replies.too_large and dedup.replies.missing are, for handlers WithReplies,
+// Stats.RepliesTooLarge (fn replies larger than the limit: processed, not stored)
+// and Stats.RepliesMissing (duplicates of the reply forms answered without a reply),
+// read as dedup.checks is.
+//
 // dedup.local.usage and dedup.local.limit are each local tier's Len and Cap (handlers
 // without one are left out), until Close. After Close the counters keep reporting
 // their final totals, so that a provider shut down after the Deduper still exports
@@ -110,8 +117,9 @@ type metrics struct {
 	handlerDur, storeDur                         metric.Float64Histogram
 	// read from the handlers' own counters when collected, so that a check costs no
 	// more with metrics on than off
-	checks, duplicates, keyReused metric.Int64ObservableCounter
-	localUsage, localLimit        metric.Int64ObservableUpDownCounter
+	checks, duplicates, keyReused   metric.Int64ObservableCounter
+	repliesTooLarge, repliesMissing metric.Int64ObservableCounter
+	localUsage, localLimit          metric.Int64ObservableUpDownCounter
 
 	opRecord [numOps][]metric.RecordOption
 	opAdd    [numOps][]metric.AddOption
@@ -164,6 +172,8 @@ func (d *Deduper) instrument() error {
 	m.checks = observed("dedup.checks", "{check}", "Calls by handler and final outcome.")
 	m.duplicates = observed("dedup.duplicates", "{duplicate}", "Duplicates by the tier that recognised them.")
 	m.keyReused = observed("dedup.key.reused", "{message}", "Messages whose key is DONE with another payload fingerprint.")
+	m.repliesTooLarge = observed("dedup.replies.too_large", "{reply}", "Replies larger than the handler's limit: processed, not stored.")
+	m.repliesMissing = observed("dedup.replies.missing", "{duplicate}", "Duplicates of reply forms answered without a reply: their DONE record holds none.")
 	m.failOpen = counter("dedup.fail_open.runs", "{run}", "Messages let through without dedup because the store failed (FailOpen).")
 	m.keyMissing = counter("dedup.key.missing", "{message}", "Messages without a key.")
 	m.leaseLost = counter("dedup.lease.lost", "{lease}", "Leases found lost, by the operation that found it (extend: the heartbeat; complete).")
@@ -182,7 +192,8 @@ func (d *Deduper) instrument() error {
 	}
 	// Never unregistered: after Close the counters keep their final totals, so that a
 	// provider shut down after the Deduper still exports them.
-	if _, err := meter.RegisterCallback(d.observe, m.checks, m.duplicates, m.keyReused, m.localUsage, m.localLimit); err != nil {
+	if _, err := meter.RegisterCallback(d.observe, m.checks, m.duplicates, m.keyReused, m.repliesTooLarge, m.repliesMissing,
+		m.localUsage, m.localLimit); err != nil {
 		return fmt.Errorf("dedup: registering the metrics callback: %w", err)
 	}
 	d.met = m
@@ -210,6 +221,10 @@ func (d *Deduper) observe(_ context.Context, o metric.Observer) error {
 			o.ObserveInt64(m.duplicates, int64(s.DatabaseDuplicates), hm.database...)
 		}
 		o.ObserveInt64(m.keyReused, int64(s.Count(KeyReuse)), hm.observed...)
+		if h.cfg.replyLimit > 0 { // handlers with stored replies only
+			o.ObserveInt64(m.repliesTooLarge, int64(s.RepliesTooLarge), hm.observed...)
+			o.ObserveInt64(m.repliesMissing, int64(s.RepliesMissing), hm.observed...)
+		}
 		if h.local != nil && !d.closed {
 			o.ObserveInt64(m.localUsage, int64(h.local.Len()), hm.observed...)
 			o.ObserveInt64(m.localLimit, int64(h.local.Cap()), hm.observed...)
@@ -323,6 +338,15 @@ func (s *meteredStore) Claim(ctx context.Context, key, token, fingerprint string
 func (s *meteredStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
 	start := time.Now()
 	err := s.s.Complete(ctx, key, token, retention)
+	s.done(ctx, opComplete, start, err, 0)
+	return err
+}
+
+// CompleteReply implements ReplyStore when the store does (Deduper.replyStore
+// checks); it is timed and counted as a complete.
+func (s *meteredStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
+	start := time.Now()
+	err := s.s.(ReplyStore).CompleteReply(ctx, key, token, reply, retention)
 	s.done(ctx, opComplete, start, err, 0)
 	return err
 }

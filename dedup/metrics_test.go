@@ -385,3 +385,58 @@ func TestMetricsOnLocalHit(t *testing.T) {
 		t.Fatalf("%d local duplicates counted", got)
 	}
 }
+
+// The stored replies' counters: a reply too large to store, and the duplicate then
+// answered without one, for handlers WithReplies (and for them only); a completion
+// with a reply is timed as a complete.
+func TestMetricsReplies(t *testing.T) {
+	mem, err := NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	m := &metered{t: t, reader: reader}
+	if m.d, err = New(mem, WithLogger(quiet), WithMeterProvider(mp)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.d.Close() })
+	ctx := context.Background()
+	h := m.handler("replies", WithReplies(4))
+	m.handler("plain")
+	large := func(context.Context) ([]byte, error) { return []byte("12345"), nil }
+	small := func(context.Context) ([]byte, error) { return []byte("1234"), nil }
+	if res, err := h.DoReply(ctx, "k1", large); res.Outcome != Processed || !errors.Is(err, ErrReplyTooLarge) {
+		t.Fatalf("too large: %+v %v", res, err)
+	}
+	if res, _ := h.DoReply(ctx, "k1", large); res.Outcome != Duplicate || res.HasReply {
+		t.Fatalf("duplicate: %+v", res)
+	}
+	if res, err := h.DoReply(ctx, "k2", small); res.Outcome != Processed || err != nil {
+		t.Fatalf("stored: %+v %v", res, err)
+	}
+	ms := m.collect()
+	for _, c := range []struct {
+		name string
+		kvs  []attribute.KeyValue
+		want int64
+	}{
+		{"dedup.replies.too_large", []attribute.KeyValue{handlerIs("replies")}, 1},
+		{"dedup.replies.missing", []attribute.KeyValue{handlerIs("replies")}, 1},
+		{"dedup.replies.too_large", []attribute.KeyValue{handlerIs("plain")}, 0},
+		{"dedup.checks", []attribute.KeyValue{handlerIs("replies"), outcomeIs(Processed)}, 2},
+	} {
+		if got := sum(t, ms, c.name, c.kvs...); got != c.want {
+			t.Errorf("%s%v = %d, want %d", c.name, c.kvs, got, c.want)
+		}
+	}
+	for name, unit := range map[string]string{"dedup.replies.too_large": "{reply}", "dedup.replies.missing": "{duplicate}"} {
+		if mt, ok := ms[name]; !ok || mt.Unit != unit || mt.Description == "" {
+			t.Errorf("%s: present %v, unit %q, want %q and a description", name, ok, mt.Unit, unit)
+		}
+	}
+	if got := observations(t, ms, "dedup.store.duration", opIs("complete")); got != 2 {
+		t.Errorf("dedup.store.duration{complete} has %d recordings, want 2 (one with a reply)", got)
+	}
+}

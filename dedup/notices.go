@@ -301,8 +301,14 @@ func (h *Handler) dropLocal(k string) {
 	}
 	h.flights.invalidate(k)
 	h.local.Remove(k)
+	if h.replies != nil {
+		h.replies.Remove(k)
+	}
 	if h.cfg.fingerprint {
 		h.local.RemovePrefix(k + "#")
+		if h.replies != nil {
+			h.replies.RemovePrefix(k + "#")
+		}
 	}
 	h.log.Debug("dedup: forgotten key dropped from the local tier", "key_hash", keyHash(k))
 }
@@ -314,6 +320,9 @@ func (h *Handler) purgeLocal() {
 	}
 	h.flights.invalidateAll()
 	h.local.RemovePrefix("")
+	if h.replies != nil {
+		h.replies.RemovePrefix("")
+	}
 }
 
 // Subscribers returns how many Dedupers subscribe to this handler's forget notices

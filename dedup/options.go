@@ -25,6 +25,14 @@ const (
 	MinLease = 30 * time.Millisecond
 	// MaxLocalSize bounds the local tier per handler.
 	MaxLocalSize = 1 << 24
+	// DefaultReplyLimit is the largest reply a handler WithReplies(0) stores: 64 KiB.
+	DefaultReplyLimit = 64 << 10
+	// MaxReplyLimit bounds WithReplies: 1 MiB, NATS's default largest payload. Every
+	// stored reply lives in Redis for the retention: keep replies small.
+	MaxReplyLimit = 1 << 20
+	// DefaultLocalReplies is how many bytes of replies a handler's local tier keeps
+	// (WithLocalReplies): 4 MiB.
+	DefaultLocalReplies = 4 << 20
 )
 
 // DefaultKeyStrategy reads the Idempotency-Key header, else Nats-Msg-Id.
@@ -120,15 +128,18 @@ type handlerConfig struct {
 	fingerprint  bool
 	mode         Mode
 	formerNames  []string     // WithFormerNames (former.go)
+	replyLimit   int          // WithReplies; 0: replies off
+	localReplies int          // WithLocalReplies: bytes of replies the local tier keeps
 	localOpts    []lru.Option // for tests: the local tier on a fake clock
 }
 
 func defaultHandlerConfig() handlerConfig {
 	return handlerConfig{
-		retention: DefaultRetention,
-		lease:     DefaultLease,
-		localSize: DefaultLocalSize,
-		strategy:  DefaultKeyStrategy,
+		retention:    DefaultRetention,
+		lease:        DefaultLease,
+		localSize:    DefaultLocalSize,
+		strategy:     DefaultKeyStrategy,
+		localReplies: DefaultLocalReplies,
 	}
 }
 
@@ -229,6 +240,54 @@ func WithMode(m Mode) HandlerOption {
 			return fmt.Errorf("%w: mode %d is unknown", ErrInvalidOption, m)
 		}
 		c.mode = m
+		return nil
+	}
+}
+
+// WithReplies turns on stored replies (DESIGN §10): the reply forms (DoReply,
+// HandleReply, HandleKeyReply, HandleBatchReply) store fn's reply with the DONE
+// record, and a duplicate's ReplyResult carries it back (Reply), from the store or
+// from the local tier. That is what request/reply needs: a client that retries after
+// a timeout gets the first run's answer, not silence (see the NATS package's
+// Replier).
+//
+// limit is the largest reply stored, in bytes: 0 means DefaultReplyLimit, at most
+// MaxReplyLimit. A larger reply is not an error for fn: the message is processed,
+// its DONE record written without the reply, the result is Processed with fn's
+// reply in hand and an error wrapping ErrReplyTooLarge, and it is counted
+// (Stats.RepliesTooLarge, dedup.replies.too_large); its duplicates then answer
+// Duplicate without a reply (HasReply false). Replies are opaque bytes, never
+// logged.
+//
+// The store must implement ReplyStore (RedisStore and MemoryStore do); Register
+// refuses another, wrapping ErrInvalidOption. Default: off. A record with a reply has
+// a form that processes from before stored replies refuse (as a store failure:
+// fail closed), so upgrade every process before turning replies on.
+func WithReplies(limit int) HandlerOption {
+	return func(c *handlerConfig) error {
+		if limit < 0 || limit > MaxReplyLimit {
+			return fmt.Errorf("%w: reply limit %d is outside 0..%d", ErrInvalidOption, limit, MaxReplyLimit)
+		}
+		if limit == 0 {
+			limit = DefaultReplyLimit
+		}
+		c.replyLimit = limit
+		return nil
+	}
+}
+
+// WithLocalReplies sets how many bytes of replies the local tier of a handler
+// WithReplies keeps (default DefaultLocalReplies): each entry counts its key, its
+// reply and an overhead (lru.BytesEntryOverhead), and the least recently used go
+// first. A duplicate whose reply is not kept locally is answered by the store, which
+// has it. 0 keeps none; so does a handler without a local tier (WithLocalCache(0, 0)).
+// The entries live as long as the local tier's (WithLocalCache's ttl).
+func WithLocalReplies(bytes int) HandlerOption {
+	return func(c *handlerConfig) error {
+		if bytes < 0 {
+			return fmt.Errorf("%w: local replies %d bytes is negative", ErrInvalidOption, bytes)
+		}
+		c.localReplies = bytes
 		return nil
 	}
 }

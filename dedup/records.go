@@ -40,26 +40,37 @@ type Record struct {
 	// TTL is what is left of the record's life (the lease, or the retention); 0 when
 	// absent.
 	TTL time.Duration
-	// ReplySize is the size in bytes of the reply stored with the record. Stored
-	// replies (DESIGN §10) do not exist yet: it is always 0, and 0 means "none".
+	// ReplySize is the size in bytes of the reply stored with a DONE record (see
+	// WithReplies), when HasReply says there is one; 0 otherwise.
 	ReplySize int
+	// HasReply says the DONE record holds a stored reply (which may be empty).
+	HasReply bool
 	// Notified is, for Forget, how many subscribers its forget notice reached: the
 	// Dedupers that run the record's handler with a local tier (on a Redis Cluster,
 	// only those connected to the node that holds the record). 0 for Lookup.
 	Notified int
 	// Err is set on an item of a batch call that failed on its own.
 	Err error
+
+	// reply is the stored reply itself, for former names (formerStore answers a
+	// duplicate under a former name with it, and copies it forward). Never exported:
+	// operators see its size, not its bytes. A string, so that Record stays
+	// comparable.
+	reply string
 }
 
 // recordOf reads a record's stored value and remaining life.
 func recordOf(v string, ttl time.Duration) (Record, error) {
-	state, token, fp, ok := decodeRecord(v)
+	rec, ok := parseRecord(v)
 	if !ok {
 		return Record{}, ErrBadRecord
 	}
-	r := Record{State: RecordDone, Owner: token, Fingerprint: fp, TTL: max(ttl, 0)}
-	if state == stateInProgress {
+	r := Record{State: RecordDone, Owner: rec.token, Fingerprint: rec.fp, TTL: max(ttl, 0)}
+	if rec.state == stateInProgress {
 		r.State = RecordInProgress
+	}
+	if rec.hasReply {
+		r.ReplySize, r.HasReply, r.reply = len(rec.reply), true, rec.reply
 	}
 	return r, nil
 }

@@ -42,7 +42,7 @@ type RedisStore struct {
 	direct *directConns // WithDirectConnections (direct.go); nil: commands go through c
 }
 
-var _ Store = (*RedisStore)(nil)
+var _ ReplyStore = (*RedisStore)(nil)
 
 // RedisOption configures a RedisStore.
 type RedisOption func(*RedisStore) error
@@ -209,7 +209,7 @@ func claimSetAnswer(err error) (Answer, bool) {
 
 func claimAnswer(v any) (Answer, error) {
 	a, ok := v.([]any)
-	if !ok || len(a) != 2 {
+	if !ok || len(a) < 2 || len(a) > 3 {
 		return Answer{}, storeErr("claim", fmt.Errorf("unexpected reply %T", v))
 	}
 	st, ok1 := a[0].(int64)
@@ -221,19 +221,46 @@ func claimAnswer(v any) (Answer, error) {
 	if ans.Status == StatusInProgress || ans.Status == StatusDuplicate {
 		ans.TTL = time.Duration(max(ttl, 0)) * time.Millisecond
 	}
+	if len(a) == 3 { // a DONE record with a reply: the record itself
+		v, _ := a[2].(string)
+		r, ok := parseRecord(v)
+		if !ok || !r.hasReply || ans.Status != StatusDuplicate {
+			return Answer{}, storeErr("claim", ErrBadRecord)
+		}
+		ans.Reply, ans.HasReply = r.reply, true
+	}
 	return ans, nil
 }
 
 // Complete implements Store.
 func (s *RedisStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	if err := checkEntry(Entry{Token: token, TTL: retention}, "retention"); err != nil {
+	return s.complete(ctx, Entry{Key: key, Token: token, TTL: retention})
+}
+
+// CompleteReply implements ReplyStore: the complete script, given the reply, writes
+// the DONE record with it (r:<token>:<len(fingerprint)>:<fingerprint><reply>).
+func (s *RedisStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
+	return s.complete(ctx, Entry{Key: key, Token: token, TTL: retention, Reply: reply, HasReply: true})
+}
+
+func (s *RedisStore) complete(ctx context.Context, e Entry) error {
+	if err := checkEntry(e, "retention"); err != nil {
 		return err
 	}
 	if s.wait != nil {
-		return s.completeWaiting(ctx, key, token, retention)
+		return s.completeWaiting(ctx, e)
 	}
-	cmd, err := s.eval(ctx, completeScript, completeLua, key, token, ms(retention))
+	cmd, err := s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
 	return ownedReply("complete", cmd, err)
+}
+
+// completeArgs are the complete script's arguments for e: its token, its retention,
+// and its reply when it has one.
+func completeArgs(e Entry) []any {
+	if e.HasReply {
+		return []any{e.Token, ms(e.TTL), e.Reply}
+	}
+	return []any{e.Token, ms(e.TTL)}
 }
 
 func ownedReply(op string, cmd *redis.Cmd, err error) error {
@@ -291,15 +318,15 @@ func markAnswer(old string, err error, token, fingerprint string) (Answer, error
 	if errors.Is(err, redis.Nil) {
 		return Answer{Status: StatusAcquired}, nil
 	}
-	state, tok, fp, ok := decodeRecord(old)
+	r, ok := parseRecord(old)
 	switch {
 	case !ok:
 		return Answer{}, storeErr("mark", ErrBadRecord)
-	case state == stateDone && tok == token:
+	case r.state == stateDone && r.token == token:
 		return Answer{Status: StatusAcquired}, nil // our own mark, retried
-	case state == stateDone && fingerprintsDiffer(fp, fingerprint):
+	case r.state == stateDone && fingerprintsDiffer(r.fp, fingerprint):
 		return Answer{Status: StatusConflict}, nil
-	case state == stateInProgress:
+	case r.state == stateInProgress:
 		return Answer{Status: StatusInProgress}, nil // TTL unknown: SET ... GET does not say
 	default:
 		return Answer{Status: StatusDuplicate}, nil
@@ -348,7 +375,7 @@ func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, 
 			out[i].Err = storeErr("claim", err)
 			continue
 		}
-		state, tok, fp, ok := decodeRecord(old)
+		r, ok := parseRecord(old)
 		pttl, perr := ttls[i].Int64()
 		ttl := time.Duration(max(pttl, 0)) * time.Millisecond // -2 gone, -1 no expiry
 		now, gerr := gets[i].Text()
@@ -356,18 +383,21 @@ func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, 
 		switch {
 		case !ok:
 			out[i].Err = storeErr("claim", ErrBadRecord)
-		case state == stateInProgress && tok == e.Token:
+		case r.state == stateInProgress && r.token == e.Token:
 			own = append(own, i)
-		case state == stateInProgress && same:
+		case r.state == stateInProgress && same:
 			out[i] = Answer{Status: StatusInProgress, TTL: ttl}
-		case state == stateInProgress: // completed, released or taken meanwhile
+		case r.state == stateInProgress: // completed, released or taken meanwhile
 			out[i] = Answer{Status: StatusInProgress, TTL: min(ttl, e.TTL)}
-		case fingerprintsDiffer(fp, e.Fingerprint):
+		case fingerprintsDiffer(r.fp, e.Fingerprint):
 			out[i] = Answer{Status: StatusConflict}
 		case same:
 			out[i] = Answer{Status: StatusDuplicate, TTL: ttl}
 		default: // the record ended meanwhile: DONE when seen, for how long unknown
 			out[i] = Answer{Status: StatusDuplicate}
+		}
+		if out[i].Status == StatusDuplicate && r.hasReply {
+			out[i].Reply, out[i].HasReply = r.reply, true
 		}
 	}
 	if len(own) > 0 {
@@ -453,7 +483,8 @@ func (s *RedisStore) claimManyScripts(ctx context.Context, entries []Entry) ([]A
 	return out, nil
 }
 
-// CompleteMany implements Store in one pipeline.
+// CompleteMany implements Store (and ReplyStore: an entry's reply is written with
+// its DONE record) in one pipeline.
 func (s *RedisStore) CompleteMany(ctx context.Context, entries []Entry) ([]error, error) {
 	for _, e := range entries {
 		if err := checkEntry(e, "retention"); err != nil {
@@ -463,9 +494,7 @@ func (s *RedisStore) CompleteMany(ctx context.Context, entries []Entry) ([]error
 	if s.wait != nil {
 		return s.completeManyWaiting(ctx, entries)
 	}
-	cmds, err := s.runScripts(ctx, completeScript, completeLua, entries, func(e Entry) []any {
-		return []any{e.Token, ms(e.TTL)}
-	})
+	cmds, err := s.runScripts(ctx, completeScript, completeLua, entries, completeArgs)
 	if err != nil {
 		return nil, err
 	}

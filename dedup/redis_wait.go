@@ -96,9 +96,9 @@ func (w *replicaWait) acked(cmd *redis.IntCmd, op string) error {
 	return nil
 }
 
-// completeWaiting is Complete followed by WAIT in one pipeline.
-func (s *RedisStore) completeWaiting(ctx context.Context, key, token string, retention time.Duration) error {
-	errs, err := s.completeManyWaiting(ctx, []Entry{{Key: key, Token: token, TTL: retention}})
+// completeWaiting is Complete (or CompleteReply) followed by WAIT in one pipeline.
+func (s *RedisStore) completeWaiting(ctx context.Context, e Entry) error {
+	errs, err := s.completeManyWaiting(ctx, []Entry{e})
 	if err != nil {
 		return err
 	}
@@ -120,9 +120,9 @@ func (s *RedisStore) completeManyWaiting(ctx context.Context, entries []Entry) (
 		for j, i := range todo {
 			e := entries[i]
 			if eval {
-				cmds[j] = completeScript.Eval(ctx, pipe, []string{e.Key}, e.Token, ms(e.TTL))
+				cmds[j] = completeScript.Eval(ctx, pipe, []string{e.Key}, completeArgs(e)...)
 			} else {
-				cmds[j] = completeScript.EvalSha(ctx, pipe, []string{e.Key}, e.Token, ms(e.TTL))
+				cmds[j] = completeScript.EvalSha(ctx, pipe, []string{e.Key}, completeArgs(e)...)
 			}
 		}
 		wait := s.wait.queue(ctx, pipe)

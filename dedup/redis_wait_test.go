@@ -77,8 +77,8 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		state, _, _, _ := decodeRecord(v)
-		return state
+		r, _ := parseRecord(v)
+		return r.state
 	}
 	// claims several keys directly on the store, for CompleteMany
 	claimed := func(keys ...string) []Entry {
@@ -104,6 +104,17 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		errs, err := store.CompleteMany(ctx, claimed("up-3", "up-4"))
 		if err != nil || errors.Join(errs...) != nil {
 			t.Fatalf("CompleteMany: %v %v", err, errs)
+		}
+		// a completion with a reply (CompleteReply) waits as well, with its reply
+		hr, err := d.Register("wait-replies", WithLocalCache(0, 0), WithLease(5*time.Second), WithReplies(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := hr.DoReply(ctx, "up-5", func(context.Context) ([]byte, error) { return []byte("reply 5"), nil }); res.Outcome != Processed || err != nil {
+			t.Fatalf("DoReply: %v %v", res.Outcome, err)
+		}
+		if v, _ := rc.Get(ctx, hr.RecordKey("up-5")).Result(); !strings.HasSuffix(v, "reply 5") || v[0] != stateReply {
+			t.Errorf("up-5 on the replica: %q, want DONE with its reply as soon as the write returned", v)
 		}
 		// no polling: WAIT returned only once the replica had every write
 		for _, k := range []string{"up-1", "up-2", "up-3", "up-4"} {

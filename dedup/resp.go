@@ -26,11 +26,13 @@ func (e replyError) RedisError() {}
 var _ redis.Error = replyError("")
 
 // Bounds on a reply: the store's replies are records and small arrays (a script's is
-// two integers), so anything larger means a broken stream, not a value to allocate.
+// two integers, or three with a record), so anything larger means a broken stream,
+// not a value to allocate. A record holds at most a stored reply of MaxReplyLimit,
+// its owner token and its fingerprint.
 const (
-	maxBulk  = 1 << 20 // bytes of a bulk string
-	maxArray = 1024    // elements of an array
-	maxDepth = 8       // arrays within arrays
+	maxBulk  = MaxReplyLimit + 1<<20 // bytes of a bulk string
+	maxArray = 1024                  // elements of an array
+	maxDepth = 8                     // arrays within arrays
 )
 
 // appendCommand appends args as a RESP array of bulk strings. The store's commands

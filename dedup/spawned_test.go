@@ -41,7 +41,7 @@ func recordCounts(t *testing.T, c *redis.Client, prefix string) (done, inProgres
 		if err != nil {
 			t.Fatal(err)
 		}
-		switch state, _, _, _ := decodeRecord(v); state {
+		switch r, _ := parseRecord(v); r.state {
 		case stateDone:
 			done++
 		case stateInProgress:

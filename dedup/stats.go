@@ -12,6 +12,9 @@ type counters struct {
 	database  atomic.Uint64
 	unguarded atomic.Uint64
 	leaseLost atomic.Uint64
+	// stored replies (WithReplies)
+	repliesTooLarge atomic.Uint64
+	repliesMissing  atomic.Uint64
 	// localHits counts the Duplicates the local tier answered (countLocalHit), on
 	// stripes a cache line each: the hottest path writes no line that other cores
 	// write too. Stats adds them to outcomes[Duplicate] and local.
@@ -63,6 +66,12 @@ type Stats struct {
 	Unguarded uint64
 	// HeartbeatLeaseLost counts heartbeats that found the lease gone.
 	HeartbeatLeaseLost uint64
+	// RepliesTooLarge counts fn replies larger than the handler's WithReplies limit:
+	// processed, and not stored (ErrReplyTooLarge).
+	RepliesTooLarge uint64
+	// RepliesMissing counts the Duplicates of reply forms answered without a reply:
+	// their DONE record holds none (see ReplyResult.HasReply).
+	RepliesMissing uint64
 }
 
 // Count returns how many calls ended with outcome o.
@@ -89,5 +98,7 @@ func (h *Handler) Stats() Stats {
 	s.DatabaseDuplicates = h.stats.database.Load()
 	s.Unguarded = h.stats.unguarded.Load()
 	s.HeartbeatLeaseLost = h.stats.leaseLost.Load()
+	s.RepliesTooLarge = h.stats.repliesTooLarge.Load()
+	s.RepliesMissing = h.stats.repliesMissing.Load()
 	return s
 }

@@ -39,6 +39,12 @@ type Answer struct {
 	// TTL is, for Claim, the remaining life of the record found: the other owner's
 	// lease (StatusInProgress) or the DONE record (StatusDuplicate). Zero otherwise.
 	TTL time.Duration
+	// Reply is, for a Claim (or a ClaimMany entry) of a ReplyStore that answers
+	// StatusDuplicate, the reply stored with the DONE record, when HasReply says
+	// there is one (a reply may be empty). Replies are opaque bytes, held in a
+	// string: immutable, so that they can be shared without copies.
+	Reply    string
+	HasReply bool
 	// Err is set on a batch item that failed on its own (ClaimMany, MarkMany); single
 	// calls return their error instead.
 	Err error
@@ -50,6 +56,11 @@ type Entry struct {
 	Token       string        // the caller's owner token
 	Fingerprint string        // payload fingerprint, "" for none
 	TTL         time.Duration // lease for ClaimMany, retention for MarkMany and CompleteMany
+	// Reply is, for CompleteMany on a ReplyStore, the reply to store with the DONE
+	// record when HasReply is set (an empty reply is a reply). Other calls, and
+	// stores without ReplyStore, ignore it.
+	Reply    string
+	HasReply bool
 }
 
 // Store holds dedup records. Every method is atomic on the server and follows the
@@ -83,4 +94,25 @@ type Store interface {
 	// CompleteMany completes every entry in one round trip; the result holds one error
 	// (nil, ErrLeaseLost or a store error) per entry.
 	CompleteMany(ctx context.Context, entries []Entry) ([]error, error)
+}
+
+// ReplyStore is implemented by stores that keep a reply with a DONE record (DESIGN
+// §10), so that a duplicate gets the first run's reply back: handlers WithReplies
+// need one. RedisStore and MemoryStore implement it, and so does the Deduper's
+// metered wrapper (WithMeterProvider) of a store that does.
+//
+// It is not part of Store so that stores written against Store keep compiling; a
+// store implements it only if it also keeps these promises:
+//
+//   - CompleteReply completes as Complete does (the same table), writing reply into
+//     the DONE record; a retried CompleteReply whose first attempt landed is nil.
+//   - CompleteMany writes each entry's Reply into its DONE record when HasReply.
+//   - Claim and ClaimMany answer StatusDuplicate with the record's reply (Answer.Reply,
+//     HasReply), and a DONE record written without one with HasReply false.
+//
+// Replies are opaque bytes: a store never logs them.
+type ReplyStore interface {
+	Store
+	// CompleteReply is Complete that stores reply with the DONE record.
+	CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error
 }

@@ -116,7 +116,7 @@ func doTx[T any](ctx context.Context, h *Handler, key, fp string, t Transactor[T
 	if key == "" {
 		return h.noKey(ctx, run, r)
 	}
-	return h.do(ctx, key, fp, run, r)
+	return h.do(ctx, key, fp, run, r, nil)
 }
 
 // MaxTxBatch is the most items HandleBatchTx runs in one transaction; a longer batch
@@ -150,7 +150,7 @@ func HandleBatchTx[T any](ctx context.Context, h *Handler, items []Item, t Trans
 		}
 		out = append(out, h.handleBatch(ctx, items[lo:hi], 1, func(ctx context.Context, i int) error {
 			return fn(ctx, txOf[T](ctx), lo+i)
-		}, chunkDone, r)...)
+		}, chunkDone, r, nil)...)
 		if hi == len(items) {
 			break
 		}

@@ -23,6 +23,13 @@
 // (stable across redeliveries, not across republishes). A dedup handler registered
 // WithKeyStrategy keeps its own strategy.
 //
+// Requests are answered by a Replier (core NATS Handler, or a nats.go/micro endpoint's
+// MicroHandler) over a handler that stores replies (dedup.WithReplies): the first
+// request runs fn and gets its reply, every duplicate gets the stored reply byte for
+// byte, headers included, and one still in progress elsewhere a retryable 503 error
+// reply (micro's Nats-Service-Error and Nats-Service-Error-Code headers): never
+// silence. See Replier for every answer.
+//
 // The package is named nats after its folder; import it under another name, for
 // example dnats, beside github.com/nats-io/nats.go.
 package nats

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
@@ -98,5 +99,54 @@ func TestLogsHoldNoKeyOrPayload(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// The Replier's own log lines (a stored reply it cannot read, a reply the connection
+// did not take), and the engine's under it (a reply too large), hold neither the
+// reply, nor the request, nor its key.
+func TestReplierLogsHoldNoReply(t *testing.T) {
+	const key, request, secret = "SECRET-KEY-71aa", "SECRET-REQUEST-3b0d", "SECRET-REPLY-e4c2"
+	logs := &testenv.LogBuffer{}
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	d, err := dedup.New(memStore(t), dedup.WithLogger(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	h, err := d.Register("orders", dedup.WithReplies(64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewReplier(h, WithLogger(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// a record whose reply is not one of this package's (another program's DoReply)
+	if _, err := h.DoReply(ctx, key, func(context.Context) ([]byte, error) { return []byte(secret), nil }); err != nil {
+		t.Fatal(err)
+	}
+	msg := func(k string) *natsgo.Msg {
+		// a reply subject, and no connection to answer on: the reply is not sent
+		return &natsgo.Msg{Subject: "orders", Reply: "_INBOX.x", Header: natsgo.Header{"Idempotency-Key": {k}}, Data: []byte(request)}
+	}
+	r.Handle(ctx, msg(key), nil)
+	r.Handle(ctx, msg(key+"-2"), func(context.Context, *Msg) (Reply, error) {
+		return Reply{Data: []byte(secret + strings.Repeat("x", 100))}, nil // too large
+	})
+	out := logs.String()
+	for _, want := range []string{"stored reply unreadable", "reply not sent", "reply too large"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("no %q line:\n%s", want, out)
+		}
+	}
+	for _, s := range []string{key, request, secret} {
+		if strings.Contains(out, s) {
+			t.Fatalf("a log line holds %q:\n%s", s, out)
+		}
+	}
+	if s := r.Stats(); s.RespondErrors != 2 {
+		t.Fatalf("stats: %+v", s)
 	}
 }

@@ -31,6 +31,9 @@ const (
 	DefaultConcurrency = 128
 	// MaxConcurrency bounds WithConcurrency.
 	MaxConcurrency = 4096
+	// DefaultRetryAfter is the most a Replier's 503 for a request in progress tells
+	// the client to wait (WithRetryAfter).
+	DefaultRetryAfter = 500 * time.Millisecond
 )
 
 // DefaultBackoff is the NakWithDelay after a handler error: 1s after the first
@@ -50,6 +53,7 @@ type Option func(*config) error
 
 type config struct {
 	strategy      keys.Strategy
+	strategySet   bool // WithKeyStrategy was given (the Replier's default differs)
 	backoff       func(numDelivered uint64) time.Duration
 	exhausted     func(ctx context.Context, m *Msg, err error)
 	doubleAck     bool
@@ -59,6 +63,7 @@ type config struct {
 	unlimited     bool
 	concurrency   int
 	logger        *slog.Logger
+	retryAfter    time.Duration // the most a Replier's 503 tells a client to wait
 }
 
 func newConfig(h *dedup.Handler, opts []Option) (config, error) {
@@ -67,7 +72,7 @@ func newConfig(h *dedup.Handler, opts []Option) (config, error) {
 	}
 	c := config{
 		strategy: DefaultKeyStrategy, backoff: DefaultBackoff, storeRetry: DefaultStoreRetryDelay,
-		concurrency: DefaultConcurrency, logger: slog.Default(),
+		concurrency: DefaultConcurrency, logger: slog.Default(), retryAfter: DefaultRetryAfter,
 	}
 	if s, explicit := h.KeyStrategy(); explicit {
 		c.strategy = s
@@ -174,7 +179,7 @@ func WithKeyStrategy(s keys.Strategy) Option {
 				return invalid("key strategy: %w", err)
 			}
 		}
-		c.strategy = s
+		c.strategy, c.strategySet = s, true
 		return nil
 	}
 }
@@ -192,6 +197,21 @@ func WithConcurrency(n int) Option {
 			return invalid("concurrency %d is outside 1..%d", n, MaxConcurrency)
 		}
 		c.concurrency = n
+		return nil
+	}
+}
+
+// WithRetryAfter sets the most a Replier's 503 for a request IN PROGRESS elsewhere
+// tells the client to wait (RetryAfterHeader; default DefaultRetryAfter). The
+// other owner's lease (what is left of it is the longest the key can stay IN
+// PROGRESS) is an upper bound, usually far above how long its run takes: a client
+// that waits this long and retries gets the stored reply, or another 503.
+func WithRetryAfter(d time.Duration) Option {
+	return func(c *config) error {
+		if d < time.Millisecond {
+			return invalid("retry-after %v is below 1ms", d)
+		}
+		c.retryAfter = d
 		return nil
 	}
 }

@@ -246,6 +246,7 @@ type record struct {
 	TTLMillis   int64  `json:"ttl_ms"`
 	Fingerprint string `json:"fingerprint,omitempty"`
 	ReplySize   int    `json:"reply_size"`
+	HasReply    bool   `json:"has_reply"`
 	Deleted     *bool  `json:"deleted,omitempty"`
 	Notified    *int   `json:"notified,omitempty"`
 	Error       string `json:"error,omitempty"`
@@ -253,7 +254,8 @@ type record struct {
 
 func recordOf(key string, info dedup.RecordInfo, err error) record {
 	r := record{Key: key, Name: info.Handler, RecordKey: info.RecordKey, State: info.State.String(), Owner: info.Owner,
-		TTLMillis: info.TTL.Milliseconds(), Fingerprint: info.Fingerprint, ReplySize: info.ReplySize}
+		TTLMillis: info.TTL.Milliseconds(), Fingerprint: info.Fingerprint, ReplySize: info.ReplySize,
+		HasReply: info.HasReply}
 	if err != nil {
 		r.Error = err.Error()
 	}
@@ -272,7 +274,7 @@ func (c *command) printRecord(r record) {
 		fmt.Fprintf(w, "%s: %s under %s, %v left\n", r.Key, strings.ToUpper(strings.ReplaceAll(r.State, "-", " ")), r.Name,
 			(time.Duration(r.TTLMillis) * time.Millisecond).String())
 		fmt.Fprintf(w, "  record key   %s\n  owner        %s\n", r.RecordKey, r.Owner)
-		fmt.Fprintf(w, "  fingerprint  %s\n  reply        %s\n", orNone(r.Fingerprint), replyOf(r.ReplySize))
+		fmt.Fprintf(w, "  fingerprint  %s\n  reply        %s\n", orNone(r.Fingerprint), replyOf(r.HasReply, r.ReplySize))
 	}
 	if r.Deleted != nil {
 		if *r.Deleted {
@@ -293,8 +295,10 @@ func orNone(s string) string {
 	return s
 }
 
-func replyOf(n int) string {
-	if n == 0 {
+// replyOf describes a stored reply by its size: its bytes are the application's and
+// never printed.
+func replyOf(has bool, n int) string {
+	if !has {
 		return "none"
 	}
 	return fmt.Sprintf("%d bytes", n)

@@ -3,7 +3,7 @@ local v = redis.call('GET', KEYS[1])
 if not v then
   return {0, '', -2, redis.call('PUBLISH', ARGV[2], ARGV[3])}
 end
-local state = string.match(v, '^([pd]):[^:]*:')
+local state = string.match(v, '^([pdr]):[^:]*:')
 if not state then
   return redis.error_reply('dedup: unrecognised record')
 end

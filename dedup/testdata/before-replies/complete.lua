@@ -1,0 +1,14 @@
+-- KEYS[1] record key; ARGV[1] owner token, ARGV[2] retention ms. Returns 1 when DONE under this token, 0 when the lease is lost.
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return 0
+end
+local state, token, fp = string.match(v, '^([pd]):([^:]*):(.*)$')
+if token ~= ARGV[1] then
+  return 0
+end
+if state == 'p' then
+  redis.call('SET', KEYS[1], 'd:' .. token .. ':' .. fp, 'PX', ARGV[2])
+end
+-- state 'd' with our token: a retried complete whose first attempt landed
+return 1

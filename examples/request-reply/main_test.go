@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
+)
+
+// TestMain fails the package if a run leaves a goroutine behind.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestRunEmbedded(t *testing.T) {
+	checkRun(t, "-nats=", "-redis=")
+}
+
+// TestRunServers runs against DEDUP_NATS_URL and DEDUP_REDIS_ADDR and checks that the
+// run's records were deleted.
+func TestRunServers(t *testing.T) {
+	natsURL, redisAddr := os.Getenv("DEDUP_NATS_URL"), os.Getenv("DEDUP_REDIS_ADDR")
+	if natsURL == "" || redisAddr == "" {
+		testenv.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
+	}
+	out := checkRun(t, "-nats", natsURL, "-redis", redisAddr)
+	m := regexp.MustCompile(`(?m)^run ([0-9a-f]+)$`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatal("no run id in the output")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	keys, _, err := rdb.Scan(ctx, 0, "dedupkit-rr-"+m[1]+":*", 1000).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) > 0 {
+		t.Errorf("%d redis records left behind", len(keys))
+	}
+}
+
+func TestFlags(t *testing.T) {
+	for _, args := range [][]string{{"-requests", "0"}, {"-clients", "0"}, {"-timeout", "0s"}, {"extra"}} {
+		if err := run(context.Background(), args, new(bytes.Buffer)); err == nil {
+			t.Errorf("run %q: no error", args)
+		}
+	}
+}
+
+var (
+	attemptsRow = regexp.MustCompile(`(?m)^attempts +(\d+): (\d+) timed out .*, (\d+) replies lost .*, (\d+) answered 503`)
+	instanceRow = regexp.MustCompile(`(?m)^([12]) +(\d+) +(\d+) +(\d+) +(\d+) +(\d+)$`)
+)
+
+// checkRun runs the example with 120 requests: it must succeed (every request created
+// one order, every answer to it the same), the retries must have happened (timeouts
+// and lost replies) and been answered with stored replies, and the micro stats count
+// every request.
+func checkRun(t *testing.T, args ...string) string {
+	t.Helper()
+	const requests = 120
+	var out bytes.Buffer
+	err := run(context.Background(), append(args, "-requests", strconv.Itoa(requests), "-timeout", "60s"), &out)
+	t.Logf("output:\n%s", out.String())
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	m := attemptsRow.FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatal("no attempts row")
+	}
+	n := func(s string) int { v, _ := strconv.Atoi(s); return v }
+	if n(m[2])+n(m[3]) == 0 {
+		t.Errorf("no first attempt went wrong: the retries were not exercised")
+	}
+	var ran, replayed int
+	for _, r := range instanceRow.FindAllStringSubmatch(out.String(), -1) {
+		ran += n(r[4])
+		replayed += n(r[5])
+	}
+	if ran != requests || replayed == 0 {
+		t.Errorf("fn ran %d times for %d requests, %d stored replies replayed", ran, requests, replayed)
+	}
+	if !strings.Contains(out.String(), fmt.Sprintf("ok: each of %d requests created exactly one order", requests)) {
+		t.Error("no ok line")
+	}
+	return out.String()
+}

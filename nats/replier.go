@@ -1,0 +1,353 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dedupkit/dedupkit/dedup"
+)
+
+// ReplyFunc handles one request and returns its reply. An error answers the request
+// with an error reply (a *ServiceError's code and description, else 500), and
+// releases the claim, so that a retry runs it again.
+type ReplyFunc func(ctx context.Context, m *Msg) (Reply, error)
+
+// ServiceError is an error a ReplyFunc returns to choose its error reply: Code and
+// Description go in the Nats-Service-Error-Code and Nats-Service-Error headers, as
+// nats.go/micro's Request.Error sends them, and Data is the payload. Like any error
+// of fn, it releases the claim: it is not stored, and a retry runs fn again.
+type ServiceError struct {
+	Code        string // for example "400"
+	Description string
+	Data        []byte
+}
+
+// Error returns "nats: service error <code>: <description>".
+func (e *ServiceError) Error() string {
+	return "nats: service error " + e.Code + ": " + e.Description
+}
+
+// The error replies a Replier sends, by micro's convention (micro.ErrorHeader,
+// micro.ErrorCodeHeader): a code and a description, stable, never holding the key,
+// the request or the reply. 503 answers are worth retrying with the same key; the
+// others are final for that key.
+const (
+	// CodeRetry (503): not now. The request is being run elsewhere (IN PROGRESS: a
+	// retry after RetryAfterHeader gets its stored reply), or the store is
+	// unavailable (fail closed: nothing ran), or the handler is shutting down.
+	CodeRetry = "503"
+	// CodeFailed (500): fn returned an error (not a *ServiceError) or panicked; its
+	// claim is released, so a retry runs it again.
+	CodeFailed = "500"
+	// CodeNotStored (409): the request was processed already, and its reply was not
+	// stored (larger than the handler's WithReplies limit, or its record was written
+	// without one); running it again would repeat it, so it is not.
+	CodeNotStored = "409"
+	// CodeNoKey (400): the request has no key (the handler rejects such requests).
+	CodeNoKey = "400"
+	// CodeKeyReuse (422): the key was processed with another payload (fingerprints
+	// differ); its stored reply is not this request's.
+	CodeKeyReuse = "422"
+)
+
+// RetryAfterHeader is set on a CodeRetry reply to a request IN PROGRESS elsewhere: how
+// many milliseconds to wait before retrying. It is what is left of the other
+// owner's lease, at most WithRetryAfter (default DefaultRetryAfter): the lease is
+// only an upper bound on the run.
+const RetryAfterHeader = "Dedup-Retry-After-Ms"
+
+// Descriptions of the error replies (the Nats-Service-Error header).
+const (
+	DescInProgress       = "dedup: request in progress; retry"
+	DescStoreUnavailable = "dedup: store unavailable; retry"
+	DescShuttingDown     = "dedup: shutting down; retry"
+	DescNotCompleted     = "dedup: not completed; retry"
+	DescFailed           = "dedup: handler failed"
+	DescPanicked         = "dedup: handler panicked"
+	DescNotStored        = "dedup: processed already; its reply was not stored"
+	DescUnreadable       = "dedup: processed already; its stored reply is unreadable"
+	DescNoKey            = "dedup: request has no key"
+	DescKeyReuse         = "dedup: key reused with another payload"
+)
+
+// ReplyKind is what a Replier answered a request with.
+type ReplyKind uint8
+
+const (
+	// ReplyRun: fn's reply, from the run the request made.
+	ReplyRun ReplyKind = iota
+	// ReplyStored: a duplicate's stored reply, the first run's.
+	ReplyStored
+	// ReplyRetry: a CodeRetry error reply.
+	ReplyRetry
+	// ReplyError: fn's error or panic (CodeFailed, or its ServiceError's code).
+	ReplyError
+	// ReplyNotStored: a CodeNotStored error reply.
+	ReplyNotStored
+	// ReplyRejected: CodeNoKey or CodeKeyReuse.
+	ReplyRejected
+	numReplyKinds
+)
+
+var replyKindNames = [numReplyKinds]string{"run", "stored", "retry", "error", "not-stored", "rejected"}
+
+// String returns the kind in lower case, e.g. "not-stored".
+func (k ReplyKind) String() string {
+	if k < numReplyKinds {
+		return replyKindNames[k]
+	}
+	return "invalid"
+}
+
+// ReplyStats counts what a Replier answered.
+type ReplyStats struct {
+	replies [numReplyKinds]uint64
+	// RespondErrors counts replies the connection did not take (the requester's
+	// inbox is not the Replier's concern: NATS does not say whether it listened).
+	RespondErrors uint64
+	// NoReplySubject counts messages without a reply subject: run, not answered.
+	NoReplySubject uint64
+}
+
+// Count returns how many requests were answered with kind k.
+func (s ReplyStats) Count(k ReplyKind) uint64 {
+	if k >= numReplyKinds {
+		return 0
+	}
+	return s.replies[k]
+}
+
+// Replier answers NATS requests through a dedup handler that stores replies
+// (dedup.WithReplies), so that a request is run once and every retry of it gets the
+// same answer: the natural way to write an idempotent NATS service. Handler serves a
+// core NATS subscription; MicroHandler a nats.go/micro endpoint. A request's key is
+// read by the Replier's WithKeyStrategy, else by the handler's (dedup.WithKeyStrategy),
+// else by dedup.DefaultKeyStrategy (the Idempotency-Key header, else Nats-Msg-Id).
+//
+// What a request is answered with:
+//
+//	request                                 fn        reply
+//	first (its key unseen)                  runs      fn's reply, stored with DONE
+//	duplicate, DONE                         no        the stored reply, byte for byte, headers included
+//	duplicate, DONE without a reply         no        409 (CodeNotStored): processed; not stored
+//	duplicate, IN PROGRESS in this process  no        waits for the run: its reply
+//	duplicate, IN PROGRESS elsewhere        no        503 (CodeRetry) + Dedup-Retry-After-Ms
+//	fn error or panic                       ran       500, or the *ServiceError's; claim released
+//	store unavailable (fail closed)         no        503 (CodeRetry)
+//	no key / key reused with other payload  no        400 / 422
+//	shutting down (Close, ctx cancelled)    no/cut    503 (CodeRetry)
+//	lease lost while fn ran, fn failed      ran       503 (CodeRetry): another owner may be running it
+//
+// A reply larger than the handler's limit is sent to the first request all the same
+// (counted by the handler as RepliesTooLarge); its duplicates get 409. A reply whose
+// DONE record could not be written (NotRecorded) is sent too. Every request with a
+// reply subject is answered: never silence. Replies are never logged.
+type Replier struct {
+	a       adapter // its config (key strategy, concurrency, logger), dispatcher and Wait
+	replies [numReplyKinds]atomic.Uint64
+	respErr atomic.Uint64
+	noReply atomic.Uint64
+}
+
+// NewReplier wraps h, which must store replies (dedup.WithReplies). Options that
+// apply: WithKeyStrategy, WithConcurrency (Handler only: micro runs an endpoint's
+// requests one at a time), WithRetryAfter, WithLogger; the acknowledgement options
+// do not (requests have no acks). Errors wrap dedup.ErrInvalidOption.
+func NewReplier(h *dedup.Handler, opts ...Option) (*Replier, error) {
+	cfg, err := newConfig(h, opts)
+	if err != nil {
+		return nil, err
+	}
+	if h.ReplyLimit() == 0 {
+		return nil, invalid("handler %q does not store replies: register it WithReplies", h.Name())
+	}
+	if !cfg.strategySet {
+		if s, explicit := h.KeyStrategy(); explicit {
+			cfg.strategy = s
+		} else {
+			cfg.strategy = dedup.DefaultKeyStrategy
+		}
+	}
+	return &Replier{a: adapter{h: h, cfg: cfg}}, nil
+}
+
+// Handler returns a nats.MsgHandler for Conn.Subscribe or QueueSubscribe that
+// answers each request (Handle), up to WithConcurrency at once (default
+// DefaultConcurrency). A request whose key another request in this process is
+// running waits for that run and gets its reply. ctx is the handlers' parent. After
+// unsubscribing (or draining), Wait for the requests in hand.
+func (r *Replier) Handler(ctx context.Context, fn ReplyFunc) natsgo.MsgHandler {
+	dispatch := r.a.dispatcher()
+	ctx = dedup.WaitForRunning(ctx)
+	return func(msg *natsgo.Msg) { dispatch(func() { r.Handle(ctx, msg, fn) }) }
+}
+
+// Handle answers one request on the caller's goroutine (see Replier) and returns
+// the handler's result. A message without a reply subject is run and not answered.
+func (r *Replier) Handle(ctx context.Context, msg *natsgo.Msg, fn ReplyFunc) (dedup.ReplyResult, error) {
+	var res dedup.ReplyResult
+	var err error
+	r.serve(ctx, viewCore(msg), fn, func(a answer) {
+		if msg.Reply == "" {
+			r.noReply.Add(1)
+			return
+		}
+		out := &natsgo.Msg{Header: a.reply.Header, Data: a.reply.Data}
+		if a.code != "" {
+			out.Header = a.errorHeader()
+		}
+		r.responded(msg.RespondMsg(out), a)
+	}, &res, &err)
+	return res, err
+}
+
+// Wait blocks until every request handed to a Handler or a MicroHandler has been
+// answered. Unsubscribe (or stop the service) first.
+func (r *Replier) Wait() { r.a.running.Wait() }
+
+// Stats returns what the Replier has answered so far.
+func (r *Replier) Stats() ReplyStats {
+	var s ReplyStats
+	for i := range s.replies {
+		s.replies[i] = r.replies[i].Load()
+	}
+	s.RespondErrors = r.respErr.Load()
+	s.NoReplySubject = r.noReply.Load()
+	return s
+}
+
+// answer is what a request is answered with: a reply, or an error reply (code set).
+type answer struct {
+	kind       ReplyKind
+	reply      Reply // the reply, or an error reply's data
+	code, desc string
+	retryAfter time.Duration // for an IN PROGRESS elsewhere
+}
+
+// errorHeader is an error reply's header, micro's.
+func (a answer) errorHeader() natsgo.Header {
+	h := natsgo.Header{micro.ErrorHeader: {a.desc}, micro.ErrorCodeHeader: {a.code}}
+	if a.retryAfter > 0 {
+		h[RetryAfterHeader] = []string{strconv.FormatInt(a.retryAfter.Milliseconds(), 10)}
+	}
+	return h
+}
+
+// serve runs fn for m through the handler and answers with respond, once, whatever
+// happens (fn's runtime.Goexit included: then a 500). The result goes to *res, *err.
+func (r *Replier) serve(ctx context.Context, m *Msg, fn ReplyFunc, respond func(answer), res *dedup.ReplyResult, err *error) {
+	var first Reply // fn's reply, as it returned it: the first request needs no decoding
+	returned := false
+	defer func() {
+		if !returned { // fn ended its goroutine (runtime.Goexit): answered as a panic
+			respond(answer{kind: ReplyError, code: CodeFailed, desc: DescPanicked})
+		}
+	}()
+	*res, *err = r.a.h.HandleKeyReply(ctx, r.a.cfg.strategy.Key(m), m.data, func(ctx context.Context) ([]byte, error) {
+		rep, ferr := fn(ctx, m)
+		if ferr != nil {
+			return nil, ferr
+		}
+		first = rep
+		return encodeReply(rep), nil
+	})
+	returned = true
+	respond(r.answerFor(*res, *err, first))
+}
+
+// answerFor maps a result to its answer (see Replier).
+func (r *Replier) answerFor(res dedup.ReplyResult, err error, first Reply) answer {
+	switch res.Outcome {
+	case dedup.Processed, dedup.NotRecorded, dedup.LeaseLost:
+		if res.HasReply { // fn's, in hand (too large to store, or not recorded, or not)
+			return answer{kind: ReplyRun, reply: first}
+		}
+	case dedup.Duplicate:
+		if !res.HasReply {
+			return answer{kind: ReplyNotStored, code: CodeNotStored, desc: DescNotStored}
+		}
+		rep, derr := decodeReply(res.Reply)
+		if derr != nil {
+			r.a.cfg.logger.Warn("dedup: stored reply unreadable", "handler", r.a.h.Name(), "reply_bytes", len(res.Reply))
+			return answer{kind: ReplyError, code: CodeFailed, desc: DescUnreadable}
+		}
+		return answer{kind: ReplyStored, reply: rep}
+	case dedup.InProgress:
+		wait := min(max(res.RetryAfter, time.Millisecond), r.a.cfg.retryAfter)
+		return answer{kind: ReplyRetry, code: CodeRetry, desc: DescInProgress, retryAfter: wait}
+	case dedup.StoreUnavailable:
+		return answer{kind: ReplyRetry, code: CodeRetry, desc: DescStoreUnavailable}
+	case dedup.Failed:
+		var se *ServiceError
+		if errors.As(err, &se) && se.Code != "" && se.Description != "" {
+			return answer{kind: ReplyError, code: se.Code, desc: se.Description, reply: Reply{Data: se.Data}}
+		}
+		return answer{kind: ReplyError, code: CodeFailed, desc: DescFailed}
+	case dedup.Panicked:
+		return answer{kind: ReplyError, code: CodeFailed, desc: DescPanicked}
+	case dedup.NoKey:
+		return answer{kind: ReplyRejected, code: CodeNoKey, desc: DescNoKey}
+	case dedup.KeyReuse:
+		return answer{kind: ReplyRejected, code: CodeKeyReuse, desc: DescKeyReuse}
+	case dedup.Cancelled:
+		return answer{kind: ReplyRetry, code: CodeRetry, desc: DescShuttingDown}
+	}
+	// a lease lost while fn ran (another owner may run it now), or no result: not now
+	return answer{kind: ReplyRetry, code: CodeRetry, desc: DescNotCompleted}
+}
+
+// responded counts an answer sent (rerr: the connection's error).
+func (r *Replier) responded(rerr error, a answer) {
+	if rerr != nil {
+		r.respErr.Add(1)
+		r.a.cfg.logger.Warn("dedup: reply not sent", "handler", r.a.h.Name(), "kind", a.kind.String(), "err", rerr)
+		return
+	}
+	r.replies[a.kind].Add(1)
+}
+
+// MicroHandler returns a micro.Handler for a nats.go/micro endpoint that answers each
+// request as Handler does (see Replier), so that an idempotent endpoint is one line:
+//
+//	svc.AddEndpoint("create", orders.MicroHandler(ctx, createOrder))
+//
+// Replies go through the Request (Respond, and Error for the error replies), so the
+// service's stats stay right: every request counts in num_requests, the error replies
+// (5xx, 4xx) in num_errors with their description as last_error, and a stored reply
+// replayed to a duplicate counts as the success it is. The request runs on a
+// goroutine of its own, which the micro handler waits for (an fn's runtime.Goexit
+// cannot end micro's), so micro's processing time covers it. ctx is the requests'
+// parent.
+func (r *Replier) MicroHandler(ctx context.Context, fn ReplyFunc) micro.Handler {
+	ctx = dedup.WaitForRunning(ctx)
+	return micro.HandlerFunc(func(req micro.Request) {
+		r.a.running.Add(1)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			defer r.a.running.Done()
+			m := &Msg{subject: req.Subject(), header: natsgo.Header(req.Headers()), data: req.Data()}
+			var res dedup.ReplyResult
+			var err error
+			r.serve(ctx, m, fn, func(a answer) {
+				if a.code != "" {
+					var extra []micro.RespondOpt
+					if a.retryAfter > 0 {
+						extra = append(extra, micro.WithHeaders(micro.Headers{
+							RetryAfterHeader: {strconv.FormatInt(a.retryAfter.Milliseconds(), 10)}}))
+					}
+					r.responded(req.Error(a.code, a.desc, a.reply.Data, extra...), a)
+					return
+				}
+				r.responded(req.Respond(a.reply.Data, micro.WithHeaders(micro.Headers(a.reply.Header))), a)
+			}, &res, &err)
+		}()
+		<-done
+	})
+}
