@@ -398,6 +398,10 @@ type batchItem struct {
 	lost                 atomic.Bool // the heartbeat found the lease gone, or judged it may be
 	reply                string      // fn's reply, when replied (a reply batch)
 	replied, tooLarge    bool
+	// while its completion is out (completer.addAs): the batch's completer, and what
+	// the completion stands for
+	comp *completer
+	how  completionKind
 }
 
 func (b *batchItem) settleFlight(res Result, err error) {
@@ -926,24 +930,30 @@ func (c *completer) add(b *batchItem) { c.addAs(b, fnSucceeded) }
 func (c *completer) addAs(b *batchItem, how completionKind) {
 	c.hb.forget(b)
 	c.wg.Add(1)
+	b.comp, b.how = c, how
+	cl := b.claimed()
+	c.h.completions.add(pendingFor(c.ctx, &cl, false, b))
+}
+
+// completionAnswered takes the store's answer to b's completion (completer.addAs).
+func (b *batchItem) completionAnswered(cerr error) {
+	c := b.comp
+	defer c.wg.Done()
 	h := c.h
-	c.h.completions.add(pendingCompletion{ctx: c.ctx, c: b.claimed(), answered: func(cerr error) {
-		defer c.wg.Done()
-		var res Result
-		var err error
-		switch how {
-		case committedNow:
-			h.notCompleted(b.claimed(), cerr)
-			c.out.leave(b) // its result is out already (commitBatch)
-			return
-		case completedEarlier:
-			res, err = h.repaired(b.claimed(), cerr)
-		default:
-			res, err = h.completed(b.claimed(), cerr)
-		}
-		b.f.processed.Store(res.Outcome == Processed)
-		c.out.set(b.i, ItemResult{Result: res, Err: err})
-	}})
+	var res Result
+	var err error
+	switch b.how {
+	case committedNow:
+		h.notCompleted(b.claimed(), cerr)
+		c.out.leave(b) // its result is out already (commitBatch)
+		return
+	case completedEarlier:
+		res, err = h.repaired(b.claimed(), cerr)
+	default:
+		res, err = h.completed(b.claimed(), cerr)
+	}
+	b.f.processed.Store(res.Outcome == Processed)
+	c.out.set(b.i, ItemResult{Result: res, Err: err})
 }
 
 // batchBeat extends every claim a batch still holds, every lease/3.

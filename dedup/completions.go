@@ -42,13 +42,38 @@ type completions struct {
 	flushers int
 }
 
-// pendingCompletion is the completion of c's claim; answered gets the store's answer.
+// pendingCompletion is the completion of the claim token holds on rk (with its
+// reply, when it stores one); to gets the store's answer.
 type pendingCompletion struct {
-	ctx      context.Context // for its values (tracing): not its cancellation
-	c        claimed
-	answered func(cerr error)
-	lazy     bool // may wait lazyDelay for company
+	ctx       context.Context // for its values (tracing): not its cancellation
+	rk, token string
+	reply     string
+	hasReply  bool
+	lazy      bool // may wait lazyDelay for company
+	to        completionAnswer
 }
+
+// completionAnswer takes the store's answer to a pending completion: a batch item
+// (batchItem.completionAnswered), or a committed transactional run (committedRun). An
+// interface rather than a func, so that a batch item costs no closure.
+type completionAnswer interface{ completionAnswered(cerr error) }
+
+// pendingFor is the completion of c's claim, answered to to.
+func pendingFor(ctx context.Context, c *claimed, lazy bool, to completionAnswer) pendingCompletion {
+	p := pendingCompletion{ctx: ctx, rk: c.rk, token: c.token, lazy: lazy, to: to}
+	if c.storesReply() { // a reply batch's item carries its reply here, to its DONE record
+		p.reply, p.hasReply = c.reply, true
+	}
+	return p
+}
+
+// flushScratch is a flusher's buffers, kept between flushes.
+type flushScratch struct {
+	batch   []pendingCompletion
+	entries []Entry
+}
+
+var flushScratchPool = sync.Pool{New: func() any { return new(flushScratch) }}
 
 func (q *completions) add(p pendingCompletion) {
 	q.mu.Lock()
@@ -86,14 +111,16 @@ func (q *completions) kick() {
 // flush sends the queue, maxCompletions at a time, until it is empty.
 func (q *completions) flush() {
 	h := q.h
-	var batch []pendingCompletion
-	var entries []Entry
+	sc := flushScratchPool.Get().(*flushScratch)
+	batch, entries := sc.batch, sc.entries
 	for {
 		q.mu.Lock()
 		n := min(len(q.queue), maxCompletions)
 		if n == 0 {
 			q.flushers--
 			q.mu.Unlock()
+			sc.batch, sc.entries = batch[:0], entries[:0]
+			flushScratchPool.Put(sc)
 			return
 		}
 		batch = append(batch[:0], q.queue[:n]...)
@@ -108,11 +135,7 @@ func (q *completions) flush() {
 
 		entries = entries[:0]
 		for _, p := range batch {
-			e := Entry{Key: p.c.rk, Token: p.c.token, TTL: h.cfg.retention}
-			if p.c.storesReply() { // a reply batch's item carries its reply here, to its DONE record
-				e.Reply, e.HasReply = p.c.reply, true
-			}
-			entries = append(entries, e)
+			entries = append(entries, Entry{Key: p.rk, Token: p.token, TTL: h.cfg.retention, Reply: p.reply, HasReply: p.hasReply})
 		}
 		// the first one's context, for its values: the others' are alike
 		ctx, done := context.WithTimeout(context.WithoutCancel(batch[0].ctx), h.cfg.lease)
@@ -123,8 +146,9 @@ func (q *completions) flush() {
 			if err == nil {
 				cerr = errs[j]
 			}
-			p.answered(cerr)
+			p.to.completionAnswered(cerr)
 		}
 		clear(batch)
+		clear(entries)
 	}
 }

@@ -363,11 +363,19 @@ func (h *Handler) notCompleted(c claimed, cerr error) {
 func (h *Handler) completeCommitted(ctx context.Context, c claimed) {
 	h.d.running.Add(1)
 	c.f.completing = true
-	h.completions.add(pendingCompletion{ctx: ctx, c: c, lazy: true, answered: func(cerr error) {
-		defer h.d.running.Done()
-		h.notCompleted(c, cerr)
-		h.flights.leave(c.k, c.f)
-	}})
+	h.completions.add(pendingFor(ctx, &c, true, &committedRun{h: h, c: c}))
+}
+
+// committedRun takes the answer to a committed run's completion (completeCommitted).
+type committedRun struct {
+	h *Handler
+	c claimed
+}
+
+func (r *committedRun) completionAnswered(cerr error) {
+	defer r.h.d.running.Done()
+	r.h.notCompleted(r.c, cerr)
+	r.h.flights.leave(r.c.k, r.c.f)
 }
 
 // runOnMarker runs fn in step's transaction with no claim: its marker alone guards
