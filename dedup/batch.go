@@ -28,7 +28,8 @@ type ItemResult struct {
 }
 
 // HandleBatch guards fn for every item by the handler's mode with one store round trip
-// for the checks (ClaimMany or MarkMany) instead of one per item. fn(ctx, i) runs for
+// for the checks (ClaimMany or MarkMany) instead of one per item (in ModeDo on a single
+// Redis server, a second one for the items whose key holds a record already). fn(ctx, i) runs for
 // item i, one item at a time in order (keyless items, under ProcessMissingKey, last);
 // while they run, one heartbeat extends every claim the batch still holds. In ModeDo
 // each item's claim is completed as soon as its fn returns, while the next item's fn
@@ -50,7 +51,7 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 }
 
 // HandleBatchParallel is HandleBatch for handlers whose fn may run for several items
-// at once. Once the one store round trip for the checks (MarkMany or ClaimMany) has
+// at once. Once the store round trip for the checks (MarkMany or ClaimMany; see HandleBatch) has
 // answered, fn runs for up to parallel of the batch's own items at a time: the
 // caller's goroutine runs them in turn, and if it is not done within a millisecond
 // (spawnAfter), other goroutines join it, so that fast fns cost no goroutine each and

@@ -68,6 +68,7 @@ func hookedStores(t *testing.T, hook redis.Hook) (mine, other *RedisStore, prefi
 	if mine, err = NewRedisStore(hooked); err != nil {
 		t.Fatal(err)
 	}
+	mine.perKeyBatches = true // the pipeline these tests split: a cluster's ClaimMany
 	if other, err = NewRedisStore(plain); err != nil {
 		t.Fatal(err)
 	}

@@ -88,6 +88,8 @@ type Store interface {
 	Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error)
 
 	// ClaimMany claims every entry in one round trip; answers are in entry order.
+	// (RedisStore on a single server takes a second round trip for the entries that
+	// found a record, to read it with its TTL atomically; see RedisStore.ClaimMany.)
 	ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error)
 	// MarkMany marks every entry in one round trip; answers are in entry order.
 	MarkMany(ctx context.Context, entries []Entry) ([]Answer, error)

@@ -1,0 +1,133 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// On a single server ClaimMany is a SET NX PX GET per entry, then, for the entries
+// that found a record, the claim_many script; CompleteMany is the complete_many
+// script; maxScriptKeys keys a call, the calls of a round trip in one pipeline. Each entry
+// gets the answer the single Claim or Complete would give in its place, in order:
+// a key named twice sees its first claim, our own claim found again is renewed, a
+// DONE record's reply and TTL come back, a record the store cannot read fails that
+// entry alone, and a completion whose token is not the owner's changes nothing.
+func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
+	for name, mk := range countedRedis(t) {
+		t.Run(name, func(t *testing.T) {
+			s, tc, prefix := mk(t)
+			ctx := context.Background()
+			key := func(i int) string { return fmt.Sprintf("%s:h:%d", prefix, i) }
+			const n = 2*maxScriptKeys + 44 // three calls
+			entries := make([]Entry, n)
+			for i := range entries {
+				entries[i] = Entry{Key: key(i), Token: "T", Fingerprint: "fp", TTL: time.Minute}
+			}
+			// load the scripts, so that the counts are the steady state's
+			warm := []Entry{{Key: key(-1), Token: "T", TTL: time.Minute}}
+			for range 2 { // the second finds the first's claim: the claim_many script
+				if _, err := s.ClaimMany(ctx, warm); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := s.CompleteMany(ctx, warm); err != nil {
+				t.Fatal(err)
+			}
+			// what is there before: a DONE record with a reply, another's claim, our own
+			// claim (a retried claim whose reply was lost), a key reused with another
+			// payload, a record no dedup process writes
+			if err := s.c.Set(ctx, key(1), encodeReplyRecord("X", "fp", "the reply"), time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Claim(ctx, key(2), "X", "", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Claim(ctx, key(3), "T", "fp", time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Mark(ctx, key(4), "X", "other", time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.c.Set(ctx, key(5), "garbage", time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			entries[200].Key = key(6) // named twice, in different calls
+			tc.Reset()
+			got, err := s.ClaimMany(ctx, entries)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// a SET NX PX GET per entry, then the six that found a record (keys 1 to 5,
+			// and key 6 named again) in one claim_many script call
+			expectTrips(t, "ClaimMany", tc, 2, n+1)
+			check := func(i int, st Status, ttlMin time.Duration) {
+				t.Helper()
+				if a := got[i]; a.Err != nil || a.Status != st || a.TTL < ttlMin || a.TTL > time.Hour {
+					t.Errorf("entry %d: %+v, want %v with a TTL of at least %v", i, a, st, ttlMin)
+				}
+			}
+			check(0, StatusAcquired, 0)
+			check(1, StatusDuplicate, 59*time.Minute)
+			if !got[1].HasReply || got[1].Reply != "the reply" {
+				t.Errorf("entry 1: reply %q (%v), want the stored one", got[1].Reply, got[1].HasReply)
+			}
+			check(2, StatusInProgress, 59*time.Second)
+			check(3, StatusAcquired, 0)
+			if pttl := s.c.PTTL(ctx, key(3)).Val(); pttl < 59*time.Second {
+				t.Errorf("our own claim found again: lease %v, want it renewed to a minute", pttl)
+			}
+			check(4, StatusConflict, 0)
+			if got[5].Err == nil || !errors.Is(got[5].Err, ErrBadRecord) {
+				t.Errorf("entry 5: %+v, want ErrBadRecord for it alone", got[5])
+			}
+			check(6, StatusAcquired, 0)
+			check(200, StatusAcquired, 0) // our own claim of entry 6: the same token
+			for i := 7; i < n; i++ {
+				if i != 200 {
+					check(i, StatusAcquired, 0)
+				}
+			}
+
+			// complete every entry: the other owner's claim and records are left alone
+			entries[2].Token = "T"
+			tc.Reset()
+			errs, err := s.CompleteMany(ctx, entries)
+			if err != nil {
+				t.Fatal(err)
+			}
+			expectTrips(t, "CompleteMany", tc, 1, 3)
+			for i, e := range errs {
+				want := error(nil)
+				switch i {
+				case 1, 2, 4, 5:
+					want = ErrLeaseLost
+				}
+				if !errors.Is(e, want) || (want == nil) != (e == nil) {
+					t.Errorf("complete %d: %v, want %v", i, e, want)
+				}
+			}
+			for i, want := range map[int]string{
+				0: "d:T:fp", 1: encodeReplyRecord("X", "fp", "the reply"), 2: "p:X:", 3: "d:T:fp", 4: "d:X:other", 5: "garbage", n - 1: "d:T:fp",
+			} {
+				if v := s.c.Get(ctx, key(i)).Val(); v != want {
+					t.Errorf("key %d after CompleteMany: %q, want %q", i, v, want)
+				}
+			}
+			// a completion with a reply, and one retried after it landed
+			rk := key(n + 1)
+			if a, err := s.ClaimMany(ctx, []Entry{{Key: rk, Token: "R", TTL: time.Minute}}); err != nil || a[0].Status != StatusAcquired {
+				t.Fatal(a, err)
+			}
+			re := []Entry{{Key: rk, Token: "R", TTL: time.Hour, Reply: "", HasReply: true}, {Key: rk, Token: "R", TTL: time.Hour, Reply: "x", HasReply: true}}
+			if errs, err := s.CompleteMany(ctx, re); err != nil || errs[0] != nil || errs[1] != nil {
+				t.Fatal(errs, err)
+			}
+			if v := s.c.Get(ctx, rk).Val(); v != encodeReplyRecord("R", "", "") {
+				t.Errorf("reply record %q, want the first completion's empty reply", v)
+			}
+		})
+	}
+}
