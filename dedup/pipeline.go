@@ -72,6 +72,9 @@ type pcall struct {
 	cmd  redis.Cmder
 	done chan struct{}
 	sent bool
+	// comp, for a single Complete (doComplete), is its entry: a flush that takes
+	// several sends them as one complete_many call instead of a script each
+	comp *Entry
 }
 
 var pcallPool = sync.Pool{New: func() any { return &pcall{done: make(chan struct{}, 1)} }}
@@ -87,6 +90,13 @@ func newAutoPipe(s *RedisStore, batch, inFlight int) *autoPipe {
 // land (a Mark that lands after its caller reported StoreUnavailable would turn the
 // redelivery into a duplicate). The client's own timeouts bound that wait.
 func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
+	return p.doComplete(ctx, cmd, nil)
+}
+
+// doComplete is do for a command that is the complete script of comp's entry when
+// comp is not nil: queued with others, it may go out as part of one complete_many
+// call (see send), and its command then gets its own element of that call's reply.
+func (p *autoPipe) doComplete(ctx context.Context, cmd redis.Cmder, comp *Entry) error {
 	p.mu.Lock()
 	if len(p.queue) == 0 && p.flushers < p.inFlight {
 		p.flushers++
@@ -96,6 +106,7 @@ func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
 		return cmd.Err()
 	}
 	c := p.enqueue(ctx, cmd)
+	c.comp = comp
 	p.spawnLocked()
 	return p.await(ctx, c)
 }
@@ -155,13 +166,13 @@ func (p *autoPipe) await(ctx context.Context, c *pcall) error {
 	case <-c.done:
 	case <-ctx.Done():
 		if p.unqueue(c) {
-			c.ctx, c.cmd = nil, nil
+			c.ctx, c.cmd, c.comp = nil, nil, nil
 			pcallPool.Put(c)
 			return context.Cause(ctx)
 		}
 		<-c.done // in a round trip already: its reply decides
 	}
-	c.ctx, c.cmd, c.sent = nil, nil, false
+	c.ctx, c.cmd, c.sent, c.comp = nil, nil, false, nil
 	pcallPool.Put(c)
 	return cmd.Err()
 }
@@ -262,11 +273,36 @@ func (p *autoPipe) send(batch []*pcall) {
 			ctx, cancel = context.WithDeadline(ctx, deadline)
 			defer cancel()
 		}
-		cmds := make([]redis.Cmder, len(batch))
-		for i, c := range batch {
-			cmds[i] = c.cmd
+		cmds := make([]redis.Cmder, 0, len(batch))
+		var comps []*pcall
+		for _, c := range batch {
+			if c.comp != nil && p.s.batchScripts() {
+				comps = append(comps, c)
+			} else {
+				cmds = append(cmds, c.cmd)
+			}
+		}
+		if len(comps) == 1 { // nothing to merge it with
+			cmds, comps = append(cmds, comps[0].cmd), nil
+		}
+		var merged []*redis.Cmd
+		if len(comps) > 0 {
+			entries := make([]Entry, len(comps))
+			for i, c := range comps {
+				entries[i] = *c.comp
+			}
+			merged = completeManyCmds(ctx, entries)
+			for _, m := range merged {
+				cmds = append(cmds, m)
+			}
 		}
 		_ = p.s.exec(ctx, cmds...)
+		if len(comps) > 0 {
+			// a server that lost its script cache gets complete_many's source (a
+			// failure of that round trip is on each call it sent again)
+			_ = p.s.evalAgain(ctx, merged, completeManyLua)
+			spreadCompletes(merged, comps)
+		}
 	}
 	for _, c := range batch {
 		c.done <- struct{}{}

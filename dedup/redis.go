@@ -284,6 +284,15 @@ func (s *RedisStore) complete(ctx context.Context, e Entry) error {
 	if s.wait != nil {
 		return s.completeWaiting(ctx, e)
 	}
+	if s.pipe != nil && s.batchScripts() {
+		// queued with others, it may go out merged into one complete_many call
+		cmd := redis.NewCmd(ctx, append([]any{"evalsha", completeScript.Hash(), 1, e.Key}, completeArgs(e)...)...)
+		err := s.pipe.doComplete(ctx, cmd, &e)
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			cmd, err = s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
+		}
+		return ownedReply("complete", cmd, err)
+	}
 	cmd, err := s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
 	return ownedReply("complete", cmd, err)
 }
@@ -541,13 +550,7 @@ func (s *RedisStore) claimManyScript(ctx context.Context, entries []Entry) ([]An
 // which completes each key in turn as the complete script would. One call per
 // maxScriptKeys entries, all in one round trip.
 func (s *RedisStore) completeManyScript(ctx context.Context, entries []Entry) ([]error, error) {
-	vals, err := s.runBatchScript(ctx, completeManyScript, completeManyLua, entries, 4, func(args *batchArgs, e Entry) {
-		if e.HasReply {
-			args.args = append(args.args, e.Token, args.ms(e.TTL), "1", e.Reply)
-		} else {
-			args.args = append(args.args, e.Token, args.ms(e.TTL), "0")
-		}
-	})
+	vals, err := s.runBatchScript(ctx, completeManyScript, completeManyLua, entries, 4, completeManyArgs)
 	if err != nil {
 		return nil, storeErr("complete", err)
 	}
@@ -571,16 +574,40 @@ func (s *RedisStore) completeManyScript(ctx context.Context, entries []Entry) ([
 	return out, nil
 }
 
-// runBatchScript calls the batch script sc for entries, maxScriptKeys keys a call, in
-// one round trip; argv appends an entry's arguments (at most perEntry of them). It
-// returns one value per entry: the element of its call's reply, or, where a call
-// failed as a whole, its error. Calls answered NOSCRIPT (the server lost its script
-// cache) go again, as EVAL, in a second round trip. err is a failed round trip.
-func (s *RedisStore) runBatchScript(ctx context.Context, sc *redis.Script, src string, entries []Entry, perEntry int, argv func(*batchArgs, Entry)) ([]any, error) {
+// completeManyCmds is the complete_many calls for entries, as completeManyScript
+// sends them (by SHA).
+func completeManyCmds(ctx context.Context, entries []Entry) []*redis.Cmd {
+	return batchScriptCmds(ctx, completeManyScript, entries, 4, completeManyArgs)
+}
+
+func completeManyArgs(args *batchArgs, e Entry) {
+	if e.HasReply {
+		args.args = append(args.args, e.Token, args.ms(e.TTL), "1", e.Reply)
+	} else {
+		args.args = append(args.args, e.Token, args.ms(e.TTL), "0")
+	}
+}
+
+// spreadCompletes gives each of the auto-pipeliner's single completions calls (sent
+// as the complete_many calls merged) the reply the complete script would have given
+// it: its element of its call's reply, or its call's error.
+func spreadCompletes(merged []*redis.Cmd, calls []*pcall) {
+	for i, v := range spreadBatchReplies(merged, len(calls)) {
+		cmd := calls[i].cmd.(*redis.Cmd)
+		if err, ok := v.(error); ok {
+			cmd.SetErr(err)
+		} else {
+			cmd.SetVal(v)
+		}
+	}
+}
+
+// batchScriptCmds builds the calls of the batch script sc for entries, maxScriptKeys
+// keys a call; argv appends an entry's arguments (at most perEntry of them).
+func batchScriptCmds(ctx context.Context, sc *redis.Script, entries []Entry, perEntry int, argv func(*batchArgs, Entry)) []*redis.Cmd {
 	calls := (len(entries) + maxScriptKeys - 1) / maxScriptKeys
-	args := newBatchArgs(1, calls*4+len(entries)*(1+perEntry))
+	args := newBatchArgs(1, calls*3+len(entries)*(1+perEntry))
 	cmds := make([]*redis.Cmd, calls)
-	sent := make([]redis.Cmder, calls)
 	for c := range cmds {
 		part := entries[c*maxScriptKeys : min(len(entries), (c+1)*maxScriptKeys)]
 		i := len(args.args)
@@ -592,11 +619,57 @@ func (s *RedisStore) runBatchScript(ctx context.Context, sc *redis.Script, src s
 			argv(args, e)
 		}
 		cmds[c] = redis.NewCmd(ctx, args.since(i)...)
-		sent[c] = cmds[c]
+	}
+	return cmds
+}
+
+// spreadBatchReplies returns one value per entry of a batch script's calls cmds (n
+// entries, maxScriptKeys a call): the element of its call's reply, or, where a call
+// failed as a whole, its error.
+func spreadBatchReplies(cmds []*redis.Cmd, n int) []any {
+	out := make([]any, 0, n)
+	for c, cmd := range cmds {
+		k := min(n, (c+1)*maxScriptKeys) - c*maxScriptKeys
+		v, err := cmd.Result()
+		a, ok := v.([]any)
+		if err == nil && (!ok || len(a) != k) {
+			err = fmt.Errorf("unexpected reply %T of %d for %d keys", v, len(a), k)
+		}
+		for i := range k {
+			if err != nil {
+				out = append(out, err)
+			} else {
+				out = append(out, a[i])
+			}
+		}
+	}
+	return out
+}
+
+// runBatchScript calls the batch script sc for entries, maxScriptKeys keys a call, in
+// one round trip; argv appends an entry's arguments (at most perEntry of them). It
+// returns one value per entry: the element of its call's reply, or, where a call
+// failed as a whole, its error. Calls answered NOSCRIPT (the server lost its script
+// cache) go again, as EVAL, in a second round trip. err is a failed round trip.
+func (s *RedisStore) runBatchScript(ctx context.Context, sc *redis.Script, src string, entries []Entry, perEntry int, argv func(*batchArgs, Entry)) ([]any, error) {
+	cmds := batchScriptCmds(ctx, sc, entries, perEntry, argv)
+	sent := make([]redis.Cmder, len(cmds))
+	for c, cmd := range cmds {
+		sent[c] = cmd
 	}
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, err
 	}
+	if err := s.evalAgain(ctx, cmds, src); err != nil {
+		return nil, err
+	}
+	return spreadBatchReplies(cmds, len(entries)), nil
+}
+
+// evalAgain sends the calls of cmds answered NOSCRIPT (the server lost its script
+// cache) again, as EVAL of src, in one round trip, and puts them in their places.
+// Its error is that round trip's.
+func (s *RedisStore) evalAgain(ctx context.Context, cmds []*redis.Cmd, src string) error {
 	var again []redis.Cmder
 	for c, cmd := range cmds {
 		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -606,28 +679,13 @@ func (s *RedisStore) runBatchScript(ctx context.Context, sc *redis.Script, src s
 			again = append(again, cmds[c])
 		}
 	}
-	if len(again) > 0 {
-		if err := s.exec(ctx, again...); failedRoundTrip(err) {
-			return nil, err
-		}
+	if len(again) == 0 {
+		return nil
 	}
-	out := make([]any, 0, len(entries))
-	for c, cmd := range cmds {
-		n := min(len(entries), (c+1)*maxScriptKeys) - c*maxScriptKeys
-		v, err := cmd.Result()
-		a, ok := v.([]any)
-		if err == nil && (!ok || len(a) != n) {
-			err = fmt.Errorf("unexpected reply %T of %d for %d keys", v, len(a), n)
-		}
-		for i := range n {
-			if err != nil {
-				out = append(out, err)
-			} else {
-				out = append(out, a[i])
-			}
-		}
+	if err := s.exec(ctx, again...); failedRoundTrip(err) {
+		return err
 	}
-	return out, nil
+	return nil
 }
 
 // renewOwnClaims settles the entries own of ClaimMany, which found their own claim:
