@@ -275,6 +275,8 @@ func TestReplierReplyTooLarge(t *testing.T) {
 		}
 		m, err = request(e.nc, subject, "req-1", nil, 5*time.Second)
 		wantError(t, m, err, CodeNotStored)
+		// the replier counts a reply once it is sent: the requester may read first
+		testenv.Eventually(t, 5*time.Second, "the 409 counted", func() bool { return r.Stats().Count(ReplyNotStored) == 1 })
 		if runs.Load() != 1 || h.Stats().RepliesTooLarge != 1 || h.Stats().RepliesMissing != 1 ||
 			r.Stats().Count(ReplyRun) != 1 || r.Stats().Count(ReplyNotStored) != 1 {
 			t.Fatalf("runs %d, handler %+v, replier %+v", runs.Load(), h.Stats(), r.Stats())
@@ -396,6 +398,8 @@ func TestReplierStoreDown(t *testing.T) {
 				if d := m.Header.Get(micro.ErrorHeader); d != DescStoreUnavailable {
 					t.Fatalf("description %q", d)
 				}
+				// the replier counts a reply once it is sent: the requester may read first
+				testenv.Eventually(t, 5*time.Second, "the 503 counted", func() bool { return r.Stats().Count(ReplyRetry) == 1 })
 				if runs.Load() != 1 || r.Stats().Count(ReplyRetry) != 1 {
 					t.Fatalf("fn ran %d times; %+v", runs.Load(), r.Stats())
 				}
