@@ -350,8 +350,9 @@ func TestReplierErrors(t *testing.T) {
 // without an answer; once Redis is back, the retry runs.
 func TestReplierStoreDown(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
-		cases := map[string]func(t *testing.T) (addr string, down func()){
-			"miniredis": func(t *testing.T) (string, func()) {
+		// each case's prefix: the real server's keys under it are deleted at cleanup
+		cases := map[string]func(t *testing.T) (addr string, down func(), prefix string){
+			"miniredis": func(t *testing.T) (string, func(), string) {
 				m, err := embedded.StartRedis()
 				if err != nil {
 					t.Fatal(err)
@@ -361,27 +362,26 @@ func TestReplierStoreDown(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				return p.Addr(), func() { _ = p.Close() }
+				return p.Addr(), func() { _ = p.Close() }, testenv.Prefix()
 			},
-			"redis-server": func(t *testing.T) (string, func()) {
-				c, _ := redisClients()["redis-server"](t)
+			"redis-server": func(t *testing.T) (string, func(), string) {
+				c, prefix := redisClients()["redis-server"](t)
 				p, err := testenv.NewProxy(c.Options().Addr)
 				if err != nil {
 					t.Fatal(err)
 				}
-				return p.Addr(), func() { _ = p.Close() }
+				return p.Addr(), func() { _ = p.Close() }, prefix
 			},
 		}
 		for _, name := range []string{"miniredis", "redis-server"} {
 			t.Run(name, func(t *testing.T) {
-				addr, down := cases[name](t)
+				addr, down, prefix := cases[name](t)
 				c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 				t.Cleanup(func() { c.Close() })
 				store, err := dedup.NewRedisStore(c)
 				if err != nil {
 					t.Fatal(err)
 				}
-				prefix := testenv.Prefix()
 				r, _ := newReplier(t, store, prefix, 0)
 				subject := e.subject + ".create." + name
 				var runs atomic.Int32
