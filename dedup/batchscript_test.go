@@ -189,3 +189,37 @@ func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
 		})
 	}
 }
+
+// WithoutBatchScripts sends the batch calls as on a cluster, a command or script per
+// key (for a proxy that routes each command by its key), with the same answers.
+func TestWithoutBatchScripts(t *testing.T) {
+	for name, mk := range countedRedis(t) {
+		t.Run(name, func(t *testing.T) {
+			s, tc, prefix := mk(t)
+			if err := WithoutBatchScripts()(s); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			entries := []Entry{{Key: prefix + ":h:a", Token: "T", TTL: time.Minute}, {Key: prefix + ":h:b", Token: "T", TTL: time.Minute}}
+			if _, err := s.Mark(ctx, entries[1].Key, "X", "", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			tc.Reset()
+			got, err := s.ClaimMany(ctx, entries)
+			if err != nil || got[0].Status != StatusAcquired || got[1].Status != StatusDuplicate || got[1].TTL <= 0 {
+				t.Fatalf("%+v %v", got, err)
+			}
+			if tc.Trips() != 1 || tc.Cmds() != 6 { // SET NX PX GET, PTTL and GET per key
+				t.Fatalf("ClaimMany: %d round trips carrying %d commands (%s), want 1 carrying 6", tc.Trips(), tc.Cmds(), tc)
+			}
+			tc.Reset()
+			errs, err := s.CompleteMany(ctx, entries)
+			if err != nil || errs[0] != nil || !errors.Is(errs[1], ErrLeaseLost) {
+				t.Fatal(errs, err)
+			}
+			if tc.Cmds() < 2 { // the complete script per key (and EVAL after NOSCRIPT)
+				t.Fatalf("CompleteMany: %d commands (%s), want one per key", tc.Cmds(), tc)
+			}
+		})
+	}
+}
