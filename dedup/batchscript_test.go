@@ -7,6 +7,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // On a single server ClaimMany is a SET NX PX GET per entry, then, for the entries
@@ -142,6 +146,9 @@ func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
 			s, tc, prefix := mk(t)
 			s.pipe = newAutoPipe(s, DefaultPipelineBatch, 1) // one round trip at a time: the rest queue
 			ctx := context.Background()
+			if !s.batchScripts(ctx) { // the probe: a server, not a proxy
+				t.Fatal("batch scripts off on a Redis server")
+			}
 			const n = 200
 			key := func(i int) string { return fmt.Sprintf("%s:h:%d", prefix, i) }
 			for round := range 2 {
@@ -219,6 +226,151 @@ func TestWithoutBatchScripts(t *testing.T) {
 			}
 			if tc.Cmds() < 2 { // the complete script per key (and EVAL after NOSCRIPT)
 				t.Fatalf("CompleteMany: %d commands (%s), want one per key", tc.Cmds(), tc)
+			}
+		})
+	}
+}
+
+// proxyHook makes a client look like a sharding proxy: INFO is refused (twemproxy and
+// Envoy do not implement it), or a script naming several keys is answered CROSSSLOT
+// (a proxy in front of a cluster), without running it.
+type proxyHook struct{ noInfo, crossSlot bool }
+
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+func (replyErr) RedisError()     {}
+
+func (proxyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h proxyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.noInfo && cmd.Name() == "info" {
+			cmd.SetErr(replyErr("ERR unsupported command"))
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h proxyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var sent []redis.Cmder
+		for _, c := range cmds {
+			if a := c.Args(); h.crossSlot && (c.Name() == "evalsha" || c.Name() == "eval") && fmt.Sprint(a[2]) != "1" {
+				c.SetErr(replyErr("CROSSSLOT Keys in request don't hash to the same slot"))
+				continue
+			}
+			sent = append(sent, c)
+		}
+		if len(sent) == 0 {
+			return nil
+		}
+		return next(ctx, sent)
+	}
+}
+
+// Behind a sharding proxy the batch calls go per key, with the same answers: one
+// that does not answer INFO is found by the probe; one that refuses a script over
+// several slots (CROSSSLOT) turns the batch scripts off at the first refusal, and
+// the refused calls go again per key.
+func TestBatchScriptsOffBehindAProxy(t *testing.T) {
+	for _, hook := range []proxyHook{{noInfo: true}, {crossSlot: true}} {
+		t.Run(fmt.Sprintf("noInfo=%v", hook.noInfo), func(t *testing.T) {
+			prefix := testenv.Prefix()
+			plain := realRedis(t, prefix)
+			opt := *plain.Options()
+			c := redis.NewClient(&opt)
+			c.AddHook(hook)
+			t.Cleanup(func() { c.Close() })
+			s, err := NewRedisStore(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			entries := make([]Entry, 3)
+			for i := range entries {
+				entries[i] = Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
+			}
+			// records there, so that ClaimMany needs its second round trip
+			for i := range 2 {
+				if _, err := s.Mark(ctx, entries[i].Key, "X", "", time.Hour); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.ClaimMany(ctx, entries)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, want := range []Status{StatusDuplicate, StatusDuplicate, StatusAcquired} {
+				if got[i].Err != nil || got[i].Status != want {
+					t.Fatalf("claim %d: %+v, want %v", i, got[i], want)
+				}
+			}
+			if s.scripts.Load() != scriptsOff {
+				t.Fatal("batch scripts still on behind the proxy")
+			}
+			errs, err := s.CompleteMany(ctx, entries)
+			if err != nil || !errors.Is(errs[0], ErrLeaseLost) || !errors.Is(errs[1], ErrLeaseLost) || errs[2] != nil {
+				t.Fatal(errs, err)
+			}
+			if v := plain.Get(ctx, entries[2].Key).Val(); v != "d:T:" {
+				t.Fatalf("record %q after CompleteMany, want DONE", v)
+			}
+		})
+	}
+}
+
+// A key of another type in a complete_many call fails that completion alone: the
+// others are completed and say so (from a review: GET's error aborted the script
+// half-way, the keys before it DONE but reported failed, those after it left IN
+// PROGRESS).
+func TestCompleteManyKeyOfAnotherTypeFailsAlone(t *testing.T) {
+	for name, mk := range countedRedis(t) {
+		t.Run(name, func(t *testing.T) {
+			s, _, prefix := mk(t)
+			ctx := context.Background()
+			entries := make([]Entry, 4)
+			for i := range entries {
+				entries[i] = Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
+				if i != 2 {
+					if _, err := s.Claim(ctx, entries[i].Key, "T", "", time.Minute); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := s.c.RPush(ctx, entries[2].Key, "x").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if !s.batchScripts(ctx) {
+				t.Fatal("batch scripts off on a Redis server")
+			}
+			errs, err := s.CompleteMany(ctx, entries)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, e := range errs {
+				if (i == 2) != (e != nil) || (i == 2 && !errors.Is(e, ErrStoreUnavailable)) {
+					t.Fatalf("complete %d: %v", i, e)
+				}
+				if i != 2 {
+					if v := s.c.Get(ctx, entries[i].Key).Val(); v != "d:T:" {
+						t.Fatalf("key %d: %q, want DONE", i, v)
+					}
+				}
+			}
+		})
+	}
+}
+
+// The probe reads INFO on direct connections too (their codec reads plain Cmds
+// only): a store on them uses the batch scripts. From a bench run in which it did
+// not, and the Do handler's completions went one script per key.
+func TestBatchScriptsOnDirectConnections(t *testing.T) {
+	_, mc := newMiniredis(t)
+	for name, c := range map[string]*redis.Client{"miniredis": mc, "redis-server": realRedis(t, testenv.Prefix())} {
+		t.Run(name, func(t *testing.T) {
+			s := directStore(t, c)
+			if !s.batchScripts(context.Background()) || s.scripts.Load() != scriptsOn {
+				t.Fatalf("batch scripts off on direct connections to a Redis server (state %d)", s.scripts.Load())
 			}
 		})
 	}

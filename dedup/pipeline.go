@@ -276,7 +276,7 @@ func (p *autoPipe) send(batch []*pcall) {
 		cmds := make([]redis.Cmder, 0, len(batch))
 		var comps []*pcall
 		for _, c := range batch {
-			if c.comp != nil && p.s.batchScripts() {
+			if c.comp != nil && p.s.batchScriptsKnown() {
 				comps = append(comps, c)
 			} else {
 				cmds = append(cmds, c.cmd)

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,9 +42,10 @@ var (
 // holds the caller's own claim); when another record is there, the claim script reads
 // it and its TTL atomically. Complete, Release and Extend are Lua scripts that compare
 // the owner token. Batch calls are one round trip: on a single server (a
-// *redis.Client), ClaimMany and CompleteMany are one script call per batch (of up to
-// maxScriptKeys keys each); on a cluster or ring, one pipeline of a command or script
-// per key. Concurrent single calls are coalesced into pipelines (see
+// *redis.Client that a first INFO shows to be a Redis server, not a sharding proxy),
+// ClaimMany and CompleteMany are one script call per batch (of up to maxScriptKeys
+// keys each, ClaimMany's for the keys that held a record); on a cluster, a ring or a
+// proxy, one pipeline of a command or script per key. Concurrent single calls are coalesced into pipelines (see
 // WithAutoPipeline).
 type RedisStore struct {
 	c      redis.UniversalClient
@@ -53,14 +55,32 @@ type RedisStore struct {
 	// perKeyBatches sends ClaimMany and CompleteMany as a command or script per key,
 	// as on a cluster, also through a *redis.Client (WithoutBatchScripts)
 	perKeyBatches bool
+	// scripts is what the server behind a *redis.Client was found to be: scriptsOn
+	// (batch scripts), scriptsOff (a command or script per key), or not known yet;
+	// probedAt is when a probe that could not tell (a network failure) ran
+	scripts  atomic.Int32
+	probedAt atomic.Int64
+	probing  atomic.Bool // one probe at a time; calls meanwhile go per key
 }
+
+// How a *redis.Client's batch calls go (RedisStore.scripts).
+const (
+	scriptsUnknown int32 = iota
+	scriptsOn
+	scriptsOff
+)
+
+// reprobeAfter is how long a store whose probe failed on the network sends batch
+// calls per key before it probes again.
+const reprobeAfter = time.Minute
 
 // WithoutBatchScripts sends ClaimMany and CompleteMany (and the auto-pipeliner's
 // Completes) as a command or script per key, as on a cluster, also through a
-// *redis.Client: for a proxy in front of several servers that routes each command by
-// its key (twemproxy, Envoy's Redis proxy and the like) and refuses a script whose keys
-// live on different servers. It costs Redis about a quarter more CPU per claim and
-// per completion (see RedisStore.ClaimMany).
+// *redis.Client. The store finds a proxy by itself (see RedisStore.ClaimMany); this
+// option is for one it cannot tell from a server: a proxy in front of several servers
+// that routes each command by its key, answers INFO, and would run a script on the
+// server of its first key whatever its other keys. It costs Redis about a quarter
+// more CPU per claim and per completion.
 func WithoutBatchScripts() RedisOption {
 	return func(s *RedisStore) error {
 		s.perKeyBatches = true
@@ -74,12 +94,81 @@ func WithoutBatchScripts() RedisOption {
 const maxScriptKeys = 128
 
 // batchScripts reports whether ClaimMany and CompleteMany run as one script call per
-// batch: on a single server, whose scripts may name keys of any slot, unless
-// WithoutBatchScripts says otherwise. A cluster needs the keys of a call in one slot,
-// and a batch's keys rarely share one.
-func (s *RedisStore) batchScripts() bool {
-	_, single := s.c.(*redis.Client)
-	return single && !s.perKeyBatches
+// batch: through a *redis.Client to a Redis server, whose scripts may name keys of
+// any slot, unless WithoutBatchScripts says otherwise. A cluster needs the keys of a
+// call in one slot, and a batch's keys rarely share one. A sharding proxy (twemproxy,
+// Envoy) would run a script on the server of its first key, whatever its other keys:
+// so the first batch call probes what answers (probeScripts), and until the answer is
+// known, and where it says proxy or cluster, the calls go per key.
+func (s *RedisStore) batchScripts(ctx context.Context) bool {
+	switch st := s.scripts.Load(); {
+	case st == scriptsOn:
+		return true
+	case st == scriptsOff && time.Now().UnixNano()-s.probedAt.Load() < int64(reprobeAfter):
+		return false
+	case st == scriptsOff && s.probedAt.Load() == 0: // settled
+		return false
+	}
+	if _, single := s.c.(*redis.Client); !single || s.perKeyBatches {
+		s.scripts.Store(scriptsOff)
+		return false
+	}
+	return s.probeScripts(ctx)
+}
+
+// batchScriptsKnown is batchScripts without a probe: for the auto-pipeliner's merge,
+// which follows what the batch calls found.
+func (s *RedisStore) batchScriptsKnown() bool { return s.scripts.Load() == scriptsOn }
+
+// probeScripts asks the server for INFO. A Redis server answers it, and says
+// redis_mode:cluster when it is a cluster node; twemproxy and Envoy's Redis proxy do
+// not implement INFO. An error reply settles it (per key, for good); a network failure
+// leaves the calls per key and the question open for reprobeAfter.
+func (s *RedisStore) probeScripts(ctx context.Context) bool {
+	if !s.probing.CompareAndSwap(false, true) {
+		return false
+	}
+	defer s.probing.Store(false)
+	// a plain Cmd: the direct connections' codec reads it (WithDirectConnections)
+	cmd := redis.NewCmd(ctx, "info", "server")
+	err := s.process(ctx, cmd)
+	if err != nil && strings.Contains(err.Error(), "not supported") {
+		// miniredis answers INFO without a section only
+		cmd = redis.NewCmd(ctx, "info")
+		err = s.process(ctx, cmd)
+	}
+	var info string
+	if err == nil {
+		info, err = cmd.Text()
+	}
+	var re redis.Error
+	switch {
+	case err == nil && !strings.Contains(info, "redis_mode:cluster"):
+		s.scripts.Store(scriptsOn)
+		return true
+	case err == nil || errors.As(err, &re):
+		s.probedAt.Store(0)
+		s.scripts.Store(scriptsOff)
+	default:
+		s.probedAt.Store(max(time.Now().UnixNano(), 1))
+		s.scripts.Store(scriptsOff)
+	}
+	return false
+}
+
+// errCrossSlot is a batch script refused because its keys are not in one slot (a
+// proxy in front of a cluster): nothing ran, and the store goes per key for good.
+var errCrossSlot = errors.New("dedup: batch script refused (CROSSSLOT)")
+
+// crossSlot reports a reply that refuses a script over keys of several slots, and
+// turns the batch scripts off.
+func (s *RedisStore) crossSlot(err error) bool {
+	if err != nil && redis.HasErrorPrefix(err, "CROSSSLOT") {
+		s.probedAt.Store(0)
+		s.scripts.Store(scriptsOff)
+		return true
+	}
+	return false
 }
 
 var _ ReplyStore = (*RedisStore)(nil)
@@ -298,11 +387,13 @@ func (s *RedisStore) complete(ctx context.Context, e Entry) error {
 	if s.wait != nil {
 		return s.completeWaiting(ctx, e)
 	}
-	if s.pipe != nil && s.batchScripts() {
+	if s.pipe != nil && s.batchScripts(ctx) {
 		// queued with others, it may go out merged into one complete_many call
 		cmd := redis.NewCmd(ctx, append([]any{"evalsha", completeScript.Hash(), 1, e.Key}, completeArgs(e)...)...)
 		err := s.pipe.doComplete(ctx, cmd, &e)
-		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err != nil && (redis.HasErrorPrefix(err, "NOSCRIPT") || s.crossSlot(err)) {
+			// the server lost its scripts, or the merged call was refused: nothing
+			// ran; the complete script, on its own
 			cmd, err = s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
 		}
 		return ownedReply("complete", cmd, err)
@@ -418,7 +509,7 @@ func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, 
 	if len(entries) == 0 {
 		return nil, nil
 	}
-	if s.batchScripts() {
+	if s.batchScripts(ctx) {
 		return s.claimManySingle(ctx, entries)
 	}
 	if repeatsAKey(entries) {
@@ -515,6 +606,9 @@ func (s *RedisStore) claimManySingle(ctx context.Context, entries []Entry) ([]An
 		again[j] = entries[i]
 	}
 	answers, err := s.claimManyScript(ctx, again)
+	if errors.Is(err, errCrossSlot) { // nothing ran: the claim script per entry
+		answers, err = s.claimManyScripts(ctx, again)
+	}
 	for j, i := range found {
 		if err != nil {
 			out[i].Err = err
@@ -531,6 +625,9 @@ func (s *RedisStore) claimManyScript(ctx context.Context, entries []Entry) ([]An
 	vals, err := s.runBatchScript(ctx, claimManyScript, claimManyLua, entries, 2, func(args *batchArgs, e Entry) {
 		args.args = append(args.args, encodeRecord(stateInProgress, e.Token, e.Fingerprint), args.ms(e.TTL))
 	})
+	if errors.Is(err, errCrossSlot) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, storeErr("claim", err)
 	}
@@ -546,9 +643,12 @@ func (s *RedisStore) claimManyScript(ctx context.Context, entries []Entry) ([]An
 			out[i].Err = storeErr("claim", v)
 			continue
 		case []any:
+			if len(v) != 2 {
+				break
+			}
 			pttl, ok1 := v[0].(int64)
 			old, ok2 := v[1].(string)
-			if len(v) == 2 && ok1 && ok2 {
+			if ok1 && ok2 {
 				a, mine := foundAnswer(entries[i], old, pttl, true)
 				if !mine { // the script renews our own claim: never found here
 					out[i] = a
@@ -566,6 +666,9 @@ func (s *RedisStore) claimManyScript(ctx context.Context, entries []Entry) ([]An
 // maxScriptKeys entries, all in one round trip.
 func (s *RedisStore) completeManyScript(ctx context.Context, entries []Entry) ([]error, error) {
 	vals, err := s.runBatchScript(ctx, completeManyScript, completeManyLua, entries, 4, completeManyArgs)
+	if errors.Is(err, errCrossSlot) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, storeErr("complete", err)
 	}
@@ -675,15 +778,20 @@ func (s *RedisStore) runBatchScript(ctx context.Context, sc *redis.Script, src s
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, err
 	}
-	if err := s.evalAgain(ctx, cmds, src); err != nil {
-		return nil, err
+	for _, cmd := range cmds {
+		if s.crossSlot(cmd.Err()) {
+			return nil, errCrossSlot
+		}
 	}
+	// A failure of the round trip that sends the NOSCRIPT calls again is on each of
+	// them; the others keep their answers (a claim that landed is reported so).
+	_ = s.evalAgain(ctx, cmds, src)
 	return spreadBatchReplies(cmds, len(entries)), nil
 }
 
 // evalAgain sends the calls of cmds answered NOSCRIPT (the server lost its script
 // cache) again, as EVAL of src, in one round trip, and puts them in their places.
-// Its error is that round trip's.
+// Its error is that round trip's, which each of them holds too.
 func (s *RedisStore) evalAgain(ctx context.Context, cmds []*redis.Cmd, src string) error {
 	var again []redis.Cmder
 	for c, cmd := range cmds {
@@ -796,8 +904,11 @@ func (s *RedisStore) CompleteMany(ctx context.Context, entries []Entry) ([]error
 	if len(entries) == 0 {
 		return nil, nil
 	}
-	if s.batchScripts() {
-		return s.completeManyScript(ctx, entries)
+	if s.batchScripts(ctx) {
+		out, err := s.completeManyScript(ctx, entries)
+		if !errors.Is(err, errCrossSlot) {
+			return out, err
+		}
 	}
 	cmds, err := s.runScripts(ctx, completeScript, completeLua, entries, completeArgs)
 	if err != nil {

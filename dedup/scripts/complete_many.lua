@@ -14,10 +14,12 @@ for i = 1, #KEYS do
   else
     a = a + 3
   end
-  local v = redis.call('GET', KEYS[i])
+  local v = redis.pcall('GET', KEYS[i])
   local n = #token
-  local state = v and string.byte(v, 1)
-  if not v or string.byte(v, 2) ~= 58 or string.byte(v, 3 + n) ~= 58 or string.sub(v, 3, 2 + n) ~= token
+  local state = v and type(v) == 'string' and string.byte(v, 1)
+  if type(v) == 'table' and v.err then
+    out[i] = v -- not a string (WRONGTYPE), or refused: this key alone
+  elseif not v or string.byte(v, 2) ~= 58 or string.byte(v, 3 + n) ~= 58 or string.sub(v, 3, 2 + n) ~= token
       or (state ~= 112 and state ~= 100 and state ~= 114) then -- ':', then 'p', 'd', 'r'
     out[i] = 0
   elseif state ~= 112 then
