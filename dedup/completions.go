@@ -42,15 +42,13 @@ type completions struct {
 	flushers int
 }
 
-// pendingCompletion is the completion of the claim token holds on rk (with its
-// reply, when it stores one); to gets the store's answer.
+// pendingCompletion is the completion of a claim: its entry (key, token, and reply
+// when it stores one; the flush sets the retention); to gets the store's answer.
 type pendingCompletion struct {
-	ctx       context.Context // for its values (tracing): not its cancellation
-	rk, token string
-	reply     string
-	hasReply  bool
-	lazy      bool // may wait lazyDelay for company
-	to        completionAnswer
+	ctx  context.Context // for its values (tracing): not its cancellation
+	e    Entry
+	lazy bool // may wait lazyDelay for company
+	to   completionAnswer
 }
 
 // completionAnswer takes the store's answer to a pending completion: a batch item
@@ -60,9 +58,9 @@ type completionAnswer interface{ completionAnswered(cerr error) }
 
 // pendingFor is the completion of c's claim, answered to to.
 func pendingFor(ctx context.Context, c *claimed, lazy bool, to completionAnswer) pendingCompletion {
-	p := pendingCompletion{ctx: ctx, rk: c.rk, token: c.token, lazy: lazy, to: to}
+	p := pendingCompletion{ctx: ctx, e: Entry{Key: c.rk, Token: c.token}, lazy: lazy, to: to}
 	if c.storesReply() { // a reply batch's item carries its reply here, to its DONE record
-		p.reply, p.hasReply = c.reply, true
+		p.e.Reply, p.e.HasReply = c.reply, true
 	}
 	return p
 }
@@ -135,7 +133,9 @@ func (q *completions) flush() {
 
 		entries = entries[:0]
 		for _, p := range batch {
-			entries = append(entries, Entry{Key: p.rk, Token: p.token, TTL: h.cfg.retention, Reply: p.reply, HasReply: p.hasReply})
+			e := p.e
+			e.TTL = h.cfg.retention
+			entries = append(entries, e)
 		}
 		// the first one's context, for its values: the others' are alike
 		ctx, done := context.WithTimeout(context.WithoutCancel(batch[0].ctx), h.cfg.lease)

@@ -275,8 +275,9 @@ func (p *autoPipe) send(batch []*pcall) {
 		}
 		cmds := make([]redis.Cmder, 0, len(batch))
 		var comps []*pcall
+		merge := p.s.batchScriptsKnown() // not if a refusal turned the scripts off meanwhile
 		for _, c := range batch {
-			if c.comp != nil && p.s.batchScriptsKnown() {
+			if c.comp != nil && merge {
 				comps = append(comps, c)
 			} else {
 				cmds = append(cmds, c.cmd)
@@ -300,7 +301,7 @@ func (p *autoPipe) send(batch []*pcall) {
 		if len(comps) > 0 {
 			// a server that lost its script cache gets complete_many's source (a
 			// failure of that round trip is on each call it sent again)
-			_ = p.s.evalAgain(ctx, merged, completeManyLua)
+			_ = evalAgain(ctx, p.s.exec, merged, completeManyLua)
 			spreadCompletes(merged, comps)
 		}
 	}

@@ -52,12 +52,10 @@ type RedisStore struct {
 	pipe   *autoPipe    // nil: every single call is sent on its own
 	wait   *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
 	direct *directConns // WithDirectConnections (direct.go); nil: commands go through c
-	// perKeyBatches sends ClaimMany and CompleteMany as a command or script per key,
-	// as on a cluster, also through a *redis.Client (WithoutBatchScripts)
-	perKeyBatches bool
-	// scripts is what the server behind a *redis.Client was found to be: scriptsOn
-	// (batch scripts), scriptsOff (a command or script per key), or not known yet;
-	// probedAt is when a probe that could not tell (a network failure) ran
+	// scripts is how the batch calls go: scriptsOn (batch scripts), scriptsOff (a
+	// command or script per key: a cluster or ring, WithoutBatchScripts, or what the
+	// probe found behind a *redis.Client), or not known yet; probedAt is when a probe
+	// that could not tell (a network failure) ran, 0 when the answer is settled
 	scripts  atomic.Int32
 	probedAt atomic.Int64
 	probing  atomic.Bool // one probe at a time; calls meanwhile go per key
@@ -83,7 +81,7 @@ const reprobeAfter = time.Minute
 // more CPU per claim and per completion.
 func WithoutBatchScripts() RedisOption {
 	return func(s *RedisStore) error {
-		s.perKeyBatches = true
+		s.scripts.Store(scriptsOff)
 		return nil
 	}
 }
@@ -101,17 +99,13 @@ const maxScriptKeys = 128
 // so the first batch call probes what answers (probeScripts), and until the answer is
 // known, and where it says proxy or cluster, the calls go per key.
 func (s *RedisStore) batchScripts(ctx context.Context) bool {
-	switch st := s.scripts.Load(); {
-	case st == scriptsOn:
+	switch s.scripts.Load() {
+	case scriptsOn:
 		return true
-	case st == scriptsOff && time.Now().UnixNano()-s.probedAt.Load() < int64(reprobeAfter):
-		return false
-	case st == scriptsOff && s.probedAt.Load() == 0: // settled
-		return false
-	}
-	if _, single := s.c.(*redis.Client); !single || s.perKeyBatches {
-		s.scripts.Store(scriptsOff)
-		return false
+	case scriptsOff:
+		if at := s.probedAt.Load(); at == 0 || time.Now().UnixNano()-at < int64(reprobeAfter) {
+			return false // settled, or probed on a failing network not long ago
+		}
 	}
 	return s.probeScripts(ctx)
 }
@@ -190,6 +184,9 @@ func NewRedisStore(c redis.UniversalClient, opts ...RedisOption) (*RedisStore, e
 			return nil, err
 		}
 	}
+	if _, single := c.(*redis.Client); !single { // a cluster or ring: per key, for good
+		s.scripts.Store(scriptsOff)
+	}
 	cleanUpDirect(s)
 	return s, nil
 }
@@ -249,13 +246,19 @@ func (s *RedisStore) exec(ctx context.Context, cmds ...redis.Cmder) error {
 // eval runs a script by its SHA, and by its source should the server not have it
 // (after a restart or SCRIPT FLUSH). An error reply from the script is returned as err.
 func (s *RedisStore) eval(ctx context.Context, sc *redis.Script, src, key string, args ...any) (*redis.Cmd, error) {
-	cmd := redis.NewCmd(ctx, append([]any{"evalsha", sc.Hash(), 1, key}, args...)...)
+	cmd := scriptCmd(ctx, "evalsha", sc.Hash(), key, args...)
 	err := s.send(ctx, cmd)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd = redis.NewCmd(ctx, append([]any{"eval", src, 1, key}, args...)...)
+		cmd = scriptCmd(ctx, "eval", src, key, args...)
 		err = s.send(ctx, cmd)
 	}
 	return cmd, err
+}
+
+// scriptCmd is a one-key script call: op is evalsha (body the script's SHA) or eval
+// (body its source).
+func scriptCmd(ctx context.Context, op, body, key string, args ...any) *redis.Cmd {
+	return redis.NewCmd(ctx, append([]any{op, body, 1, key}, args...)...)
 }
 
 // Claim implements Store. The common case, a free key, costs one SET NX PX GET. When
@@ -326,11 +329,8 @@ func (b *batchArgs) ms(ttl time.Duration) any {
 
 // setNXGet is the package's setNXGet for e, its key boxed by the caller.
 func (b *batchArgs) setNXGet(state byte, key any, e Entry) []any {
-	if b.boxed == nil || e.TTL != b.ttl {
-		b.ttl, b.boxed = e.TTL, ms(e.TTL)
-	}
 	i := len(b.args)
-	b.args = appendSetNXGet(b.args, key, encodeRecord(state, e.Token, e.Fingerprint), b.boxed)
+	b.args = appendSetNXGet(b.args, key, encodeRecord(state, e.Token, e.Fingerprint), b.ms(e.TTL))
 	return b.since(i)
 }
 
@@ -389,7 +389,7 @@ func (s *RedisStore) complete(ctx context.Context, e Entry) error {
 	}
 	if s.pipe != nil && s.batchScripts(ctx) {
 		// queued with others, it may go out merged into one complete_many call
-		cmd := redis.NewCmd(ctx, append([]any{"evalsha", completeScript.Hash(), 1, e.Key}, completeArgs(e)...)...)
+		cmd := scriptCmd(ctx, "evalsha", completeScript.Hash(), e.Key, completeArgs(e)...)
 		err := s.pipe.doComplete(ctx, cmd, &e)
 		if err != nil && (redis.HasErrorPrefix(err, "NOSCRIPT") || s.crossSlot(err)) {
 			// the server lost its scripts, or the merged call was refused: nothing
@@ -601,10 +601,7 @@ func (s *RedisStore) claimManySingle(ctx context.Context, entries []Entry) ([]An
 	if len(found) == 0 {
 		return out, nil
 	}
-	again := make([]Entry, len(found))
-	for j, i := range found {
-		again[j] = entries[i]
-	}
+	again := entriesAt(entries, found)
 	answers, err := s.claimManyScript(ctx, again)
 	if errors.Is(err, errCrossSlot) { // nothing ran: the claim script per entry
 		answers, err = s.claimManyScripts(ctx, again)
@@ -785,14 +782,14 @@ func (s *RedisStore) runBatchScript(ctx context.Context, sc *redis.Script, src s
 	}
 	// A failure of the round trip that sends the NOSCRIPT calls again is on each of
 	// them; the others keep their answers (a claim that landed is reported so).
-	_ = s.evalAgain(ctx, cmds, src)
+	_ = evalAgain(ctx, s.exec, cmds, src)
 	return spreadBatchReplies(cmds, len(entries)), nil
 }
 
 // evalAgain sends the calls of cmds answered NOSCRIPT (the server lost its script
-// cache) again, as EVAL of src, in one round trip, and puts them in their places.
-// Its error is that round trip's, which each of them holds too.
-func (s *RedisStore) evalAgain(ctx context.Context, cmds []*redis.Cmd, src string) error {
+// cache) again, as EVAL of src, in one round trip by send, and puts them in their
+// places. Its error is that round trip's, which each of them holds too.
+func evalAgain(ctx context.Context, send func(context.Context, ...redis.Cmder) error, cmds []*redis.Cmd, src string) error {
 	var again []redis.Cmder
 	for c, cmd := range cmds {
 		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -805,7 +802,7 @@ func (s *RedisStore) evalAgain(ctx context.Context, cmds []*redis.Cmd, src strin
 	if len(again) == 0 {
 		return nil
 	}
-	if err := s.exec(ctx, again...); failedRoundTrip(err) {
+	if err := send(ctx, again...); failedRoundTrip(err) {
 		return err
 	}
 	return nil
@@ -815,14 +812,7 @@ func (s *RedisStore) evalAgain(ctx context.Context, cmds []*redis.Cmd, src strin
 // its lease is renewed (the extend script), or, where it ran out meanwhile, the key
 // is claimed again (the claim script), in one round trip each.
 func (s *RedisStore) renewOwnClaims(ctx context.Context, entries []Entry, own []int, out []Answer) {
-	subset := func(idx []int) []Entry {
-		es := make([]Entry, len(idx))
-		for j, i := range idx {
-			es[j] = entries[i]
-		}
-		return es
-	}
-	cmds, err := s.runScripts(ctx, extendScript, extendLua, subset(own), func(e Entry) []any {
+	cmds, err := s.runScripts(ctx, extendScript, extendLua, entriesAt(entries, own), func(e Entry) []any {
 		return []any{e.Token, ms(e.TTL)}
 	})
 	var lapsed []int
@@ -843,7 +833,7 @@ func (s *RedisStore) renewOwnClaims(ctx context.Context, entries []Entry, own []
 	if len(lapsed) == 0 {
 		return
 	}
-	again, err := s.claimManyScripts(ctx, subset(lapsed))
+	again, err := s.claimManyScripts(ctx, entriesAt(entries, lapsed))
 	for j, i := range lapsed {
 		if err != nil {
 			out[i].Err = err
@@ -851,6 +841,15 @@ func (s *RedisStore) renewOwnClaims(ctx context.Context, entries []Entry, own []
 			out[i] = again[j]
 		}
 	}
+}
+
+// entriesAt returns the entries at the indexes idx, in that order.
+func entriesAt(entries []Entry, idx []int) []Entry {
+	es := make([]Entry, len(idx))
+	for j, i := range idx {
+		es[j] = entries[i]
+	}
+	return es
 }
 
 // repeatsAKey reports whether two entries have the same key.
@@ -1000,30 +999,18 @@ func (s *RedisStore) runScriptsVia(ctx context.Context, send func(context.Contex
 	if len(entries) == 0 {
 		return nil, nil
 	}
-	script := func(op, body string, e Entry) *redis.Cmd {
-		return redis.NewCmd(ctx, append([]any{op, body, 1, e.Key}, args(e)...)...)
-	}
 	cmds := make([]*redis.Cmd, len(entries))
 	sent := make([]redis.Cmder, len(entries))
 	for i, e := range entries {
-		cmds[i] = script("evalsha", sc.Hash(), e)
+		cmds[i] = scriptCmd(ctx, "evalsha", sc.Hash(), e.Key, args(e)...)
 		sent[i] = cmds[i]
 	}
 	if err := send(ctx, sent...); failedRoundTrip(err) {
 		return nil, storeErr("pipeline", err)
 	}
-	var again []redis.Cmder
-	for i, c := range cmds {
-		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			cmds[i] = script("eval", src, entries[i])
-			again = append(again, cmds[i])
-		}
-	}
-	if len(again) > 0 {
-		// A failure here is already on each re-sent command; the others have their
-		// answers and keep them (a claim that was acquired is reported as acquired).
-		_ = send(ctx, again...)
-	}
+	// A failure here is already on each re-sent command; the others have their
+	// answers and keep them (a claim that was acquired is reported as acquired).
+	_ = evalAgain(ctx, send, cmds, src)
 	return cmds, nil
 }
 
