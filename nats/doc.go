@@ -19,9 +19,10 @@
 // While a handler runs, the adapter tells the server the message is in progress every
 // AckWait/3, so a handler may run longer than AckWait without being redelivered.
 //
-// The default key is the Nats-Msg-Id header, else the stream name and stream sequence
-// (stable across redeliveries, not across republishes). A dedup handler registered
-// WithKeyStrategy keeps its own strategy.
+// The default key (DefaultKeyStrategy), the same for every adapter and the engine, is
+// the Idempotency-Key header, else Nats-Msg-Id, else, for a JetStream delivery, the
+// stream name and stream sequence (stable across redeliveries, not across
+// republishes). A dedup handler registered WithKeyStrategy keeps its own strategy.
 //
 // Requests are answered by a Replier (core NATS Handler, or a nats.go/micro endpoint's
 // MicroHandler) over a handler that stores replies (dedup.WithReplies): the first

@@ -11,40 +11,65 @@ import (
 	"github.com/dedupkit/dedupkit/keys"
 )
 
-// The default key is Nats-Msg-Id, else the stream name and stream sequence: a message
-// republished without an id is a new message. dedup's own default (Idempotency-Key
-// first) is not the adapter's.
-func TestDefaultKey(t *testing.T) {
+// The default key is one order for the engine and every adapter: Idempotency-Key,
+// else Nats-Msg-Id, else the stream name and stream sequence (a message republished
+// without either header is a new message). A message carrying only Idempotency-Key
+// is deduplicated by it.
+func TestDefaultKeyIsIdempotencyKeyThenMsgIDThenSequence(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
 		s := e.newStream()
 		c := e.consumer("orders")
 		store := memStore(t)
 		h := register(t, newDeduper(t, store), "orders")
-		j := newJS(t, h, c)
+		j := newJS(t, h, c, WithConcurrency(1)) // in order: the first copy is the one that runs
 		var r runs
 		consume(t, c, j.Handler(context.Background(), func(_ context.Context, m *Msg) error { r.add(m); return nil }))
 
 		e.publish("new", "order-1", "with id")
 		e.publish("new", "", "no id")
 		e.publish("new", "", "no id") // the same payload again: another message
-		last := e.publish("new", "", "idempotency key only", "Idempotency-Key", "idem-1")
+		e.publish("new", "", "idempotency key only", "Idempotency-Key", "idem-1")
+		e.publish("new", "", "idempotency key only", "Idempotency-Key", "idem-1") // a publisher's retry
+		last := e.publish("new", "msg-2", "both", "Idempotency-Key", "idem-2")
 		e.settled(c, last.Sequence)
 
 		name := s.CachedInfo().Config.Name
-		for _, k := range []string{"order-1", "js:" + name + ":2", "js:" + name + ":3", "js:" + name + ":4"} {
+		for _, k := range []string{"order-1", "js:" + name + ":2", "js:" + name + ":3", "idem-1", "idem-2"} {
 			if !isDone(t, store, h, k) {
 				t.Errorf("no DONE record under key %q", k)
 			}
 		}
-		for _, k := range []string{"js:" + name + ":1", "idem-1"} {
+		for _, k := range []string{"js:" + name + ":1", "js:" + name + ":4", "js:" + name + ":5", "msg-2"} {
 			if isDone(t, store, h, k) {
 				t.Errorf("a DONE record under key %q", k)
 			}
 		}
-		if r.n.Load() != 4 || r.of("no id") != 2 {
-			t.Fatalf("%d runs (%d of the id-less payload); want 4 (2)", r.n.Load(), r.of("no id"))
+		if r.n.Load() != 5 || r.of("no id") != 2 || r.of("idempotency key only") != 1 {
+			t.Fatalf("runs %v; want 5 in all, the id-less payload twice, the Idempotency-Key one once", r.all())
+		}
+		if got := j.Stats().Count(ActAck); got != 6 {
+			t.Fatalf("%d acks, want 6 (the copy is a duplicate, acked)", got)
 		}
 	})
+}
+
+// The engine's default (Handle) and every adapter's read the same headers in the
+// same order.
+func TestOneDefaultKeyOrder(t *testing.T) {
+	both := keys.Raw{Headers: map[string]string{"Idempotency-Key": "idem", "Nats-Msg-Id": "mid"}}
+	msgID := keys.Raw{Headers: map[string]string{"Nats-Msg-Id": "mid"}}
+	for name, m := range map[string]keys.Raw{"both": both, "msg id only": msgID} {
+		if a, b := dedup.DefaultKeyStrategy.Key(m), DefaultKeyStrategy.Key(m); a != b || a == "" {
+			t.Errorf("%s: engine %q, adapters %q", name, a, b)
+		}
+	}
+	if got := DefaultKeyStrategy.Key(both); got != "idem" {
+		t.Errorf("Idempotency-Key and Nats-Msg-Id: key %q, want the Idempotency-Key", got)
+	}
+	core := viewCore(&natsgo.Msg{Subject: "s", Header: natsgo.Header{"Idempotency-Key": {"idem"}}})
+	if got := DefaultKeyStrategy.Key(core); got != "idem" {
+		t.Errorf("core message: key %q", got)
+	}
 }
 
 // A strategy given to the dedup handler is used; one given to the adapter wins over it.

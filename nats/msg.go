@@ -8,6 +8,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupkit/dedupkit/dedup"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -117,5 +118,8 @@ func (streamSeq) Key(msg keys.Message) string {
 	return "js:" + md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10)
 }
 
-// DefaultKeyStrategy is the Nats-Msg-Id header, else StreamSequence.
-var DefaultKeyStrategy = keys.FirstOf(keys.Header("Nats-Msg-Id"), StreamSequence())
+// DefaultKeyStrategy is the key order of every adapter (JetStream, Core, Replier):
+// dedup.DefaultKeyStrategy (the Idempotency-Key header, else Nats-Msg-Id), else, for
+// a JetStream delivery, StreamSequence. JetStream's own duplicate window drops a
+// republished message with a Nats-Msg-Id it has seen before it reaches a consumer.
+var DefaultKeyStrategy = keys.FirstOf(dedup.DefaultKeyStrategy, StreamSequence())

@@ -53,7 +53,6 @@ type Option func(*config) error
 
 type config struct {
 	strategy      keys.Strategy
-	strategySet   bool // WithKeyStrategy was given (the Replier's default differs)
 	backoff       func(numDelivered uint64) time.Duration
 	exhausted     func(ctx context.Context, m *Msg, err error)
 	doubleAck     bool
@@ -179,7 +178,7 @@ func WithKeyStrategy(s keys.Strategy) Option {
 				return invalid("key strategy: %w", err)
 			}
 		}
-		c.strategy, c.strategySet = s, true
+		c.strategy = s
 		return nil
 	}
 }

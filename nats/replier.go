@@ -128,7 +128,7 @@ func (s ReplyStats) Count(k ReplyKind) uint64 {
 // same answer: the natural way to write an idempotent NATS service. Handler serves a
 // core NATS subscription; MicroHandler a nats.go/micro endpoint. A request's key is
 // read by the Replier's WithKeyStrategy, else by the handler's (dedup.WithKeyStrategy),
-// else by dedup.DefaultKeyStrategy (the Idempotency-Key header, else Nats-Msg-Id).
+// else by DefaultKeyStrategy (the Idempotency-Key header, else Nats-Msg-Id).
 //
 // What a request is answered with:
 //
@@ -166,13 +166,6 @@ func NewReplier(h *dedup.Handler, opts ...Option) (*Replier, error) {
 	}
 	if h.ReplyLimit() == 0 {
 		return nil, invalid("handler %q does not store replies: register it WithReplies", h.Name())
-	}
-	if !cfg.strategySet {
-		if s, explicit := h.KeyStrategy(); explicit {
-			cfg.strategy = s
-		} else {
-			cfg.strategy = dedup.DefaultKeyStrategy
-		}
 	}
 	return &Replier{a: adapter{h: h, cfg: cfg}}, nil
 }
