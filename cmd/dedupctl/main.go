@@ -11,6 +11,9 @@
 //	dedupctl count  -redis ADDR [-handler NAME]
 //	dedupctl health -redis ADDR
 //
+// Flags may come before or after the keys; a key that begins with "-" goes after
+// "--" (dedupctl lookup -handler orders -- -odd-key).
+//
 // Every command takes -redis ADDR or -redis-cluster ADDR,ADDR,..., -prefix (the
 // Deduper's WithPrefix, default "dedup"), -json (one JSON document on stdout) and
 // -timeout. KEY is the message key as the application passes it (Do's key, the
@@ -58,6 +61,8 @@ Usage:
   dedupctl forget -redis ADDR -handler NAME [-former NAMES] [-force] KEY...
   dedupctl count  -redis ADDR [-handler NAME]
   dedupctl health -redis ADDR
+
+Flags may come before or after the keys; a key that begins with "-" goes after "--".
 
 Every command takes -redis ADDR or -redis-cluster ADDR,ADDR,..., -prefix P (default
 dedup), -json and -timeout D. "dedupctl COMMAND -h" lists a command's flags.
@@ -135,13 +140,14 @@ func (c *command) parse(args []string) (code int, ok bool) {
 	if c.name == "forget" {
 		fs.BoolVar(&c.force, "force", false, "forget a record IN PROGRESS too (dangerous: its owner is running it and will find its lease lost)")
 	}
-	if err := fs.Parse(args); err != nil {
+	flags, positional := splitArgs(fs, args)
+	if err := fs.Parse(flags); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK, false
 		}
 		return exitUsage, false
 	}
-	c.keys = fs.Args()
+	c.keys = append(fs.Args(), positional...)
 	switch {
 	case c.redis == "" && c.cluster == "":
 		return c.usageErr("-redis or -redis-cluster is required")
@@ -162,6 +168,38 @@ func (c *command) parse(args []string) (code int, ok bool) {
 		}
 	}
 	return 0, true
+}
+
+// splitArgs separates the flags from the positional arguments, so that flags may
+// come after them too (the flag package stops at the first positional argument). It
+// reads args by the flag package's rules: "-name=value", "-name" for a bool flag,
+// "-name value" for any other (an unknown flag is left for fs.Parse to refuse), and
+// everything after "--" is positional.
+func splitArgs(fs *flag.FlagSet, args []string) (flags, positional []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			return flags, append(positional, args[i+1:]...)
+		case len(a) < 2 || a[0] != '-':
+			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimPrefix(a[1:], "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !(ok && b.IsBoolFlag()) && i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	return flags, positional
 }
 
 func (c *command) usageErr(msg string) (int, bool) {

@@ -314,3 +314,27 @@ func TestCluster(t *testing.T) {
 	})
 	dedupctl(t, args("health")...).want(t, exitOK, "status: ok", "")
 }
+
+// Flags may follow the keys, or stand between them; after "--" everything is a key,
+// and an unknown flag after a key is refused, named.
+func TestFlagsAfterArguments(t *testing.T) {
+	t.Parallel()
+	a := newApp(t)
+	do(t, a.handler(t, "orders"), "order-1", dedup.Processed)
+	dedupctl(t, "lookup", "order-1", "-redis", a.addr, "-prefix", a.prefix, "-handler", "orders", "-json").
+		want(t, exitOK, `"state": "done"`, "")
+	r := dedupctl(t, "lookup", "-redis", a.addr, "order-1", "-handler=orders", "order-2", "-prefix", a.prefix)
+	r.want(t, exitNotFound, "order-1: DONE under orders", "")
+	r.want(t, exitNotFound, "order-2: no record under orders", "")
+	dedupctl(t, "forget", "order-2", "-redis", a.addr, "-prefix", a.prefix, "-handler", "orders", "-json").
+		want(t, exitNotFound, `"deleted": false`, "")
+	dedupctl(t, "count", "-redis", a.addr, "-prefix", a.prefix, "-json").want(t, exitOK, `"total": 1`, "")
+	dedupctl(t, "lookup", "-redis", a.addr, "-prefix", a.prefix, "-handler", "orders", "--", "-json", "order-1").
+		want(t, exitNotFound, "-json: no record under orders", "")
+	dedupctl(t, "lookup", "order-1", "-redis", a.addr, "-handler", "orders", "-nope").
+		want(t, exitUsage, "", "flag provided but not defined: -nope")
+	dedupctl(t, "lookup", "order-1", "-redis", a.addr, "-handler").
+		want(t, exitUsage, "", "flag needs an argument: -handler")
+	dedupctl(t, "forget", "order-1", "-force=false", "-redis", a.addr, "-prefix", a.prefix, "-handler", "orders").
+		want(t, exitOK, "forgotten", "")
+}
