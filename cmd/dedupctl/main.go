@@ -20,8 +20,13 @@
 // Nats-Msg-Id header, ...). -former lists the handler's former names
 // (dedup.WithFormerNames), comma-separated: pass the same ones as the application.
 //
-// Exit codes: 0 done; 1 operational error (Redis unreachable or failing, health
-// fail); 2 usage error (bad flags, a bad or unknown handler name, a missing key); 3
+// -timeout (default 10s) bounds the whole command: connecting, every call, every
+// retry. It is the command's context deadline, which the client honors
+// (ContextTimeoutEnabled), and go-redis's dial, read, write and pool timeouts. A
+// server that does not answer in time is an operational error (exit 1).
+//
+// Exit codes: 0 done; 1 operational error (Redis unreachable, failing or not
+// answering within -timeout, health fail); 2 usage error (bad flags, a bad or unknown handler name, a missing key); 3
 // not found (lookup or forget of a key without a record); 4 refused (forget of a
 // record IN PROGRESS without -force). With several keys the code is the worst
 // outcome: 1, then 4, then 3.
@@ -65,9 +70,11 @@ Usage:
 Flags may come before or after the keys; a key that begins with "-" goes after "--".
 
 Every command takes -redis ADDR or -redis-cluster ADDR,ADDR,..., -prefix P (default
-dedup), -json and -timeout D. "dedupctl COMMAND -h" lists a command's flags.
+dedup), -json and -timeout D (default 10s: it bounds the whole command). "dedupctl
+COMMAND -h" lists a command's flags.
 
-Exit codes: 0 done, 1 operational error, 2 usage error (bad flags, a bad or unknown
+Exit codes: 0 done, 1 operational error (Redis unreachable, failing or not answering
+within -timeout; health fail), 2 usage error (bad flags, a bad or unknown
 handler, a missing key), 3 not found, 4 refused (forget of a record IN PROGRESS
 without -force).
 `
@@ -129,7 +136,7 @@ func (c *command) parse(args []string) (code int, ok bool) {
 	fs.StringVar(&c.cluster, "redis-cluster", "", "Redis Cluster nodes, `host:port,host:port,...`")
 	fs.StringVar(&c.prefix, "prefix", dedup.DefaultPrefix, "the Deduper's key `prefix` (dedup.WithPrefix)")
 	fs.BoolVar(&c.json, "json", false, "print one JSON document on stdout")
-	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "give up after this long")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "give up after this long: it bounds the whole command (connecting, every call, every retry)")
 	keyed := c.name == "lookup" || c.name == "forget"
 	if keyed || c.name == "count" {
 		fs.StringVar(&c.handler, "handler", "", "the handler's `name`")
@@ -211,23 +218,40 @@ func (c *command) errorf(format string, args ...any) {
 	fmt.Fprintf(c.stderr, "dedupctl %s: "+format+"\n", append([]any{c.name}, args...)...)
 }
 
+// failed reports an operational error (exit 1), saying so when -timeout ran out.
+func (c *command) failed(ctx context.Context, err error, format string, args ...any) int {
+	msg := fmt.Sprintf(format, args...)
+	if ctx.Err() != nil {
+		c.errorf("%sno answer within -timeout %v (%v)", msg, c.timeout, err)
+	} else {
+		c.errorf("%s%v", msg, err)
+	}
+	return exitFailed
+}
+
 // deduper connects to Redis and returns a Deduper over it, with the command's
 // handler registered (without a local tier: dedupctl keeps no cache, and so does not
 // subscribe to forget notices either). code is not 0 on failure.
 func (c *command) deduper(ctx context.Context) (d *dedup.Deduper, h *dedup.Handler, done func(), code int) {
 	var rdb redis.UniversalClient
 	addr := c.redis
+	// Every timeout is -timeout, and the client honors the command's deadline
+	// (ContextTimeoutEnabled: else go-redis reads with ReadTimeout, whatever the
+	// deadline).
+	t := c.timeout
 	if c.cluster != "" {
 		addr = c.cluster
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(c.cluster, ","),
-			DialTimeout: 2 * time.Second, DialerRetries: 1, MaxRetries: 1, MaxRedirects: 3})
+			DialTimeout: t, ReadTimeout: t, WriteTimeout: t, PoolTimeout: t, ContextTimeoutEnabled: true,
+			DialerRetries: 1, MaxRetries: 1, MaxRedirects: 3})
 	} else {
-		rdb = redis.NewClient(&redis.Options{Addr: c.redis, DialTimeout: 2 * time.Second, DialerRetries: 1, MaxRetries: 1})
+		rdb = redis.NewClient(&redis.Options{Addr: c.redis,
+			DialTimeout: t, ReadTimeout: t, WriteTimeout: t, PoolTimeout: t, ContextTimeoutEnabled: true,
+			DialerRetries: 1, MaxRetries: 1})
 	}
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		rdb.Close()
-		c.errorf("cannot reach Redis at %s: %v", addr, err)
-		return nil, nil, nil, exitFailed
+		return nil, nil, nil, c.failed(ctx, err, "cannot reach Redis at %s: ", addr)
 	}
 	store, err := dedup.NewRedisStore(rdb)
 	if err == nil {
@@ -356,8 +380,7 @@ func lookup(ctx context.Context, c *command) int {
 	defer done()
 	infos, err := h.LookupMany(ctx, c.keys)
 	if err != nil {
-		c.errorf("%v", err)
-		return exitFailed
+		return c.failed(ctx, err, "")
 	}
 	out := make([]record, len(infos))
 	code, absent := exitOK, 0
@@ -451,8 +474,7 @@ func count(ctx context.Context, c *command) int {
 	defer done()
 	counts, err := d.CountRecords(ctx, c.handler)
 	if err != nil {
-		c.errorf("%v", err)
-		return exitFailed
+		return c.failed(ctx, err, "")
 	}
 	if h != nil && counts[c.handler] == 0 {
 		if n, err := h.Subscribers(ctx); err == nil && n == 0 {

@@ -315,6 +315,46 @@ func TestCluster(t *testing.T) {
 	dedupctl(t, args("health")...).want(t, exitOK, "status: ok", "")
 }
 
+// -timeout bounds the whole command: against a server that accepts connections and
+// never answers (plain, a Cluster seed), or one that answers the connection
+// handshake and then no command, every command gives up after -timeout, with exit 1
+// and an error that says so.
+func TestTimeout(t *testing.T) {
+	t.Parallel()
+	silent := testenv.SilentAddr(t)
+	proxy, err := testenv.NewProxy(testenv.SpawnRedis(t).Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	proxy.Arm(testenv.Fault{Kind: testenv.Delay, Replies: 1 << 20, Hold: time.Minute})
+	const timeout, slack = time.Second, time.Second
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"lookup", []string{"lookup", "-redis", silent, "-handler", "orders", "k"}},
+		{"forget", []string{"forget", "-redis", silent, "-handler", "orders", "k"}},
+		{"count", []string{"count", "-redis", silent}},
+		{"health", []string{"health", "-redis", silent}},
+		{"cluster", []string{"count", "-redis-cluster", silent}},
+		{"after the handshake", []string{"lookup", "-redis", proxy.Addr(), "-handler", "orders", "k"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			start := time.Now()
+			args := append([]string{tc.args[0], "-timeout", timeout.String()}, tc.args[1:]...)
+			r := dedupctl(t, args...)
+			elapsed := time.Since(start)
+			t.Logf("%s: %v (-timeout %v)", tc.name, elapsed, timeout)
+			r.want(t, exitFailed, "", "no answer within -timeout 1s")
+			if elapsed > timeout+slack {
+				t.Fatalf("took %v, want at most -timeout %v + %v", elapsed, timeout, slack)
+			}
+		})
+	}
+}
+
 // Flags may follow the keys, or stand between them; after "--" everything is a key,
 // and an unknown flag after a key is refused, named.
 func TestFlagsAfterArguments(t *testing.T) {
