@@ -6,32 +6,69 @@
 //
 // Usage:
 //
-//	dedupctl lookup -redis ADDR -handler NAME [-former NAMES] KEY...
-//	dedupctl forget -redis ADDR -handler NAME [-former NAMES] [-force] KEY...
-//	dedupctl count  -redis ADDR [-handler NAME]
-//	dedupctl health -redis ADDR
+//	dedupctl lookup -redis ADDR|URL -handler NAME [-former NAMES] KEY...
+//	dedupctl forget -redis ADDR|URL -handler NAME [-former NAMES] [-force] KEY...
+//	dedupctl count  -redis ADDR|URL [-handler NAME]
+//	dedupctl health -redis ADDR|URL
 //
-// Every command takes -redis ADDR or -redis-cluster ADDR,ADDR,..., -prefix (the
-// Deduper's WithPrefix, default "dedup"), -json (one JSON document on stdout) and
-// -timeout. KEY is the message key as the application passes it (Do's key, the
+// Flags may come before or after the keys; a key that begins with "-" goes after
+// "--" (dedupctl lookup -handler orders -- -odd-key).
+//
+// Every command takes -redis or -redis-cluster, the connection flags below, -prefix
+// (the Deduper's WithPrefix, default "dedup"), -json (one JSON document on stdout)
+// and -timeout. KEY is the message key as the application passes it (Do's key, the
 // Nats-Msg-Id header, ...). -former lists the handler's former names
 // (dedup.WithFormerNames), comma-separated: pass the same ones as the application.
 //
-// Exit codes: 0 done; 1 operational error (Redis unreachable or failing, health
-// fail); 2 usage error (bad flags, a bad or unknown handler name, a missing key); 3
-// not found (lookup or forget of a key without a record); 4 refused (forget of a
-// record IN PROGRESS without -force). With several keys the code is the worst
-// outcome: 1, then 4, then 3.
+// Connecting, as redis-cli does:
+//
+//	-redis ADDR|URL        one server: host:port, or a URL
+//	                       redis[s]://[USER[:PASSWORD]@]HOST[:PORT][/DB] (rediss: TLS),
+//	                       parsed by go-redis's redis.ParseURL (its query options too)
+//	-redis-cluster ADDRS|URL
+//	                       a Redis Cluster: host:port,host:port,..., or a URL
+//	                       redis[s]://[USER[:PASSWORD]@]HOST[:PORT]?addr=HOST:PORT&...
+//	                       (redis.ParseClusterURL; no database but 0)
+//	-user NAME             the ACL user (AUTH NAME PASSWORD)
+//	-pass PASSWORD         the password; the environment variable REDISCLI_AUTH gives
+//	                       it when neither -pass nor the URL does (a flag shows in ps)
+//	-db N                  the database number (not on a Cluster)
+//	-tls                   connect with TLS (as a rediss:// URL does)
+//	-cacert FILE           trust the CAs in this PEM file instead of the system's
+//	-cert FILE, -key FILE  a client certificate and its key, PEM (mutual TLS)
+//	-sni NAME              the server name to ask for and verify (default: the host)
+//	-insecure              do not verify the server's certificate
+//
+// A flag overrides the URL's part. -cacert, -cert, -key, -sni and -insecure need -tls
+// or a rediss:// URL. A unix:///path/to/redis.sock URL reaches a local socket. An
+// error message names the address, never the password.
+//
+// -timeout (default 10s) bounds the whole command: connecting, every call, every
+// retry. It is the command's context deadline, which the client honors
+// (ContextTimeoutEnabled), and go-redis's dial, read, write and pool timeouts (over a
+// URL's dial_timeout and the like; its other query options apply). A server that does
+// not answer in time is an operational error (exit 1).
+//
+// Exit codes: 0 done; 1 operational error (Redis unreachable, failing or not
+// answering within -timeout, health fail); 2 usage error (bad flags, a bad URL or
+// certificate file, a bad or unknown handler name, a missing key); 3 not found
+// (lookup or forget of a key without a record); 4 refused (forget of a record IN
+// PROGRESS without -force). With several keys the code is the worst outcome: 1,
+// then 4, then 3.
 package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -54,17 +91,36 @@ const (
 const usage = `dedupctl looks up, forgets and counts dedupkit records in Redis.
 
 Usage:
-  dedupctl lookup -redis ADDR -handler NAME [-former NAMES] KEY...
-  dedupctl forget -redis ADDR -handler NAME [-former NAMES] [-force] KEY...
-  dedupctl count  -redis ADDR [-handler NAME]
-  dedupctl health -redis ADDR
+  dedupctl lookup -redis ADDR|URL -handler NAME [-former NAMES] KEY...
+  dedupctl forget -redis ADDR|URL -handler NAME [-former NAMES] [-force] KEY...
+  dedupctl count  -redis ADDR|URL [-handler NAME]
+  dedupctl health -redis ADDR|URL
 
-Every command takes -redis ADDR or -redis-cluster ADDR,ADDR,..., -prefix P (default
-dedup), -json and -timeout D. "dedupctl COMMAND -h" lists a command's flags.
+Flags may come before or after the keys; a key that begins with "-" goes after "--".
 
-Exit codes: 0 done, 1 operational error, 2 usage error (bad flags, a bad or unknown
-handler, a missing key), 3 not found, 4 refused (forget of a record IN PROGRESS
-without -force).
+Connecting (as redis-cli does; a flag overrides the URL's part):
+  -redis ADDR|URL         host:port, or redis[s]://[USER[:PASSWORD]@]HOST[:PORT][/DB]
+                          (rediss: TLS)
+  -redis-cluster ADDRS|URL
+                          host:port,host:port,..., or
+                          redis[s]://[USER[:PASSWORD]@]HOST[:PORT]?addr=HOST:PORT&...
+  -user NAME              ACL user
+  -pass PASSWORD          password; REDISCLI_AUTH gives it when neither -pass nor the
+                          URL does (a flag shows in ps)
+  -db N                   database number (not on a Cluster)
+  -tls                    connect with TLS
+  -cacert FILE            trust the CAs in this PEM file instead of the system's
+  -cert FILE, -key FILE   client certificate and key, PEM (mutual TLS)
+  -sni NAME               server name to ask for and verify (default: the host)
+  -insecure               do not verify the server's certificate
+
+Every command also takes -prefix P (default dedup), -json and -timeout D (default
+10s: it bounds the whole command). "dedupctl COMMAND -h" lists a command's flags.
+
+Exit codes: 0 done, 1 operational error (Redis unreachable, failing or not answering
+within -timeout; health fail), 2 usage error (bad flags, a bad URL or certificate
+file, a bad or unknown handler, a missing key), 3 not found, 4 refused (forget of a
+record IN PROGRESS without -force).
 `
 
 func main() {
@@ -113,6 +169,17 @@ type command struct {
 	force, json                             bool
 	timeout                                 time.Duration
 	keys                                    []string
+
+	// connection flags
+	user, pass, cacert, cert, key, sni string
+	db                                 int
+	tls, insecure                      bool
+	set                                map[string]bool // the flags given
+
+	// what parse made of them
+	opts        *redis.Options        // -redis
+	clusterOpts *redis.ClusterOptions // -redis-cluster
+	addr        string                // where, for messages: never with a password
 }
 
 // parse reads the command's flags and arguments; ok is false when the run ends
@@ -120,11 +187,20 @@ type command struct {
 func (c *command) parse(args []string) (code int, ok bool) {
 	fs := flag.NewFlagSet("dedupctl "+c.name, flag.ContinueOnError)
 	fs.SetOutput(c.stderr)
-	fs.StringVar(&c.redis, "redis", "", "Redis `host:port`")
-	fs.StringVar(&c.cluster, "redis-cluster", "", "Redis Cluster nodes, `host:port,host:port,...`")
+	fs.StringVar(&c.redis, "redis", "", "one Redis server, `ADDR|URL`: host:port, or redis[s]://[USER[:PASSWORD]@]HOST[:PORT][/DB] (rediss: TLS)")
+	fs.StringVar(&c.cluster, "redis-cluster", "", "a Redis Cluster, `ADDRS|URL`: host:port,host:port,..., or redis[s]://[USER[:PASSWORD]@]HOST[:PORT]?addr=HOST:PORT&...")
+	fs.StringVar(&c.user, "user", "", "the ACL user `name`")
+	fs.StringVar(&c.pass, "pass", "", "the `password` (shows in ps: prefer the environment variable REDISCLI_AUTH, used when neither -pass nor the URL gives one)")
+	fs.IntVar(&c.db, "db", 0, "the database `number` (not on a Cluster)")
+	fs.BoolVar(&c.tls, "tls", false, "connect with TLS (as a rediss:// URL does)")
+	fs.StringVar(&c.cacert, "cacert", "", "trust the CAs in this PEM `file` instead of the system's (TLS)")
+	fs.StringVar(&c.cert, "cert", "", "a client certificate, PEM `file`, for mutual TLS (with -key)")
+	fs.StringVar(&c.key, "key", "", "the client certificate's private key, PEM `file` (with -cert)")
+	fs.StringVar(&c.sni, "sni", "", "the server `name` to ask for and verify (TLS; default: the host)")
+	fs.BoolVar(&c.insecure, "insecure", false, "do not verify the server's certificate (TLS)")
 	fs.StringVar(&c.prefix, "prefix", dedup.DefaultPrefix, "the Deduper's key `prefix` (dedup.WithPrefix)")
 	fs.BoolVar(&c.json, "json", false, "print one JSON document on stdout")
-	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "give up after this long")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "give up after this long: it bounds the whole command (connecting, every call, every retry)")
 	keyed := c.name == "lookup" || c.name == "forget"
 	if keyed || c.name == "count" {
 		fs.StringVar(&c.handler, "handler", "", "the handler's `name`")
@@ -135,13 +211,16 @@ func (c *command) parse(args []string) (code int, ok bool) {
 	if c.name == "forget" {
 		fs.BoolVar(&c.force, "force", false, "forget a record IN PROGRESS too (dangerous: its owner is running it and will find its lease lost)")
 	}
-	if err := fs.Parse(args); err != nil {
+	flags, positional := splitArgs(fs, args)
+	if err := fs.Parse(flags); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK, false
 		}
 		return exitUsage, false
 	}
-	c.keys = fs.Args()
+	c.keys = append(fs.Args(), positional...)
+	c.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { c.set[f.Name] = true })
 	switch {
 	case c.redis == "" && c.cluster == "":
 		return c.usageErr("-redis or -redis-cluster is required")
@@ -161,7 +240,183 @@ func (c *command) parse(args []string) (code int, ok bool) {
 			return c.usageErr("missing key: an empty key has no record")
 		}
 	}
+	if err := c.connection(); err != nil {
+		return c.usageErr(err.Error())
+	}
 	return 0, true
+}
+
+// splitArgs separates the flags from the positional arguments, so that flags may
+// come after them too (the flag package stops at the first positional argument). It
+// reads args by the flag package's rules: "-name=value", "-name" for a bool flag,
+// "-name value" for any other (an unknown flag is left for fs.Parse to refuse), and
+// everything after "--" is positional.
+func splitArgs(fs *flag.FlagSet, args []string) (flags, positional []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			return flags, append(positional, args[i+1:]...)
+		case len(a) < 2 || a[0] != '-':
+			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimPrefix(a[1:], "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !(ok && b.IsBoolFlag()) && i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	return flags, positional
+}
+
+// connection makes the go-redis options of -redis or -redis-cluster and the
+// connection flags, with the timeouts of -timeout. An error is a usage error; it
+// never holds the password.
+func (c *command) connection() error {
+	if c.cluster != "" {
+		if c.set["db"] && c.db != 0 {
+			return errors.New("-db: a Redis Cluster has database 0 only")
+		}
+		var o *redis.ClusterOptions
+		if isURL(c.cluster) {
+			u, err := url.Parse(c.cluster)
+			if err != nil {
+				return fmt.Errorf("-redis-cluster: %w", urlErr(err))
+			}
+			if db := strings.Trim(u.Path, "/"); db != "" && db != "0" {
+				return fmt.Errorf("-redis-cluster: a Redis Cluster has database 0 only, the URL names %q", db)
+			}
+			if o, err = redis.ParseClusterURL(c.cluster); err != nil {
+				return fmt.Errorf("-redis-cluster: %w", urlErr(err))
+			}
+		} else {
+			o = &redis.ClusterOptions{Addrs: strings.Split(c.cluster, ",")}
+		}
+		c.auth(&o.Username, &o.Password)
+		var err error
+		if o.TLSConfig, err = c.tlsConfig(o.TLSConfig, o.Addrs[0]); err != nil {
+			return err
+		}
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = c.timeout, c.timeout, c.timeout, c.timeout
+		o.ContextTimeoutEnabled = true
+		if o.MaxRetries == 0 {
+			o.MaxRetries = 1
+		}
+		if o.DialerRetries == 0 {
+			o.DialerRetries = 1
+		}
+		if o.MaxRedirects == 0 {
+			o.MaxRedirects = 3
+		}
+		c.clusterOpts, c.addr = o, strings.Join(o.Addrs, ",")
+		return nil
+	}
+	o := &redis.Options{Addr: c.redis}
+	if isURL(c.redis) {
+		var err error
+		if o, err = redis.ParseURL(c.redis); err != nil {
+			return fmt.Errorf("-redis: %w", urlErr(err))
+		}
+	}
+	c.auth(&o.Username, &o.Password)
+	if c.set["db"] {
+		if c.db < 0 {
+			return errors.New("-db must not be negative")
+		}
+		o.DB = c.db
+	}
+	var err error
+	if o.TLSConfig, err = c.tlsConfig(o.TLSConfig, o.Addr); err != nil {
+		return err
+	}
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = c.timeout, c.timeout, c.timeout, c.timeout
+	o.ContextTimeoutEnabled = true // else go-redis reads with ReadTimeout, whatever the deadline
+	if o.MaxRetries == 0 {
+		o.MaxRetries = 1
+	}
+	if o.DialerRetries == 0 {
+		o.DialerRetries = 1
+	}
+	c.opts, c.addr = o, o.Addr
+	return nil
+}
+
+func isURL(s string) bool { return strings.Contains(s, "://") }
+
+// urlErr drops the URL from a url.Error: it may hold a password.
+func urlErr(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// auth applies -user and -pass over the URL's, and REDISCLI_AUTH when neither
+// gives a password.
+func (c *command) auth(user, pass *string) {
+	if c.set["user"] {
+		*user = c.user
+	}
+	if c.set["pass"] {
+		*pass = c.pass
+	} else if *pass == "" {
+		*pass = os.Getenv("REDISCLI_AUTH")
+	}
+}
+
+// tlsConfig returns base (a rediss:// URL's, or nil) with the TLS flags applied, a
+// new one under -tls, or nil without TLS.
+func (c *command) tlsConfig(base *tls.Config, addr string) (*tls.Config, error) {
+	if base == nil && !c.tls {
+		for _, f := range []string{"cacert", "cert", "key", "sni", "insecure"} {
+			if c.set[f] {
+				return nil, fmt.Errorf("-%s needs -tls or a rediss:// URL", f)
+			}
+		}
+		return nil, nil
+	}
+	if base == nil {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		base = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+	}
+	if c.sni != "" {
+		base.ServerName = c.sni
+	}
+	base.InsecureSkipVerify = base.InsecureSkipVerify || c.insecure
+	if c.cacert != "" {
+		pem, err := os.ReadFile(c.cacert)
+		if err != nil {
+			return nil, fmt.Errorf("-cacert: %w", err)
+		}
+		base.RootCAs = x509.NewCertPool()
+		if !base.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-cacert: no PEM certificate in %s", c.cacert)
+		}
+	}
+	if (c.cert == "") != (c.key == "") {
+		return nil, errors.New("-cert and -key go together")
+	}
+	if c.cert != "" {
+		pair, err := tls.LoadX509KeyPair(c.cert, c.key)
+		if err != nil {
+			return nil, fmt.Errorf("-cert, -key: %w", err)
+		}
+		base.Certificates = []tls.Certificate{pair}
+	}
+	return base, nil
 }
 
 func (c *command) usageErr(msg string) (int, bool) {
@@ -173,23 +428,30 @@ func (c *command) errorf(format string, args ...any) {
 	fmt.Fprintf(c.stderr, "dedupctl %s: "+format+"\n", append([]any{c.name}, args...)...)
 }
 
+// failed reports an operational error (exit 1), saying so when -timeout ran out.
+func (c *command) failed(ctx context.Context, err error, format string, args ...any) int {
+	msg := fmt.Sprintf(format, args...)
+	if ctx.Err() != nil {
+		c.errorf("%sno answer within -timeout %v (%v)", msg, c.timeout, err)
+	} else {
+		c.errorf("%s%v", msg, err)
+	}
+	return exitFailed
+}
+
 // deduper connects to Redis and returns a Deduper over it, with the command's
 // handler registered (without a local tier: dedupctl keeps no cache, and so does not
 // subscribe to forget notices either). code is not 0 on failure.
 func (c *command) deduper(ctx context.Context) (d *dedup.Deduper, h *dedup.Handler, done func(), code int) {
 	var rdb redis.UniversalClient
-	addr := c.redis
-	if c.cluster != "" {
-		addr = c.cluster
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(c.cluster, ","),
-			DialTimeout: 2 * time.Second, DialerRetries: 1, MaxRetries: 1, MaxRedirects: 3})
+	if c.clusterOpts != nil {
+		rdb = redis.NewClusterClient(c.clusterOpts)
 	} else {
-		rdb = redis.NewClient(&redis.Options{Addr: c.redis, DialTimeout: 2 * time.Second, DialerRetries: 1, MaxRetries: 1})
+		rdb = redis.NewClient(c.opts)
 	}
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		rdb.Close()
-		c.errorf("cannot reach Redis at %s: %v", addr, err)
-		return nil, nil, nil, exitFailed
+		return nil, nil, nil, c.failed(ctx, err, "cannot reach Redis at %s: ", c.addr)
 	}
 	store, err := dedup.NewRedisStore(rdb)
 	if err == nil {
@@ -318,8 +580,7 @@ func lookup(ctx context.Context, c *command) int {
 	defer done()
 	infos, err := h.LookupMany(ctx, c.keys)
 	if err != nil {
-		c.errorf("%v", err)
-		return exitFailed
+		return c.failed(ctx, err, "")
 	}
 	out := make([]record, len(infos))
 	code, absent := exitOK, 0
@@ -413,8 +674,7 @@ func count(ctx context.Context, c *command) int {
 	defer done()
 	counts, err := d.CountRecords(ctx, c.handler)
 	if err != nil {
-		c.errorf("%v", err)
-		return exitFailed
+		return c.failed(ctx, err, "")
 	}
 	if h != nil && counts[c.handler] == 0 {
 		if n, err := h.Subscribers(ctx); err == nil && n == 0 {

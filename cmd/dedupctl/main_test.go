@@ -48,9 +48,22 @@ type result struct {
 
 func dedupctl(t *testing.T, args ...string) result {
 	t.Helper()
+	return dedupctlEnv(t, nil, args...)
+}
+
+// dedupctlEnv runs the binary with env added to the test's environment, less any
+// REDISCLI_AUTH of its own.
+func dedupctlEnv(t *testing.T, env []string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "REDISCLI_AUTH=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -286,7 +299,8 @@ func TestErrors(t *testing.T) {
 	dedupctl(t, a.args("lookup", "-h")...).want(t, exitOK, "", "-former")
 }
 
-// The same on a Redis Cluster (-redis-cluster): records spread over the masters.
+// The same on a Redis Cluster (-redis-cluster, nodes or a URL): records spread over
+// the masters.
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	addrs, stop, err := embedded.StartRedisCluster(t.TempDir(), 3)
@@ -306,6 +320,7 @@ func TestCluster(t *testing.T) {
 		return append([]string{cmd, "-redis-cluster", a.addr, "-prefix", a.prefix}, more...)
 	}
 	dedupctl(t, args("count")...).want(t, exitOK, "20", "")
+	dedupctl(t, "count", "-redis-cluster", "redis://"+addrs[0]+"?addr="+addrs[1], "-prefix", a.prefix).want(t, exitOK, "20", "")
 	dedupctl(t, args("lookup", "-handler", "orders", "order-7")...).want(t, exitOK, "DONE under orders", "")
 	dedupctl(t, args("forget", "-handler", "orders", "order-7")...).want(t, exitOK, "forgotten", "")
 	testenv.Eventually(t, 5*time.Second, "the key runs again", func() bool {
@@ -313,4 +328,178 @@ func TestCluster(t *testing.T) {
 		return res.Outcome == dedup.Processed
 	})
 	dedupctl(t, args("health")...).want(t, exitOK, "status: ok", "")
+}
+
+// Connecting as redis-cli does: a redis:// URL with user, password and database,
+// the same as -user, -pass (or REDISCLI_AUTH) and -db, a flag over the URL's part;
+// the database is the one named; a wrong password fails (exit 1) without showing it.
+func TestConnectAuth(t *testing.T) {
+	t.Parallel()
+	const pass, alicePass = "default-pw-8c1f", "alice-pw-52d7"
+	addr := testenv.SpawnRedis(t, "--requirepass", pass, "--user", "alice", "on", ">"+alicePass, "~*", "&*", "+@all").Addr()
+	a := newAppOn(t, redis.NewClient(&redis.Options{Addr: addr, Password: pass, DB: 3}), addr)
+	do(t, a.handler(t, "orders"), "order-1", dedup.Processed)
+	lookup := func(more ...string) []string {
+		return append([]string{"lookup", "-prefix", a.prefix, "-handler", "orders", "order-1"}, more...)
+	}
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+	}{
+		{"URL, password", nil, lookup("-redis", "redis://:"+pass+"@"+addr+"/3")},
+		{"URL, ACL user", nil, lookup("-redis", "redis://alice:"+alicePass+"@"+addr+"/3")},
+		{"URL, ?db=", nil, lookup("-redis", "redis://alice:"+alicePass+"@"+addr+"?db=3")},
+		{"flags", nil, lookup("-redis", addr, "-user", "alice", "-pass", alicePass, "-db", "3")},
+		{"REDISCLI_AUTH", []string{"REDISCLI_AUTH=" + alicePass}, lookup("-redis", "redis://alice@"+addr+"/3")},
+		{"REDISCLI_AUTH, flags", []string{"REDISCLI_AUTH=" + pass}, lookup("-redis", addr, "-db", "3")},
+		{"flags over the URL", []string{"REDISCLI_AUTH=wrong"}, lookup("-redis", "redis://bob:wrong@"+addr+"/0", "-user", "alice", "-pass", alicePass, "-db", "3")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dedupctlEnv(t, tc.env, tc.args...).want(t, exitOK, "DONE under orders", "")
+		})
+	}
+	// database 0 has no record (exit 3; the handler is known all the same: its
+	// process is subscribed, and pub/sub spans the databases)
+	dedupctl(t, lookup("-redis", "redis://alice:"+alicePass+"@"+addr)...).want(t, exitNotFound, "no record under orders", "")
+	dedupctl(t, "count", "-redis", addr, "-pass", pass, "-db", "3", "-prefix", a.prefix).want(t, exitOK, "orders", "")
+
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"wrong password", lookup("-redis", "redis://alice:not-"+alicePass+"@"+addr+"/3"), exitFailed, "WRONGPASS"},
+		{"no password", lookup("-redis", addr, "-db", "3"), exitFailed, "NOAUTH"},
+		{"bad URL", lookup("-redis", "redis://alice:not-"+alicePass+"@[::1"), exitUsage, "-redis: missing ']' in host"},
+		{"bad scheme", lookup("-redis", "http://alice:not-"+alicePass+"@"+addr), exitUsage, "invalid URL scheme: http"},
+		{"bad database", lookup("-redis", "redis://alice:not-"+alicePass+"@"+addr+"/x"), exitUsage, "invalid database number"},
+		{"negative -db", lookup("-redis", addr, "-db", "-1"), exitUsage, "-db must not be negative"},
+		{"cluster database", []string{"count", "-redis-cluster", "redis://" + addr + "/3"}, exitUsage, "database 0 only"},
+		{"cluster -db", []string{"count", "-redis-cluster", addr, "-db", "3"}, exitUsage, "database 0 only"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := dedupctl(t, tc.args...)
+			r.want(t, tc.code, "", tc.stderr)
+			if strings.Contains(r.stdout+r.stderr, alicePass) {
+				t.Fatal("the password shows in the output")
+			}
+		})
+	}
+}
+
+// rediss:// (or -tls) against a redis-server that speaks only TLS and requires a
+// client certificate: -cacert, -cert and -key, or -insecure; without the CA, with a
+// server name the certificate does not carry (-sni), without a client certificate, or
+// in plain TCP, it fails (exit 1); the TLS flags without TLS are a usage error.
+func TestConnectTLS(t *testing.T) {
+	t.Parallel()
+	const pass = "tls-pw-0e4a"
+	pki := testenv.NewPKI(t)
+	addr := testenv.SpawnRedis(t, append(pki.RedisTLSArgs(), "--requirepass", pass)...).Addr()
+	a := newAppOn(t, redis.NewClient(&redis.Options{Addr: addr, Password: pass, DB: 2, TLSConfig: pki.ClientTLS()}), addr)
+	do(t, a.handler(t, "orders"), "order-1", dedup.Processed)
+	lookup := func(more ...string) []string {
+		return append([]string{"lookup", "order-1", "-prefix", a.prefix, "-handler", "orders", "-timeout", "5s"}, more...)
+	}
+	url := "rediss://:" + pass + "@" + addr + "/2"
+	mtls := []string{"-cacert", pki.CA, "-cert", pki.ClientCert, "-key", pki.ClientKey}
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"rediss://", lookup(append([]string{"-redis", url}, mtls...)...), exitOK, ""},
+		{"-tls", lookup(append([]string{"-redis", addr, "-tls", "-pass", pass, "-db", "2"}, mtls...)...), exitOK, ""},
+		{"-sni", lookup(append([]string{"-redis", url, "-sni", "127.0.0.1"}, mtls...)...), exitOK, ""},
+		{"-insecure", lookup("-redis", url, "-insecure", "-cert", pki.ClientCert, "-key", pki.ClientKey), exitOK, ""},
+		{"unknown CA", lookup("-redis", url, "-cert", pki.ClientCert, "-key", pki.ClientKey), exitFailed, "certificate signed by unknown authority"},
+		{"wrong name", lookup(append([]string{"-redis", url, "-sni", "redis.example.com"}, mtls...)...), exitFailed, "wanted to match redis.example.com"},
+		{"no client certificate", lookup("-redis", url, "-cacert", pki.CA), exitFailed, "cannot reach Redis at " + addr}, // "tls: certificate required", or a reset,
+		{"plain TCP", lookup("-redis", "redis://:"+pass+"@"+addr+"/2"), exitFailed, "cannot reach Redis at " + addr},
+		{"-cacert without TLS", lookup("-redis", addr, "-cacert", pki.CA), exitUsage, "-cacert needs -tls or a rediss:// URL"},
+		{"-insecure without TLS", lookup("-redis", addr, "-insecure"), exitUsage, "-insecure needs -tls"},
+		{"-cert without -key", lookup("-redis", url, "-cert", pki.ClientCert), exitUsage, "-cert and -key go together"},
+		{"no CA file", lookup("-redis", url, "-cacert", pki.CA+".missing"), exitUsage, "-cacert: open"},
+		{"not a CA file", lookup("-redis", url, "-cacert", pki.ClientKey), exitUsage, "-cacert: no PEM certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stdout := ""
+			if tc.code == exitOK {
+				stdout = "DONE under orders"
+			}
+			r := dedupctl(t, tc.args...)
+			r.want(t, tc.code, stdout, tc.stderr)
+			if strings.Contains(r.stdout+r.stderr, pass) {
+				t.Fatal("the password shows in the output")
+			}
+		})
+	}
+}
+
+// -timeout bounds the whole command: against a server that accepts connections and
+// never answers (plain, TLS, a Cluster seed), or one that answers the connection
+// handshake and then no command, every command gives up after -timeout, with exit 1
+// and an error that says so.
+func TestTimeout(t *testing.T) {
+	t.Parallel()
+	silent := testenv.SilentAddr(t)
+	proxy, err := testenv.NewProxy(testenv.SpawnRedis(t).Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	proxy.Arm(testenv.Fault{Kind: testenv.Delay, Replies: 1 << 20, Hold: time.Minute})
+	const timeout, slack = time.Second, time.Second
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"lookup", []string{"lookup", "-redis", silent, "-handler", "orders", "k"}},
+		{"forget", []string{"forget", "-redis", silent, "-handler", "orders", "k"}},
+		{"count", []string{"count", "-redis", silent}},
+		{"health", []string{"health", "-redis", silent}},
+		{"rediss", []string{"health", "-redis", "rediss://" + silent}},
+		{"cluster", []string{"count", "-redis-cluster", silent}},
+		{"after the handshake", []string{"lookup", "-redis", proxy.Addr(), "-handler", "orders", "k"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			start := time.Now()
+			args := append([]string{tc.args[0], "-timeout", timeout.String()}, tc.args[1:]...)
+			r := dedupctl(t, args...)
+			elapsed := time.Since(start)
+			t.Logf("%s: %v (-timeout %v)", tc.name, elapsed, timeout)
+			r.want(t, exitFailed, "", "no answer within -timeout 1s")
+			if elapsed > timeout+slack {
+				t.Fatalf("took %v, want at most -timeout %v + %v", elapsed, timeout, slack)
+			}
+		})
+	}
+}
+
+// Flags may follow the keys, or stand between them; after "--" everything is a key,
+// and an unknown flag after a key is refused, named.
+func TestFlagsAfterArguments(t *testing.T) {
+	t.Parallel()
+	a := newApp(t)
+	do(t, a.handler(t, "orders"), "order-1", dedup.Processed)
+	dedupctl(t, "lookup", "order-1", "-redis", a.addr, "-prefix", a.prefix, "-handler", "orders", "-json").
+		want(t, exitOK, `"state": "done"`, "")
+	r := dedupctl(t, "lookup", "-redis", a.addr, "order-1", "-handler=orders", "order-2", "-prefix", a.prefix)
+	r.want(t, exitNotFound, "order-1: DONE under orders", "")
+	r.want(t, exitNotFound, "order-2: no record under orders", "")
+	dedupctl(t, "forget", "order-2", "-redis", a.addr, "-prefix", a.prefix, "-handler", "orders", "-json").
+		want(t, exitNotFound, `"deleted": false`, "")
+	dedupctl(t, "count", "-redis", a.addr, "-prefix", a.prefix, "-json").want(t, exitOK, `"total": 1`, "")
+	dedupctl(t, "lookup", "-redis", a.addr, "-prefix", a.prefix, "-handler", "orders", "--", "-json", "order-1").
+		want(t, exitNotFound, "-json: no record under orders", "")
+	dedupctl(t, "lookup", "order-1", "-redis", a.addr, "-handler", "orders", "-nope").
+		want(t, exitUsage, "", "flag provided but not defined: -nope")
+	dedupctl(t, "lookup", "order-1", "-redis", a.addr, "-handler").
+		want(t, exitUsage, "", "flag needs an argument: -handler")
+	dedupctl(t, "forget", "order-1", "-force=false", "-redis", a.addr, "-prefix", a.prefix, "-handler", "orders").
+		want(t, exitOK, "forgotten", "")
 }

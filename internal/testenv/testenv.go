@@ -2,9 +2,10 @@
 // rule for a missing server (skip, or fail under DEDUP_REQUIRE_SERVERS=1), a Redis at
 // DEDUP_REDIS_ADDR with keys of the test's own that are deleted afterwards, a
 // go-redis hook that counts round trips, a TestMain (Main) with the goroutine leak
-// check, a TCP proxy (Proxy) that delays or drops Redis replies mid-command, and an
-// address that refuses connections (RefusedAddr). It must not import dedup (dedup's
-// own tests use it).
+// check, a TCP proxy (Proxy) that delays or drops Redis replies mid-command, an
+// address that refuses connections (RefusedAddr), one that accepts them and never
+// answers (SilentAddr), and a test CA with server and client certificates (PKI). It
+// must not import dedup (dedup's own tests use it).
 package testenv
 
 import (
