@@ -142,7 +142,7 @@ func TestClaimManyDuplicateOfAnEndedRecordIsNotCached(t *testing.T) {
 }
 
 // A retried claim finds its own claim, whose lease then runs out before the renewal
-// and another owner claims the key: the answer is InProgress (DESIGN §3), not a store
+// and another owner claims the key: the answer is InProgress (docs/design.md §3), not a store
 // failure, which a FailOpen handler would answer by running fn unguarded.
 func TestClaimManyOwnClaimThatLapsedIsClaimedAgain(t *testing.T) {
 	ctx := context.Background()

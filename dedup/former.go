@@ -10,7 +10,7 @@ import (
 	"github.com/dedupkit/dedupkit/keys"
 )
 
-// WithFormerNames lists the names the handler had before a rename (DESIGN §11).
+// WithFormerNames lists the names the handler had before a rename (docs/design.md §11).
 // Handler names are part of every record key, so without it a renamed handler runs
 // again every message still in retention under its old name. With it:
 //

@@ -18,7 +18,7 @@ import (
 
 // The model-based test: seeded random sequences of store operations (Claim, Complete,
 // Release, Extend, Mark, their batch forms, invalid arguments) and time advances run
-// against a reference model of DESIGN §3's table (a map and explicit time) and against
+// against a reference model of docs/design.md §3's table (a map and explicit time) and against
 // MemoryStore (fake clock), miniredis (FastForward) and a real redis-server. Every
 // answer must be one the model allows: status, error class and TTL (exact on fake
 // clocks, within modelEps on the real server).
@@ -193,7 +193,7 @@ func validToken(tok string) bool {
 	return tok != "" && len(tok) <= maxTokenLen && !strings.Contains(tok, ":")
 }
 
-// valid reports whether a store accepts o's arguments (DESIGN: tokens 1..64 bytes
+// valid reports whether a store accepts o's arguments (docs/design.md §3: tokens 1..64 bytes
 // without ':', TTLs of at least 1ms).
 func (o mOp) valid() bool {
 	if !validToken(o.token) {
@@ -204,7 +204,7 @@ func (o mOp) valid() bool {
 
 func fpDiffer(stored, given string) bool { return stored != "" && given != "" && stored != given }
 
-// apply is DESIGN §3's table: op o on record cur (nil: absent, already expired by
+// apply is docs/design.md §3's table: op o on record cur (nil: absent, already expired by
 // live), sent at s and answered at r. It returns the answer and the record after.
 func apply(o mOp, cur *mRec, s, r time.Duration) (mAns, *mRec) {
 	set := func(state byte, tok, fp string) *mRec {

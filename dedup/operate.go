@@ -103,7 +103,7 @@ func (h *Handler) LookupMany(ctx context.Context, keys []string) ([]RecordInfo, 
 // wraps ErrRecordInProgress, and the RecordInfo is that record. Each name's record is
 // forgotten on its own, so with former names a DONE record under one name is deleted
 // even when another name's is left IN PROGRESS. Errors are as Lookup's. A
-// transactional handler's database marker (DESIGN §9) is not touched: it still
+// transactional handler's database marker (docs/design.md §9) is not touched: it still
 // answers Duplicate.
 func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) (RecordInfo, error) {
 	var cfg forgetConfig

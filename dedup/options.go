@@ -244,7 +244,7 @@ func WithMode(m Mode) HandlerOption {
 	}
 }
 
-// WithReplies turns on stored replies (DESIGN §10): the reply forms (DoReply,
+// WithReplies turns on stored replies (docs/design.md §10): the reply forms (DoReply,
 // HandleReply, HandleKeyReply, HandleBatchReply) store fn's reply with the DONE
 // record, and a duplicate's ReplyResult carries it back (Reply), from the store or
 // from the local tier. That is what request/reply needs: a client that retries after

@@ -11,7 +11,7 @@ import (
 //
 //	p:<token>:<fingerprint>                             IN PROGRESS
 //	d:<token>:<fingerprint>                             DONE
-//	r:<token>:<len(fingerprint)>:<fingerprint><reply>   DONE, with a stored reply (DESIGN §10)
+//	r:<token>:<len(fingerprint)>:<fingerprint><reply>   DONE, with a stored reply (docs/design.md §10)
 //
 // Tokens hold no ':', so the first two separators split the first two forms
 // unambiguously (a fingerprint may hold anything). The third carries the

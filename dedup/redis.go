@@ -499,7 +499,7 @@ func markAnswer(old string, err error, token, fingerprint string) (Answer, error
 // lease renewed by the extend script, in a second round trip for those entries only;
 // one whose claim ran out meanwhile is claimed again with the claim script. A batch
 // that names a key twice is one pipeline of claim scripts instead, so that each entry
-// sees the ones before it as the table in DESIGN §3 says.
+// sees the ones before it as the table in docs/design.md §3 says.
 func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
 	for _, e := range entries {
 		if err := checkEntry(e, "lease"); err != nil {
@@ -579,7 +579,7 @@ func foundAnswer(e Entry, old string, pttl int64, same bool) (a Answer, mine boo
 // duplicate, a rival's claim, our own claim whose reply was lost) go again, in a
 // second round trip, to the claim_many script: the claim script's answer for each in
 // turn, the record and its TTL read atomically, our own claim renewed, in one call per
-// maxScriptKeys entries. A key named twice sees its first claim, as DESIGN §3's table
+// maxScriptKeys entries. A key named twice sees its first claim, as docs/design.md §3's table
 // says: its second SET finds the first's record.
 func (s *RedisStore) claimManySingle(ctx context.Context, entries []Entry) ([]Answer, error) {
 	cmds, sent := setNXGetCmds(ctx, stateInProgress, entries)

@@ -2,7 +2,7 @@ package dedup
 
 import "time"
 
-// Outcome says what happened to one message. DESIGN §5 maps each to a broker action.
+// Outcome says what happened to one message. docs/design.md §5 maps each to a broker action.
 type Outcome uint8
 
 const (

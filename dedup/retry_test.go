@@ -16,7 +16,7 @@ import (
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-// These tests prove DESIGN §3 "Why tokens": a Claim or Mark whose first attempt landed
+// These tests prove docs/design.md §3 "Why owner tokens": a Claim or Mark whose first attempt landed
 // on the server but whose reply was lost, and which go-redis then retried on its own,
 // is recognised as the caller's own and never as a duplicate. Each runs a naive
 // SETNX-based claim under the same conditions as a control, so it is known to bite.

@@ -64,7 +64,7 @@ type Entry struct {
 }
 
 // Store holds dedup records. Every method is atomic on the server and follows the
-// table in DESIGN §3:
+// table in docs/design.md §3:
 //
 //	op        | absent            | IN PROGRESS, mine | IN PROGRESS, other | DONE
 //	Claim     | IN PROGRESS, Acq. | Acquired          | InProgress(PTTL)   | Duplicate (Conflict if fingerprints differ)
@@ -98,8 +98,8 @@ type Store interface {
 	CompleteMany(ctx context.Context, entries []Entry) ([]error, error)
 }
 
-// ReplyStore is implemented by stores that keep a reply with a DONE record (DESIGN
-// §10), so that a duplicate gets the first run's reply back: handlers WithReplies
+// ReplyStore is implemented by stores that keep a reply with a DONE record
+// (docs/design.md §10), so that a duplicate gets the first run's reply back: handlers WithReplies
 // need one. RedisStore and MemoryStore implement it, and so does the Deduper's
 // metered wrapper (WithMeterProvider) of a store that does.
 //

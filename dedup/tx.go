@@ -10,7 +10,7 @@ import (
 	"github.com/dedupkit/dedupkit/keys"
 )
 
-// Exactly-once effects on a SQL database (DESIGN §9). A transactional run writes a
+// Exactly-once effects on a SQL database (docs/design.md §9). A transactional run writes a
 // marker row in the transaction its fn runs in, so that the marker and fn's writes
 // commit or roll back together: the marker, not Redis, is the authority on
 // "committed". Redis stays in front: the local tier and the claim answer known

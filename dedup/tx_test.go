@@ -14,7 +14,7 @@ import (
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-// The transactional marker's lifecycle (DESIGN §9) over fakeDB: the step around fn
+// The transactional marker's lifecycle (docs/design.md §9) over fakeDB: the step around fn
 // inside claim → run → complete. The same paths against PostgreSQL, MariaDB and
 // SQLite, with processes killed, are in the sqltx and nats tests.
 

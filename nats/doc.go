@@ -2,7 +2,7 @@
 // and Fetch batches from nats.go/jetstream), core NATS subscriptions, and push
 // subscriptions of the older JetStreamContext. Handlers are plain functions; the
 // adapter runs them through a dedup.Handler and turns every outcome into the right
-// acknowledgement (DESIGN §5):
+// acknowledgement (docs/design.md §5):
 //
 //	outcome                      action
 //	Processed, Duplicate         Ack (DoubleAck with WithDoubleAck)

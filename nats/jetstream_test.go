@@ -16,7 +16,7 @@ import (
 	"github.com/dedupkit/dedupkit/keys"
 )
 
-// Each test here is one row of the outcome → ack table (DESIGN §5), observed on the
+// Each test here is one row of the outcome → ack table (docs/design.md §5), observed on the
 // server: what the consumer says was delivered, redelivered and left pending.
 
 func TestProcessedIsAckedAndNotRedelivered(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 )
 
 // TxFunc is a transactional handler: it writes the message's effects with tx, the
-// transaction its run's marker is written in (DESIGN §9; dedup.DoTx). It returns an
+// transaction its run's marker is written in (docs/design.md §9; dedup.DoTx). It returns an
 // error to have the transaction rolled back and the message retried.
 type TxFunc[T any] func(ctx context.Context, m *Msg, tx T) error
 

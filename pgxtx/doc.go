@@ -1,6 +1,6 @@
 // Package pgxtx runs dedup's transactional handlers on PostgreSQL through pgx's
 // native pool (github.com/jackc/pgx/v5/pgxpool). It implements dedup.Transactor for
-// pgx.Tx (DESIGN §9), with the marker table, statements and semantics of package
+// pgx.Tx (docs/design.md §9), with the marker table, statements and semantics of package
 // sqltx's PostgreSQL dialect (both use internal/markersql): a run's marker row is
 // written in the transaction its fn writes in, so that "processed" commits or rolls
 // back with the effect.

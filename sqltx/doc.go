@@ -1,6 +1,6 @@
 // Package sqltx runs dedup's transactional handlers on a database/sql database:
 // PostgreSQL, MySQL/MariaDB or SQLite. It implements dedup.Transactor for *sql.Tx
-// (DESIGN §9): a run's marker row is written in the transaction its fn writes in, so
+// (docs/design.md §9): a run's marker row is written in the transaction its fn writes in, so
 // that "processed" commits or rolls back with the effect, and the marker, not
 // Redis, is the authority on whether a message was processed.
 //
