@@ -635,7 +635,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(b.k))
 			h.settle(out, b, Result{Outcome: KeyReuse}, nil)
 		default:
-			h.settle(out, b, Result{Outcome: InProgress, RetryAfter: a.TTL}, nil)
+			h.settle(out, b, Result{Outcome: InProgress, Tier: TierStore, RetryAfter: a.TTL}, nil)
 		}
 	}
 	if len(claimed) == 0 {

@@ -532,7 +532,7 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
 		return h.lead(f, Result{Outcome: KeyReuse}, nil)
 	case StatusInProgress:
-		return h.lead(f, Result{Outcome: InProgress, RetryAfter: ans.TTL}, nil)
+		return h.lead(f, Result{Outcome: InProgress, Tier: TierStore, RetryAfter: ans.TTL}, nil)
 	}
 	validUntil := sent.Add(h.cfg.lease)
 	f.leaseEnd.Store(validUntil.UnixNano())

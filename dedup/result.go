@@ -93,7 +93,9 @@ func (t Tier) String() string {
 // are in ReplyResult.)
 type Result struct {
 	Outcome Outcome
-	// Tier is where a Duplicate was recognised.
+	// Tier is where a Duplicate was recognised; for InProgress, where the run was
+	// seen: TierStore for another owner's claim (often another process), TierLocal or
+	// TierNone for a run in this process.
 	Tier Tier
 	// RetryAfter is, for InProgress, how long the other owner's lease has left; for
 	// CommitUnknown, how long the run's own claim has left.

@@ -38,13 +38,15 @@ func (h *Handler) countLocalHit() Result {
 
 func (h *Handler) count(res Result) Result {
 	h.stats.outcomes[res.Outcome].Add(1)
-	switch res.Tier {
-	case TierLocal:
-		h.stats.local.Add(1)
-	case TierStore:
-		h.stats.store.Add(1)
-	case TierDatabase:
-		h.stats.database.Add(1)
+	if res.Outcome == Duplicate { // an InProgress's tier is where the run was seen
+		switch res.Tier {
+		case TierLocal:
+			h.stats.local.Add(1)
+		case TierStore:
+			h.stats.store.Add(1)
+		case TierDatabase:
+			h.stats.database.Add(1)
+		}
 	}
 	if res.Unguarded {
 		h.stats.unguarded.Add(1)

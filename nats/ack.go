@@ -77,6 +77,8 @@ type Stats struct {
 	AckErrors uint64
 	// Exhausted counts messages that failed on their last delivery.
 	Exhausted uint64
+	// Held counts copies held while another owner ran their key (DefaultCopyHold).
+	Held uint64
 }
 
 // Count returns how many deliveries ended with action a.
@@ -92,6 +94,7 @@ type counters struct {
 	inProgress atomic.Uint64
 	ackErrors  atomic.Uint64
 	exhausted  atomic.Uint64
+	held       atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -102,6 +105,7 @@ func (c *counters) snapshot() Stats {
 	s.InProgress = c.inProgress.Load()
 	s.AckErrors = c.ackErrors.Load()
 	s.Exhausted = c.exhausted.Load()
+	s.Held = c.held.Load()
 	return s
 }
 
@@ -175,7 +179,9 @@ func (a *adapter) action(m *Msg, res dedup.Result) (Action, time.Duration, strin
 	}
 	switch res.Outcome {
 	case dedup.InProgress:
-		return ActNakWithDelay, delay(res.RetryAfter), ""
+		// after the hold (hold): a long run; retried after a growing delay, at most
+		// what is left of its lease
+		return ActNakWithDelay, delay(min(res.RetryAfter, a.cfg.backoff(m.NumDelivered()))), ""
 	case dedup.Failed:
 		return ActNakWithDelay, delay(a.cfg.backoff(m.NumDelivered())), ""
 	case dedup.Panicked:
@@ -242,6 +248,68 @@ func (a *adapter) where(m *Msg) []any {
 		attrs = append(attrs, "stream", md.Stream, "stream_seq", strconv.FormatUint(md.Sequence.Stream, 10), "delivered", md.NumDelivered)
 	}
 	return attrs
+}
+
+// DefaultCopyHold is how long the adapter holds a copy of a message whose key
+// another owner is running (InProgress from the store: another process, usually)
+// before it Naks it: meanwhile it checks again after 50 ms, then at doubling
+// intervals, so that the copy is answered (a Duplicate, or run if the owner gave the
+// key back) soon after that run ends, not after the rest of its lease. On the
+// message's last delivery it holds it until that lease, as first seen, has passed.
+const DefaultCopyHold = 2 * time.Second
+
+// copyRecheck is the first interval between a held copy's checks.
+const copyRecheck = 50 * time.Millisecond
+
+// hold holds a copy (see DefaultCopyHold): res is its result so far, again checks it
+// (and runs it) once more. The copy is kept in progress meanwhile. It returns the
+// last result; ctx ending returns the one it has.
+func (a *adapter) hold(ctx context.Context, ack acker, m *Msg, res dedup.Result, err error, again func(context.Context) (dedup.Result, error)) (dedup.Result, error) {
+	if !heldCopy(res) || ack == nil || again == nil {
+		return res, err
+	}
+	bound := DefaultCopyHold
+	if a.lastDelivery(m) {
+		bound = max(bound, res.RetryAfter+copyRecheck)
+	}
+	start := time.Now()
+	deadline := start.Add(bound)
+	signalled := time.Time{}
+	every := copyRecheck
+	for heldCopy(res) {
+		now := time.Now()
+		left := deadline.Sub(now)
+		if left <= 0 {
+			break
+		}
+		if a.cfg.progressEvery <= 0 || now.Sub(signalled) >= a.cfg.progressEvery {
+			if ack.InProgress() == nil {
+				a.stats.inProgress.Add(1)
+			}
+			signalled = now
+		}
+		d := min(every, left)
+		if res.RetryAfter > 0 {
+			d = min(d, res.RetryAfter+time.Millisecond) // the owner's lease may end first
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return res, err
+		}
+		res, err = again(ctx)
+		every *= 2
+	}
+	a.stats.held.Add(1)
+	return res, err
+}
+
+// heldCopy says res is a copy the adapter holds: InProgress under another owner's
+// claim, as the store reported it.
+func heldCopy(res dedup.Result) bool {
+	return res.Outcome == dedup.InProgress && res.Tier == dedup.TierStore
 }
 
 // progress sends InProgress for a set of deliveries every interval until stopped, so

@@ -120,10 +120,18 @@ func TestOutcomeActions(t *testing.T) {
 		runs      int
 		exhausted []exhaustedCall
 		logged    string
+		held      bool // a copy held while another owner ran its key
 	}
 	markDone := func(fp string) func(*testing.T, *flakyStore, *dedup.Handler) {
 		return func(t *testing.T, s *flakyStore, h *dedup.Handler) {
 			if _, err := s.Mark(context.Background(), h.RecordKey("order-1"), "other", fp, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	claimedBy := func(owner string, lease time.Duration) func(*testing.T, *flakyStore, *dedup.Handler) {
+		return func(t *testing.T, s *flakyStore, h *dedup.Handler) {
+			if _, err := s.Claim(context.Background(), h.RecordKey("order-1"), owner, "", lease); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -133,13 +141,24 @@ func TestOutcomeActions(t *testing.T) {
 		{name: "processed, double ack", opts: []Option{WithDoubleAck(true)}, msg: newFake("order-1", "a", 1),
 			outcome: dedup.Processed, act: ActDoubleAck, acks: "double-ack", runs: 1},
 		{name: "duplicate", setup: markDone(""), msg: newFake("order-1", "a", 1), outcome: dedup.Duplicate, act: ActAck, acks: "ack"},
-		{name: "in progress elsewhere", msg: newFake("order-1", "a", 1),
+		{name: "in progress elsewhere, a run longer than the hold", msg: newFake("order-1", "a", 1),
+			setup:   claimedBy("other", 5*time.Second),
+			outcome: dedup.InProgress, act: ActNakWithDelay, acks: "nak-with-delay 1s", held: true},
+		{name: "in progress elsewhere, a run longer than the hold, later delivery", msg: newFake("order-1", "a", 3),
+			setup:   claimedBy("other", 5*time.Second), // 3 s left after the hold: the backoff's 4 s is capped
+			outcome: dedup.InProgress, act: ActNakWithDelay, acks: "nak-with-delay ~3s", held: true},
+		{name: "in progress elsewhere, the run ends during the hold", msg: newFake("order-1", "a", 1),
 			setup: func(t *testing.T, s *flakyStore, h *dedup.Handler) {
-				if _, err := s.Claim(context.Background(), h.RecordKey("order-1"), "other", "", 5*time.Second); err != nil {
-					t.Fatal(err)
-				}
+				claimedBy("other", 5*time.Second)(t, s, h)
+				time.AfterFunc(150*time.Millisecond, func() { _ = s.Complete(context.Background(), h.RecordKey("order-1"), "other", time.Hour) })
 			},
-			outcome: dedup.InProgress, act: ActNakWithDelay, acks: "nak-with-delay ~5s"},
+			outcome: dedup.Duplicate, act: ActAck, acks: "ack", held: true},
+		{name: "in progress elsewhere, the owner gives the key back during the hold", msg: newFake("order-1", "a", 1),
+			setup: func(t *testing.T, s *flakyStore, h *dedup.Handler) {
+				claimedBy("other", 5*time.Second)(t, s, h)
+				time.AfterFunc(150*time.Millisecond, func() { _ = s.Release(context.Background(), h.RecordKey("order-1"), "other") })
+			},
+			outcome: dedup.Processed, act: ActAck, acks: "ack", runs: 1, held: true},
 		{name: "handler error", opts: []Option{WithBackoff(func(n uint64) time.Duration { return time.Duration(n) * 123 * time.Millisecond })},
 			msg: newFake("order-1", "a", 2), fn: failing, outcome: dedup.Failed, act: ActNakWithDelay, acks: "nak-with-delay 246ms", runs: 1},
 		{name: "handler error, backoff below the minimum", opts: []Option{WithBackoff(func(uint64) time.Duration { return time.Millisecond })},
@@ -171,13 +190,26 @@ func TestOutcomeActions(t *testing.T) {
 			setup:   func(_ *testing.T, s *flakyStore, _ *dedup.Handler) { s.down(true) },
 			msg:     newFake("order-1", "a", 5),
 			outcome: dedup.StoreUnavailable, act: ActTerm, acks: "term", exhausted: []exhaustedCall{{5, dedup.ErrStoreUnavailable}}},
-		{name: "in progress elsewhere, last delivery", msg: newFake("order-1", "a", 5),
+		{name: "in progress elsewhere, last delivery: held until the dead owner's lease ends, then run", msg: newFake("order-1", "a", 5),
+			setup:   claimedBy("other", 2500*time.Millisecond), // past the 2 s hold
+			outcome: dedup.Processed, act: ActAck, acks: "ack", runs: 1, held: true},
+		{name: "in progress elsewhere, last delivery, the owner still running after its lease", msg: newFake("order-1", "a", 5),
 			setup: func(t *testing.T, s *flakyStore, h *dedup.Handler) {
-				if _, err := s.Claim(context.Background(), h.RecordKey("order-1"), "other", "", 5*time.Second); err != nil {
-					t.Fatal(err)
-				}
+				claimedBy("other", 300*time.Millisecond)(t, s, h)
+				stop := make(chan struct{})
+				t.Cleanup(func() { close(stop) })
+				go func() { // the owner's heartbeat
+					for {
+						select {
+						case <-stop:
+							return
+						case <-time.After(50 * time.Millisecond):
+							_ = s.Extend(context.Background(), h.RecordKey("order-1"), "other", 300*time.Millisecond)
+						}
+					}
+				}()
 			},
-			outcome: dedup.InProgress, act: ActTerm, acks: "term", exhausted: []exhaustedCall{{5, ErrNoDeliveryLeft}}},
+			outcome: dedup.InProgress, act: ActTerm, acks: "term", exhausted: []exhaustedCall{{5, ErrNoDeliveryLeft}}, held: true},
 		{name: "shutdown, last delivery", msg: newFake("order-1", "a", 5),
 			ctx:     func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
 			outcome: dedup.Cancelled, act: ActTerm, acks: "term", runs: 1, exhausted: []exhaustedCall{{5, context.Canceled}}},
@@ -217,6 +249,7 @@ func TestOutcomeActions(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			store := &flakyStore{Store: memStore(t)}
 			h := register(t, newDeduper(t, store), "orders", c.hopts...)
 			var calls []exhaustedCall
@@ -297,6 +330,9 @@ func TestOutcomeActions(t *testing.T) {
 			s := j.Stats()
 			if s.Count(c.act) != 1 || s.AckErrors != 0 || s.Exhausted != uint64(len(c.exhausted)) {
 				t.Fatalf("stats: %d × %v, %d ack errors, %d exhausted", s.Count(c.act), c.act, s.AckErrors, s.Exhausted)
+			}
+			if held := s.Held == 1; held != c.held || (c.held && c.msg.progress.Load() == 0) {
+				t.Fatalf("held %d copies (want held: %v), %d in-progress signals", s.Held, c.held, c.msg.progress.Load())
 			}
 			if c.logged != "" {
 				out := logs.String()

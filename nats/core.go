@@ -61,7 +61,11 @@ func (c *Core) Handle(ctx context.Context, msg *natsgo.Msg, fn Func) (dedup.Resu
 			c.settle(ctx, ack, m, dedup.Result{Outcome: dedup.Panicked}, errGoexit)
 		}
 	}()
-	res, err := c.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
+	run := func(ctx context.Context) (dedup.Result, error) {
+		return c.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
+	}
+	res, err := run(ctx)
+	res, err = c.hold(ctx, ack, m, res, err, run)
 	returned = true
 	p.stop()
 	return res, c.settle(ctx, ack, m, res, err)

@@ -7,7 +7,9 @@
 //	outcome                      action
 //	Processed, Duplicate         Ack (DoubleAck with WithDoubleAck)
 //	NotRecorded                  Ack: running again would repeat the side effects
-//	InProgress                   NakWithDelay(what is left of the other owner's lease)
+//	InProgress                   held up to DefaultCopyHold, checked again as the
+//	                             other owner's run may end; then NakWithDelay(backoff,
+//	                             at most what is left of that owner's lease)
 //	Failed                       NakWithDelay(backoff by NumDelivered); on the last
 //	                             delivery: the exhausted hook, then Term
 //	Panicked                     Nak (on the last delivery: exhausted hook, then Term)

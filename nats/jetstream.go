@@ -193,6 +193,7 @@ func (j *JetStream) handle(ctx context.Context, msg jetstream.Msg, run func(ctx 
 		}
 	}()
 	res, err := run(ctx, key, m)
+	res, err = j.hold(ctx, msg, m, res, err, func(ctx context.Context) (dedup.Result, error) { return run(ctx, key, m) })
 	returned = true
 	p.stop()
 	return res, j.settle(ctx, msg, m, res, err)
@@ -230,15 +231,21 @@ func drain(batch jetstream.MessageBatch) []jetstream.Msg {
 func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parallel int, fn Func, settled func(i int)) []dedup.ItemResult {
 	return j.settleBatch(ctx, msgs, settled, func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult {
 		return j.h.HandleBatchParallel(ctx, items, parallel, func(ctx context.Context, i int) error { return fn(ctx, views[i]) }, done)
+	}, func(ctx context.Context, it dedup.Item, m *Msg) (dedup.Result, error) {
+		return j.h.HandleKey(ctx, it.Key, it.Payload, func(ctx context.Context) error { return fn(ctx, m) })
 	})
 }
 
 // settleBatch reads the keys of msgs, runs run for them as one batch while they are
 // kept in progress, and acknowledges each as soon as run reports its result (done);
-// then it calls settled(i), if not nil. A message left without a result because an fn
-// ended the goroutine (runtime.Goexit) is Nak'ed, as after a panic.
+// then it calls settled(i), if not nil. A copy whose key another owner runs is held
+// (see DefaultCopyHold) on a goroutine of its own, checked again with one, and
+// settled when the hold ends; settleBatch returns once every hold has ended. A
+// message left without a result because an fn ended the goroutine (runtime.Goexit)
+// is Nak'ed, as after a panic.
 func (j *JetStream) settleBatch(ctx context.Context, msgs []jetstream.Msg, settled func(i int),
-	run func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult) []dedup.ItemResult {
+	run func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult,
+	one func(ctx context.Context, it dedup.Item, m *Msg) (dedup.Result, error)) []dedup.ItemResult {
 	views := make([]*Msg, len(msgs))
 	items := make([]dedup.Item, len(msgs))
 	acks := make([]acker, len(msgs))
@@ -250,6 +257,8 @@ func (j *JetStream) settleBatch(ctx context.Context, msgs []jetstream.Msg, settl
 	p := j.startProgress(j.cfg.progressEvery, acks)
 	var mu sync.Mutex
 	answered := make([]bool, len(msgs))
+	var holds sync.WaitGroup
+	held := map[int]dedup.ItemResult{} // under mu: the results of held copies
 	finish := func(i int, r dedup.Result, err error) {
 		mu.Lock()
 		if answered[i] {
@@ -259,6 +268,21 @@ func (j *JetStream) settleBatch(ctx context.Context, msgs []jetstream.Msg, settl
 		answered[i] = true
 		mu.Unlock()
 		p.finish(i)
+		if heldCopy(r) && one != nil {
+			holds.Add(1)
+			go func() {
+				defer holds.Done()
+				r, err := j.hold(ctx, msgs[i], views[i], r, err, func(ctx context.Context) (dedup.Result, error) { return one(ctx, items[i], views[i]) })
+				mu.Lock()
+				held[i] = dedup.ItemResult{Result: r, Err: err}
+				mu.Unlock()
+				j.settle(ctx, msgs[i], views[i], r, err)
+				if settled != nil {
+					settled(i)
+				}
+			}()
+			return
+		}
 		j.settle(ctx, msgs[i], views[i], r, err)
 		if settled != nil {
 			settled(i)
@@ -270,7 +294,14 @@ func (j *JetStream) settleBatch(ctx context.Context, msgs []jetstream.Msg, settl
 			finish(i, dedup.Result{Outcome: dedup.Panicked}, errGoexit)
 		}
 	}()
-	return run(items, views, func(i int, r dedup.ItemResult) { finish(i, r.Result, r.Err) })
+	results := run(items, views, func(i int, r dedup.ItemResult) { finish(i, r.Result, r.Err) })
+	holds.Wait()
+	for i, r := range held { // every hold has ended
+		if i < len(results) {
+			results[i] = r
+		}
+	}
+	return results
 }
 
 // errGoexit is what a message whose fn ended its goroutine (runtime.Goexit) before
