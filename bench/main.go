@@ -39,6 +39,16 @@
 // `go run ./bench stall` counts nats.go's Consume stalls instead (stall.go): runs of a
 // stream through a JetStream handler, and those in which Consume reported a missed
 // heartbeat.
+//
+// `go run ./bench copies` prints issue 26's figure for copies (copies.go): orders
+// published twice, back to back, to two instances with default options, drained
+// against the same orders published once; every order run exactly once. It exits
+// non-zero when the figure fails.
+//
+// `go run ./bench outage` prints issue 26's figure for a Redis outage (outage.go): a
+// steady transactional load (WithStoreFailure(dedup.DatabaseOnly)) while the Redis it
+// spawns is SIGKILLed, its messages/s during the outage against before it, with 0
+// lost and 0 repeated effects. It exits non-zero when the figure fails.
 package main
 
 import (
@@ -188,6 +198,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			return runSoakConsumer(ctx, args[1:], os.Stderr)
 		case "stall":
 			return runStall(ctx, args[1:], stdout, os.Stderr)
+		case "copies":
+			return runCopies(ctx, args[1:], stdout, os.Stderr)
+		case "outage":
+			return runOutage(ctx, args[1:], stdout, os.Stderr)
 		}
 	}
 	cfg, err := parseFlags(args, os.Stderr)
