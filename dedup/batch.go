@@ -686,7 +686,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			}
 			// fn called runtime.Goexit: give back its claim and every claim not run
 			// yet; a transaction is rolled back, with the work of those it held
-			bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+			bg, bgDone := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
 			defer bgDone()
 			stepRollback(bg, step)
 			for _, b := range append(held, claimed[finished:]...) {
@@ -725,7 +725,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			if !ran { // fn called runtime.Goexit: give the claim back
 				hb.forget(b)
 				// before the result, which lets a call waiting for the key go on
-				bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+				bg, bgDone := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
 				h.release(bg, b.k, b.rk, b.token)
 				bgDone()
 				out.set(b.i, ItemResult{Result: h.count(Result{Outcome: Panicked}), Err: errGoexit})
@@ -787,7 +787,7 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *b
 	cause := context.Cause(fctx)
 	hb.forget(b)
 	h.undo(ctx, b, step, savepoint)
-	bg, bgDone := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	bg, bgDone := h.settleCtx(ctx, h.cfg.lease)
 	h.release(bg, b.k, b.rk, b.token)
 	bgDone()
 	res, err := h.failed(b.k, panicked, ferr, cause)
@@ -803,7 +803,7 @@ func (h *Handler) undo(ctx context.Context, b *batchItem, step runStep, savepoin
 	if step == nil {
 		return
 	}
-	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	defer done()
 	if !savepoint {
 		step.rollback(bg)
@@ -818,7 +818,7 @@ func (h *Handler) undo(ctx context.Context, b *batchItem, step runStep, savepoin
 // savepoint failed): its claim is given back.
 func (h *Handler) unrun(ctx context.Context, hb *batchBeat, b *batchItem, out *batchOut, err error) {
 	hb.forget(b)
-	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	h.release(bg, b.k, b.rk, b.token)
 	done()
 	h.settle(out, b, Result{Outcome: StoreUnavailable}, err)
@@ -870,7 +870,7 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, hb *batchBeat, c *compl
 // committed) when it commits; claims kept (CommitUnknown) when its outcome is
 // unknown; claims given back (Failed) when it failed.
 func (h *Handler) commitBatch(ctx context.Context, hb *batchBeat, c *completer, held []*batchItem, step runStep, out *batchOut) {
-	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	defer done()
 	if len(held) == 0 {
 		step.rollback(bg) // nothing to commit: every item failed, or was found

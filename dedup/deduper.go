@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/dedupkit/dedupkit/lru"
 )
@@ -31,6 +32,10 @@ type Deduper struct {
 	// until the first such handler registers
 	byName  map[string]*Handler
 	notices *noticeListener
+	// abandon is closed closeWait after Close began: store calls still out are then
+	// given up on (guard.go)
+	abandon     chan struct{}
+	abandonOnce sync.Once
 }
 
 // New returns a Deduper over store. A nil store or a bad option is an error wrapping
@@ -47,11 +52,12 @@ func New(store Store, opts ...Option) (*Deduper, error) {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	d := &Deduper{store: store, base: store, cfg: cfg, ctx: ctx, cancel: cancel,
-		handlers: make(map[string]*Handler), byName: make(map[string]*Handler)}
+		handlers: make(map[string]*Handler), byName: make(map[string]*Handler), abandon: make(chan struct{})}
 	if err := d.instrument(); err != nil {
 		cancel(err)
 		return nil, err
 	}
+	d.store = newGuard(d, d.store)
 	return d, nil
 }
 
@@ -162,8 +168,11 @@ func (d *Deduper) Store() Store { return d.base }
 // Close stops the Deduper: later calls answer Cancelled with ErrClosed (until its wait
 // is over, a key the local tier holds is still answered Duplicate), running handler
 // functions see their context cancelled with cause ErrClosed, and Close waits until
-// every call has released or completed its claim and every heartbeat has stopped. A fn
-// that ignores its context delays Close. Close does not close the store. Idempotent.
+// every call has released or completed its claim and every heartbeat has stopped. It
+// waits at most a second for the store: calls the store has not answered by then are
+// given up on (a completion is then NotRecorded, a claim left to its lease) and end
+// when the store's client gives up on them. A fn that ignores its context delays
+// Close. Close does not close the store. Idempotent.
 func (d *Deduper) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -173,8 +182,13 @@ func (d *Deduper) Close() error {
 	d.closed = true
 	d.mu.Unlock()
 	d.cancel(ErrClosed)
+	giveUp := time.AfterFunc(closeWait, d.giveUp)
 	d.running.Wait()
+	giveUp.Stop()
 	d.stopNotices()
+	if g, ok := d.store.(*guard); ok {
+		g.probes.Wait() // the breaker's probe, which ends with d.ctx
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, h := range d.handlers {
@@ -182,6 +196,9 @@ func (d *Deduper) Close() error {
 	}
 	return nil
 }
+
+// giveUp gives up on the store calls still out (Close).
+func (d *Deduper) giveUp() { d.abandonOnce.Do(func() { close(d.abandon) }) }
 
 // enter registers a call that will reach the store; false once Close has begun.
 func (d *Deduper) enter() bool {

@@ -208,7 +208,7 @@ func (s *formerStore) settle(ctx context.Context, entries []Entry, answers []Ans
 // trip on a key found under a former name (a duplicate), never on a new key.
 func (s *formerStore) giveBack(ctx context.Context, claims []Entry) {
 	h := s.h
-	bg, done := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+	bg, done := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
 	defer done()
 	var wg sync.WaitGroup
 	release := func(e Entry) {

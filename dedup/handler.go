@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dedupkit/dedupkit/keys"
@@ -24,6 +25,9 @@ type Handler struct {
 	// it has former names (former.go)
 	store Store
 	local *lru.Cache // DONE keys only; nil when the tier is off
+	// listening says the local tier may take keys: forget notices reach it (its
+	// subscription is confirmed), or it needs none (notices.go)
+	listening atomic.Bool
 	// replies keeps the stored replies of DONE keys, by local key, for the reply
 	// forms, bounded by bytes (WithLocalReplies); nil without replies or without a
 	// local tier. A reply form's local hit needs its key here: the keys-only tier
@@ -307,7 +311,7 @@ func localKey(k, fp string) string {
 // removes the key (dropLocal). Either this sees the mark, or the removal follows
 // the Add.
 func (h *Handler) remember(f *flight, lk string) {
-	if h.local != nil {
+	if h.local != nil && h.listening.Load() {
 		h.local.Add(lk)
 		h.unlessStale(f, lk)
 	}
@@ -316,7 +320,7 @@ func (h *Handler) remember(f *flight, lk string) {
 // rememberFor caches a DONE key for no longer than its record has left in the store
 // (as remember for the rest).
 func (h *Handler) rememberFor(f *flight, lk string, left time.Duration) {
-	if h.local != nil {
+	if h.local != nil && h.listening.Load() {
 		h.local.AddFor(lk, left)
 		h.unlessStale(f, lk)
 	}
@@ -333,7 +337,7 @@ func (h *Handler) unlessStale(f *flight, lk string) {
 // did not say), as rememberFor does for the key (with the same care for a forget
 // meanwhile).
 func (h *Handler) rememberReply(f *flight, lk, reply string, left time.Duration) {
-	if h.replies == nil || left <= 0 {
+	if h.replies == nil || left <= 0 || !h.listening.Load() {
 		return
 	}
 	h.replies.AddFor(lk, reply, left)
@@ -603,7 +607,7 @@ func (h *Handler) releaseUnanswered(ctx context.Context, k, rk, token string) {
 	h.d.running.Add(1)
 	go func() {
 		defer h.d.running.Done()
-		bg, done := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+		bg, done := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
 		defer done()
 		h.release(bg, k, rk, token)
 	}()
@@ -660,7 +664,7 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, validUnti
 		}
 		// fn called runtime.Goexit: stop the heartbeat and give the key back
 		end()
-		bg, done := context.WithTimeout(context.WithoutCancel(ctx), min(h.cfg.lease, releaseTimeout))
+		bg, done := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
 		defer done()
 		stepRollback(bg, step)
 		h.release(bg, c.k, c.rk, c.token)
@@ -676,7 +680,7 @@ func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, validUnti
 	panicked, err := h.invoke(withStep(fctx, step), fn)
 	returned = true
 
-	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	defer done()
 	if err != nil {
 		cause := end()
@@ -847,22 +851,10 @@ func (h *Handler) extend(rk, token string, validUntil time.Time) (time.Time, boo
 	}
 }
 
-// storeExtend is the store's Extend, waiting no longer than ctx even if the store does
-// not honour it (go-redis applies context deadlines to the socket only with
-// ContextTimeoutEnabled). It runs inside an entered Do or batch, so Close waits for it.
+// storeExtend is the store's Extend; the guard returns by ctx's deadline whatever the
+// store does.
 func (h *Handler) storeExtend(ctx context.Context, rk, token string) error {
-	errc := make(chan error, 1)
-	h.d.running.Add(1)
-	go func() {
-		defer h.d.running.Done()
-		errc <- h.store.Extend(ctx, rk, token, h.cfg.lease)
-	}()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return h.store.Extend(ctx, rk, token, h.cfg.lease)
 }
 
 func (h *Handler) release(ctx context.Context, k, rk, token string) {

@@ -145,7 +145,7 @@ func (d *Deduper) Health(ctx context.Context) HealthReport {
 		rep.Checks = append(rep.Checks, HealthCheck{Name: CheckDeduper, Status: HealthFail, Detail: "the Deduper is closed"})
 	}
 	if hc, ok := d.base.(HealthChecker); ok {
-		rep.Checks = append(rep.Checks, hc.CheckHealth(ctx)...)
+		rep.Checks = append(rep.Checks, d.storeHealth(ctx, hc)...)
 	} else {
 		rep.Checks = append(rep.Checks, HealthCheck{Name: CheckStoreReachable, Status: HealthUnknown,
 			Detail: fmt.Sprintf("the store (%T) does not report its health", d.base)})
@@ -165,6 +165,29 @@ func (d *Deduper) Health(ctx context.Context) HealthReport {
 	rep.Status = worst(rep.Checks)
 	return rep
 }
+
+// storeHealth is hc's checks, or, when they are not in shortly after ctx's deadline
+// (a store that does not answer, through a client that does not honour ctx),
+// CheckStoreReachable failed. The grace lets a store that honours ctx report its own
+// failed checks, which name the server.
+func (d *Deduper) storeHealth(ctx context.Context, hc HealthChecker) []HealthCheck {
+	wait := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl.Add(healthGrace))
+		defer cancel()
+	}
+	checks, err := detached(&guard{d: d, detach: detaches(d.base)}, waitBounded(ctx, wait), "health", false, func(ctx context.Context) ([]HealthCheck, error) {
+		return hc.CheckHealth(ctx), nil
+	}, nil)
+	if err != nil {
+		return []HealthCheck{{Name: CheckStoreReachable, Status: HealthFail, Detail: err.Error()}}
+	}
+	return checks
+}
+
+// healthGrace is how long after its deadline Health waits for a store's own checks.
+const healthGrace = 50 * time.Millisecond
 
 func worst(cs []HealthCheck) HealthStatus {
 	s := HealthOK

@@ -179,7 +179,7 @@ func (m *memNotices) add(_ context.Context, channels ...string) error {
 	}
 	m.mu.Unlock()
 	for _, c := range channels {
-		m.put(notice{kind: noticeSubscribed, channel: c})
+		m.put(notice{kind: noticeSubscribed, channel: c, lossless: true})
 	}
 	return nil
 }

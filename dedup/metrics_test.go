@@ -10,6 +10,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // metered is a Deduper over a hook store, with metrics read by a manual reader.
@@ -181,6 +183,8 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 
+	failOn(nil) // the claims' failures opened the breaker: wait for its probe
+	testenv.Eventually(t, 5*time.Second, "the breaker closes", func() bool { return !m.d.Breaker() })
 	failOn(map[string]error{"extend": ErrLeaseLost})
 	untilLost := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
 	res, err = lease.Do(ctx, "k1", untilLost)
@@ -354,8 +358,8 @@ func TestMetricsOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.met != nil || h.met != nil || d.store != Store(mem) || d.Store() != Store(mem) {
-		t.Fatalf("metrics are on without a provider: %T, %v, %v", d.store, d.met != nil, h.met != nil)
+	if d.met != nil || h.met != nil || d.store.(*guard).s != Store(mem) || d.Store() != Store(mem) {
+		t.Fatalf("metrics are on without a provider: %T, %v, %v", d.store.(*guard).s, d.met != nil, h.met != nil)
 	}
 	if _, err := New(mem, WithMeterProvider(nil)); !errors.Is(err, ErrInvalidOption) {
 		t.Fatalf("a nil provider: %v, want ErrInvalidOption", err)

@@ -52,6 +52,9 @@ type notice struct {
 	kind    noticeKind
 	channel string
 	k       string
+	// lossless, on noticeSubscribed: no notice can have been lost before it (an
+	// in-process subscription), so the local tiers need not be dropped
+	lossless bool
 }
 
 var errNoticeTimeout = errors.New("dedup: no notice")

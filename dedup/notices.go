@@ -72,19 +72,20 @@ type noticeListener struct {
 	// warned is when the last warning about lost notices was logged (unix nanos)
 	warned atomic.Int64
 
-	mu      sync.Mutex
-	waiting map[string][]chan struct{} // closed when their channel is confirmed
+	adds sync.WaitGroup // subscriptions being sent (watchNotices)
 }
 
 // watchNotices subscribes the Deduper to the forget notices of h, its names and former
 // names, starting the subscription with the first handler. Called by Register for a
-// handler with a local tier, once h is registered and before it is returned: it
-// waits up to a tick for the server to confirm the subscription, so that h's local
-// tier is still empty when the confirmation drops it (notices sent before it may
-// have been lost), as it is whenever a channel is confirmed again.
+// handler with a local tier, once h is registered and before it is returned. It does
+// not wait for the network: the subscription is sent on a goroutine of its own (which
+// Close waits for), and until the server confirms it, h's local tier is dropped at
+// every check, and once more at the confirmation (notices sent before it may have
+// been lost), as it is whenever a channel is confirmed again.
 func (d *Deduper) watchNotices(h *Handler) {
 	bus, ok := d.base.(noticeBus)
 	if !ok || h.local == nil {
+		h.listening.Store(true) // nothing to hear
 		return
 	}
 	d.mu.Lock()
@@ -103,40 +104,31 @@ func (d *Deduper) watchNotices(h *Handler) {
 	for _, n := range h.names() {
 		channels = append(channels, d.cfg.prefix+":"+n)
 	}
+	if _, inProcess := l.sub.(*memNotices); inProcess {
+		// subscribed at once, and no notice can be lost: h may take keys now
+		d.mu.Unlock()
+		_ = l.sub.add(context.Background(), channels...)
+		h.listening.Store(true)
+		return
+	}
+	l.adds.Add(1)
 	d.mu.Unlock()
-	confirmed := l.await(channels)
-	ctx, cancel := context.WithTimeout(context.Background(), l.tick)
-	defer cancel()
-	if err := l.sub.add(ctx, channels...); err != nil {
-		// the subscription is made on the next connection; until it is confirmed,
-		// h's local tier is dropped at every check
-		d.cfg.logger.Debug("dedup: subscribing to forget notices failed; retrying", "handler", h.name, "err", err)
-	}
-	for _, c := range confirmed {
-		select {
-		case <-c:
-		case <-ctx.Done():
-			return
+	go func() {
+		defer l.adds.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), l.tick)
+		defer cancel()
+		if err := l.sub.add(ctx, channels...); err != nil {
+			// the subscription is made on the next connection; until it is confirmed,
+			// h's local tier is dropped at every check
+			d.cfg.logger.Debug("dedup: subscribing to forget notices failed; retrying", "handler", h.name, "err", err)
 		}
-	}
+	}()
 }
 
-// await returns a channel for each of channels, closed when the server confirms it.
-func (l *noticeListener) await(channels []string) []chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.waiting == nil {
-		l.waiting = make(map[string][]chan struct{})
-	}
-	out := make([]chan struct{}, len(channels))
-	for i, c := range channels {
-		out[i] = make(chan struct{})
-		l.waiting[c] = append(l.waiting[c], out[i])
-	}
-	return out
-}
-
-// stopNotices ends the subscription and waits for its goroutine. Called by Close.
+// stopNotices ends the subscription and waits for its goroutines, for at most
+// noticeStopWait: a subscription still being set up holds its connection's lock
+// until the client gives up on a server that does not answer, and its goroutines end
+// then. Called by Close.
 func (d *Deduper) stopNotices() {
 	d.mu.Lock()
 	l := d.notices
@@ -145,9 +137,24 @@ func (d *Deduper) stopNotices() {
 		return
 	}
 	l.cancel()
-	_ = l.sub.close() // ends a receive that waits on the network
-	<-l.done
+	stopped := make(chan struct{})
+	go func() {
+		_ = l.sub.close() // ends a receive, or a subscription, that waits on the network
+		<-l.done
+		l.adds.Wait()
+		close(stopped)
+	}()
+	t := time.NewTimer(noticeStopWait)
+	defer t.Stop()
+	select {
+	case <-stopped:
+	case <-t.C:
+		d.cfg.logger.Debug("dedup: forget notices' subscription still waiting on the store at Close; it ends when the client gives up")
+	}
 }
+
+// noticeStopWait bounds Close's wait for the forget notices' subscription.
+const noticeStopWait = 250 * time.Millisecond
 
 func (l *noticeListener) run(ctx context.Context) {
 	defer close(l.done)
@@ -173,6 +180,9 @@ func (l *noticeListener) run(ctx context.Context) {
 			l.warn("forget notices refused", refused)
 		default: // the connection failed: the next receive dials again and subscribes again
 			clear(confirmed)
+			for _, h := range l.d.onChannel("") {
+				h.listening.Store(false) // until its channels are confirmed again
+			}
 			l.warn("forget notices' connection failed", err)
 			_ = sleepCtx(ctx, time.Until(next))
 		}
@@ -192,14 +202,17 @@ func (l *noticeListener) handle(n notice, confirmed map[string]bool) {
 		// notices sent before the server confirmed the channel were lost to it
 		confirmed[n.channel] = true
 		for _, h := range d.onChannel(n.channel) {
-			h.purgeLocal()
+			if !n.lossless {
+				h.purgeLocal()
+			}
+			all := true
+			for _, name := range h.names() {
+				all = all && confirmed[d.cfg.prefix+":"+name]
+			}
+			if all {
+				h.listening.Store(true) // its notices are heard: it may take keys
+			}
 		}
-		l.mu.Lock()
-		for _, c := range l.waiting[n.channel] {
-			close(c)
-		}
-		delete(l.waiting, n.channel)
-		l.mu.Unlock()
 	case noticeForgotten:
 		for _, h := range d.onChannel(n.channel) {
 			h.dropLocal(n.k)

@@ -63,13 +63,22 @@ func newDeduper(t testing.TB, s Store, opts ...Option) *Deduper {
 	return d
 }
 
+// register registers a handler and waits until its local tier takes keys (its
+// forget notices' subscription is confirmed), as the tests of the local tier expect.
 func register(t testing.TB, d *Deduper, name string, opts ...HandlerOption) *Handler {
 	t.Helper()
 	h, err := d.Register(name, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	listening(t, h)
 	return h
+}
+
+// listening waits until h's local tier takes keys (see Handler.listening).
+func listening(t testing.TB, h *Handler) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "the local tier of "+h.name+" takes keys", h.listening.Load)
 }
 
 // Lookup reports state, owner, remaining life, fingerprint and reply size, for a key

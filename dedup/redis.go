@@ -1020,3 +1020,12 @@ func failedRoundTrip(err error) bool {
 	var re redis.Error
 	return err != nil && !errors.As(err, &re)
 }
+
+// Ping implements Pinger: one PING, which the breaker sends while the store is known
+// down (see Deduper.Breaker).
+func (s *RedisStore) Ping(ctx context.Context) error {
+	if err := s.process(ctx, redis.NewStatusCmd(ctx, "ping")); err != nil {
+		return storeErr("ping", err)
+	}
+	return nil
+}

@@ -284,7 +284,7 @@ func (h *Handler) beginStep(ctx context.Context, step runStep, c claimed) (Marke
 // store, to give back or, for a found marker, to complete (the store lost the DONE
 // record, or never got it: repaired now).
 func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState, err, cause error, hasClaim bool) (Result, error) {
-	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	defer done()
 	switch {
 	case err != nil:
@@ -402,7 +402,7 @@ func (h *Handler) runOnMarker(ctx context.Context, c claimed, fn func(context.Co
 	}()
 	panicked, err := h.invoke(step.with(fctx), fn)
 	returned = true
-	bg, done := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.lease)
+	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	defer done()
 	if err != nil {
 		step.rollback(bg)

@@ -1,0 +1,136 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/dedupkit/dedupkit/internal/testenv"
+)
+
+// Once the store has failed breakerTrip times in a row, claims and marks fail at
+// once, without a store call: a transactional handler under DatabaseOnly runs on its
+// marker alone at the database's speed, a FailOpen handler runs unguarded, a
+// FailClosed one answers StoreUnavailable. A probe closes the breaker once the store
+// answers again, and claims go to the store again. Nothing runs twice throughout.
+func TestBreakerSkipsAStoreKnownDownAndProbesItBack(t *testing.T) {
+	mem, err := NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &hookStore{Store: mem}
+	down := func(on bool) {
+		if !on {
+			hs.fail.Store(nil)
+			return
+		}
+		hs.onFail(func(op string) error {
+			time.Sleep(20 * time.Millisecond) // a client waiting out its retries
+			return fmt.Errorf("%w: %s: injected outage", ErrStoreUnavailable, op)
+		})
+	}
+	d, err := New(hs, WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	tx, _ := d.Register("tx", WithStoreFailure(DatabaseOnly))
+	open, _ := d.Register("open", WithStoreFailure(FailOpen))
+	closed, _ := d.Register("closed")
+	db := newFakeDB()
+	ctx := context.Background()
+	run := func(key string) Result {
+		t.Helper()
+		res, err := DoTx(ctx, tx, key, Transactor[*fakeTx](db), func(_ context.Context, tx *fakeTx) error {
+			tx.write(key)
+			return nil
+		})
+		if err != nil && res.Outcome != Processed {
+			t.Fatalf("%s: %v %v", key, res.Outcome, err)
+		}
+		return res
+	}
+	run("before")
+	if d.Breaker() {
+		t.Fatal("breaker open while the store answers")
+	}
+
+	down(true)
+	for i := range breakerTrip {
+		run(fmt.Sprint("trip-", i)) // each waits for the store, fails, and runs on its marker
+	}
+	if !d.Breaker() {
+		t.Fatalf("breaker closed after %d failures in a row", breakerTrip)
+	}
+	claims := hs.claims.Load()
+	start := time.Now()
+	for i := range 20 {
+		if res := run(fmt.Sprint("down-", i)); res.Outcome != Processed {
+			t.Fatalf("down-%d: %v", i, res.Outcome)
+		}
+	}
+	if res, err := open.Do(ctx, "o", func(context.Context) error { return nil }); res.Outcome != Processed || !res.Unguarded || err != nil {
+		t.Fatalf("FailOpen while the breaker is open: %+v %v", res, err)
+	}
+	if res, err := closed.Do(ctx, "c", func(context.Context) error { return nil }); res.Outcome != StoreUnavailable || !errors.Is(err, errBreakerOpen) {
+		t.Fatalf("FailClosed while the breaker is open: %+v %v", res, err)
+	}
+	if n := hs.claims.Load() - claims; n != 0 {
+		t.Fatalf("%d claims reached the store while the breaker was open", n)
+	}
+	t.Logf("22 runs with the breaker open took %v", time.Since(start))
+	if res := run("down-3"); res.Outcome != Duplicate {
+		t.Fatalf("a committed key again, store down: %+v", res)
+	}
+
+	down(false)
+	testenv.Eventually(t, 5*time.Second, "the breaker closes", func() bool { return !d.Breaker() })
+	claims = hs.claims.Load()
+	if res := run("after"); res.Outcome != Processed {
+		t.Fatalf("after: %v", res.Outcome)
+	}
+	if hs.claims.Load() == claims {
+		t.Fatal("the claim did not reach the store once it was back")
+	}
+	for _, k := range []string{"before", "trip-0", "down-0", "down-3", "down-19", "after"} {
+		if n := db.effectsOf(k); n != 1 {
+			t.Errorf("%s: %d effects, want 1", k, n)
+		}
+	}
+}
+
+// A store that answers resets the count: failures spread between successes never
+// open the breaker.
+func TestBreakerNeedsFailuresInARow(t *testing.T) {
+	mem, err := NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &hookStore{Store: mem}
+	d, err := New(hs, WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	h, _ := d.Register("h")
+	ctx := context.Background()
+	n := 0
+	hs.onFail(func(op string) error {
+		if op != "claim" {
+			return nil
+		}
+		n++
+		if n%breakerTrip == 0 {
+			return nil
+		}
+		return fmt.Errorf("%w: injected", ErrStoreUnavailable)
+	})
+	for i := range 10 * breakerTrip {
+		_, _ = h.Do(ctx, fmt.Sprint("k", i), func(context.Context) error { return nil })
+		if d.Breaker() {
+			t.Fatalf("breaker open after call %d, with a success every %d", i, breakerTrip)
+		}
+	}
+}

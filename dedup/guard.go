@@ -1,0 +1,365 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// guard is the store as the engine calls it (Deduper.store). It keeps two promises
+// the store below may not:
+//
+//   - A call returns by its context's deadline or cancellation, and within
+//     closeWait of Close, whatever the client does (go-redis without
+//     ContextTimeoutEnabled waits out its own timeouts and retries). Such a call goes
+//     on, on a goroutine of its own, until the store answers; a claim that then turns
+//     out to have landed is given back.
+//   - A breaker: once calls have failed breakerTrip times in a row, claims and marks
+//     fail at once (ErrStoreUnavailable, errBreakerOpen) instead of each waiting for
+//     the store, so that a handler that goes on without it (FailOpen, DatabaseOnly)
+//     runs at its own speed while the store is down; a goroutine probes the store and
+//     closes the breaker at its first answer. Completions, releases and extensions are
+//     always tried: they settle what has already run.
+type guard struct {
+	s      Store
+	d      *Deduper
+	detach bool // calls run on a goroutine of their own (see detaches)
+
+	fails  atomic.Int32 // store failures in a row
+	open   atomic.Bool
+	probes sync.WaitGroup // the probe goroutine; Close waits for it
+}
+
+// Breaker settings.
+const (
+	// breakerTrip is how many store failures in a row open the breaker.
+	breakerTrip = 3
+	// probeFirst and probeMax: the breaker's probe tries after probeFirst, then at
+	// doubling intervals up to probeMax, each try bounded by probeMax.
+	probeFirst = 50 * time.Millisecond
+	probeMax   = time.Second
+	// closeWait is how long Close waits for store calls in flight before it gives
+	// up on their answers.
+	closeWait = time.Second
+)
+
+// errBreakerOpen is the cause of a call refused while the breaker is open.
+var errBreakerOpen = errors.New("dedup: store known down (breaker open); probing it in the background")
+
+func newGuard(d *Deduper, s Store) *guard {
+	return &guard{s: s, d: d, detach: detaches(d.base)}
+}
+
+// detaches reports whether calls to s need a goroutine of their own to return by
+// their deadline: every store but MemoryStore, which never waits on a network.
+func detaches(s Store) bool {
+	_, mem := s.(*MemoryStore)
+	return !mem
+}
+
+// Pinger is implemented by a store that can tell cheaply whether it answers; the
+// breaker probes it with Ping (RedisStore: PING). A store without it is probed with
+// a Release of a key no record uses.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+type waitKey struct{}
+
+// settleCtx returns the context of the store calls that settle a run once fn has
+// returned (a completion, a release): not cancelled with ctx, so that they are sent
+// whatever ctx says, and ending after d; but the guard waits for them only until
+// ctx's deadline, if it has one, so that the caller returns by it.
+func (h *Handler) settleCtx(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return bg, cancel
+	}
+	bound, stop := context.WithDeadline(context.Background(), dl)
+	return waitBounded(bg, bound), func() { stop(); cancel() }
+}
+
+// waitBounded returns ctx, whose calls the guard waits for only as long as bound
+// allows: a call made after the caller's fn returned (a completion, a release) runs
+// with a context of its own, so that it is sent whatever the caller's context says,
+// but the caller must still return by its deadline.
+func waitBounded(ctx, bound context.Context) context.Context {
+	if bound.Done() == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, waitKey{}, bound)
+}
+
+// boundOf is the context whose end a call on ctx is waited for no longer than.
+func boundOf(ctx context.Context) context.Context {
+	if b, ok := ctx.Value(waitKey{}).(context.Context); ok {
+		return b
+	}
+	return ctx
+}
+
+// call runs f(ctx) (the store's op) and returns its answer, or, once ctx (or its wait
+// bound) ends or Close has waited closeWait, an error wrapping ErrStoreUnavailable
+// and the cause. late, if not nil, gets the answer of a call given up on, when it
+// comes. Entry and refusal by the breaker are the caller's.
+func detached[T any](g *guard, ctx context.Context, op string, entry bool, f func(context.Context) (T, error), late func(T, error)) (T, error) {
+	bound := boundOf(ctx)
+	if !g.detach {
+		v, err := f(ctx)
+		g.note(ctx, entry, err)
+		return v, err
+	}
+	if err := ctx.Err(); err != nil { // the store would not send it either
+		var zero T
+		return zero, fmt.Errorf("%w: %s: not sent: %w", ErrStoreUnavailable, op, context.Cause(ctx))
+	}
+	c := &pending[T]{done: make(chan struct{})}
+	go func() {
+		v, err := f(ctx)
+		c.mu.Lock()
+		c.v, c.err = v, err
+		gaveUp := c.gaveUp
+		close(c.done)
+		c.mu.Unlock()
+		if gaveUp {
+			g.note(bound, entry, err)
+			if late != nil {
+				late(v, err)
+			}
+		}
+	}()
+	var cause error
+	select {
+	case <-c.done:
+	case <-bound.Done():
+		cause = context.Cause(bound)
+	case <-g.d.abandon:
+		cause = ErrClosed
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.done: // answered meanwhile: the answer wins
+		g.note(bound, entry, c.err)
+		return c.v, c.err
+	default:
+	}
+	c.gaveUp = true
+	if entry && cause != ErrClosed && errors.Is(cause, context.DeadlineExceeded) {
+		g.failed() // a store that does not answer by the deadline counts as failing
+	}
+	var zero T
+	return zero, fmt.Errorf("%w: %s: no answer: %w", ErrStoreUnavailable, op, cause)
+}
+
+// pending is one detached call.
+type pending[T any] struct {
+	mu     sync.Mutex
+	done   chan struct{} // closed once v and err are set
+	v      T
+	err    error
+	gaveUp bool
+}
+
+// note counts err for the breaker: a failed claim or mark (entry), unless the
+// caller's own context ended it; an answer to any call resets the count.
+func (g *guard) note(ctx context.Context, entry bool, err error) {
+	switch {
+	case err == nil || !errors.Is(err, ErrStoreUnavailable): // the store answered
+		g.fails.Store(0)
+	case !entry:
+	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// the caller gave up (shutdown): says nothing about the store
+	default:
+		g.failed()
+	}
+}
+
+// failed counts one store failure and opens the breaker at breakerTrip in a row.
+func (g *guard) failed() {
+	if g.fails.Add(1) >= breakerTrip && g.open.CompareAndSwap(false, true) {
+		g.d.cfg.logger.Warn("dedup: store not answering; claims and marks fail at once (handlers FailOpen and DatabaseOnly go on without it) until a probe gets an answer", "failures", breakerTrip)
+		g.probes.Add(1)
+		go g.probe()
+	}
+}
+
+// refused is the error of a claim or mark made while the breaker is open; nil when
+// it is closed.
+func (g *guard) refused(op string) error {
+	if !g.open.Load() {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, errBreakerOpen)
+}
+
+// probe asks the store, at growing intervals, until it answers (the breaker closes)
+// or the Deduper closes.
+func (g *guard) probe() {
+	defer g.probes.Done()
+	every := probeFirst
+	for {
+		t := time.NewTimer(every)
+		select {
+		case <-g.d.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(g.d.ctx, probeMax)
+		_, err := detached(&guard{s: g.s, d: g.d, detach: g.detach}, ctx, "probe", false, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, g.ping(ctx)
+		}, nil)
+		cancel()
+		if err == nil {
+			g.fails.Store(0)
+			g.open.Store(false)
+			g.d.cfg.logger.Info("dedup: store answers again; breaker closed")
+			return
+		}
+		every = min(2*every, probeMax)
+	}
+}
+
+func (g *guard) ping(ctx context.Context) error {
+	if p, ok := g.d.base.(Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return g.s.Release(ctx, g.d.cfg.prefix+":\x00probe", "probe")
+}
+
+// Breaker reports whether the Deduper's store breaker is open: calls failed in a
+// row, so claims and marks fail at once while a goroutine probes the store.
+func (d *Deduper) Breaker() (open bool) {
+	g, ok := d.store.(*guard)
+	return ok && g.open.Load()
+}
+
+func (g *guard) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (Answer, error) {
+	if err := g.refused("claim"); err != nil {
+		return Answer{}, err
+	}
+	return detached(g, ctx, "claim", true, func(ctx context.Context) (Answer, error) {
+		return g.s.Claim(ctx, key, token, fingerprint, lease)
+	}, func(a Answer, err error) {
+		if err != nil || a.Status == StatusAcquired {
+			g.giveBack([]Entry{{Key: key, Token: token}})
+		}
+	})
+}
+
+func (g *guard) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error) {
+	if err := g.refused("mark"); err != nil {
+		return Answer{}, err
+	}
+	// a mark given up on may have written DONE: filter mode's trade-off, as a crash
+	return detached(g, ctx, "mark", true, func(ctx context.Context) (Answer, error) {
+		return g.s.Mark(ctx, key, token, fingerprint, retention)
+	}, nil)
+}
+
+func (g *guard) Complete(ctx context.Context, key, token string, retention time.Duration) error {
+	_, err := detached(g, ctx, "complete", false, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, g.s.Complete(ctx, key, token, retention)
+	}, nil)
+	return err
+}
+
+// CompleteReply implements ReplyStore when the store below does (Register checks).
+func (g *guard) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
+	_, err := detached(g, ctx, "complete", false, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, g.s.(ReplyStore).CompleteReply(ctx, key, token, reply, retention)
+	}, nil)
+	return err
+}
+
+func (g *guard) Release(ctx context.Context, key, token string) error {
+	_, err := detached(g, ctx, "release", false, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, g.s.Release(ctx, key, token)
+	}, nil)
+	return err
+}
+
+func (g *guard) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	_, err := detached(g, ctx, "extend", false, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, g.s.Extend(ctx, key, token, lease)
+	}, nil)
+	return err
+}
+
+func (g *guard) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+	if err := g.refused("claim"); err != nil {
+		return nil, err
+	}
+	if g.detach {
+		entries = slices.Clone(entries) // the caller may reuse its slice once answered
+	}
+	return detached(g, ctx, "claim", true, func(ctx context.Context) ([]Answer, error) {
+		return g.s.ClaimMany(ctx, entries)
+	}, func(as []Answer, err error) {
+		var back []Entry
+		for i, e := range entries {
+			if err != nil || i >= len(as) || as[i].Err != nil || as[i].Status == StatusAcquired {
+				back = append(back, e)
+			}
+		}
+		g.giveBack(back)
+	})
+}
+
+func (g *guard) MarkMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+	if err := g.refused("mark"); err != nil {
+		return nil, err
+	}
+	if g.detach {
+		entries = slices.Clone(entries)
+	}
+	return detached(g, ctx, "mark", true, func(ctx context.Context) ([]Answer, error) {
+		return g.s.MarkMany(ctx, entries)
+	}, nil)
+}
+
+func (g *guard) CompleteMany(ctx context.Context, entries []Entry) ([]error, error) {
+	if g.detach {
+		entries = slices.Clone(entries)
+	}
+	return detached(g, ctx, "complete", false, func(ctx context.Context) ([]error, error) {
+		return g.s.CompleteMany(ctx, entries)
+	}, nil)
+}
+
+// Lookup implements RecordStore when the store below does (Deduper.records checks).
+func (g *guard) Lookup(ctx context.Context, keys []string) ([]Record, error) {
+	return detached(g, ctx, "lookup", false, func(ctx context.Context) ([]Record, error) {
+		return g.s.(RecordStore).Lookup(ctx, keys)
+	}, nil)
+}
+
+// Forget implements RecordStore when the store below does (Deduper.records checks).
+func (g *guard) Forget(ctx context.Context, keys []string, force bool) ([]Record, error) {
+	return detached(g, ctx, "forget", false, func(ctx context.Context) ([]Record, error) {
+		return g.s.(RecordStore).Forget(ctx, keys, force)
+	}, nil)
+}
+
+// CountRecords implements RecordStore when the store below does.
+func (g *guard) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
+	return detached(g, ctx, "count", false, func(ctx context.Context) (map[string]int64, error) {
+		return g.s.(RecordStore).CountRecords(ctx, prefix, handler)
+	}, nil)
+}
+
+// giveBack releases claims whose answer came after their caller had given up on it
+// (the caller released them too, and may have done so before they landed).
+func (g *guard) giveBack(entries []Entry) {
+	for _, e := range entries {
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		_ = g.s.Release(ctx, e.Key, e.Token)
+		cancel()
+	}
+}
