@@ -432,7 +432,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	if step != nil && h.cfg.storeFailure != FailClosed {
-		h.log.Warn("dedup: store unavailable, running on the database marker alone", "key_hash", keyHash(b.k), "err", err)
+		h.storeWarn(err, "dedup: store unavailable, running on the database marker alone", "key_hash", keyHash(b.k), "err", err)
 		if !b.answered {
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
@@ -444,7 +444,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 	}
 	if h.cfg.storeFailure == FailOpen {
 		h.met.failOpen()
-		h.log.Warn("dedup: store unavailable, running without dedup", "key_hash", keyHash(b.k), "err", err)
+		h.storeWarn(err, "dedup: store unavailable, running without dedup", "key_hash", keyHash(b.k), "err", err)
 		if !b.answered {
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
@@ -453,7 +453,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 		out.set(b.i, ItemResult{Result: res, Err: ferr})
 		return
 	}
-	h.log.Warn("dedup: store unavailable, failing closed", "key_hash", keyHash(b.k), "err", err)
+	h.storeWarn(err, "dedup: store unavailable, failing closed", "key_hash", keyHash(b.k), "err", err)
 	h.settle(out, b, Result{Outcome: StoreUnavailable}, err)
 }
 
@@ -605,7 +605,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			a = answers[j]
 		}
 		if aerr := errors.Join(err, a.Err); aerr != nil {
-			h.releaseUnanswered(ctx, b.k, b.rk, b.token)
+			h.releaseUnanswered(ctx, b.k, b.rk, b.token, aerr)
 			// FailOpen, or a transactional batch under DatabaseOnly: to be run later
 			if ctx.Err() == nil && (h.cfg.storeFailure == FailOpen || (step != nil && h.cfg.storeFailure == DatabaseOnly)) {
 				unguarded = append(unguarded, b)
@@ -754,7 +754,7 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *b
 	if !hb.setRunning(b, cancel) && (!hb.renew(ctx, b) || !hb.setRunning(b, cancel)) {
 		hb.forget(b)
 		h.undo(ctx, b, step, savepoint)
-		h.releaseUnanswered(ctx, b.k, b.rk, b.token) // a no-op unless the claim is still ours
+		h.releaseUnanswered(ctx, b.k, b.rk, b.token, nil) // a no-op unless the claim is still ours
 		switch {
 		case h.d.ctx.Err() != nil:
 			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)

@@ -520,7 +520,7 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	sent := time.Now()
 	ans, err := h.store.Claim(ctx, rk, token, fp, h.cfg.lease)
 	if err != nil {
-		h.releaseUnanswered(ctx, k, rk, token)
+		h.releaseUnanswered(ctx, k, rk, token, err)
 		return h.storeFailed(ctx, f, k, lk, fp, err, fn, step)
 	}
 	switch ans.Status {
@@ -599,11 +599,15 @@ func (h *Handler) lead(f *flight, res Result, err error) (Result, error) {
 	return res, err
 }
 
-// releaseUnanswered gives back a claim whose reply never came: it may have landed.
-// Release deletes only an IN PROGRESS record under this token, so it is always safe.
-// It runs in the background (a down store would delay the answer); the caller has
-// entered, so Close waits for it.
-func (h *Handler) releaseUnanswered(ctx context.Context, k, rk, token string) {
+// releaseUnanswered gives back a claim whose reply never came (err): it may have
+// landed. Release deletes only an IN PROGRESS record under this token, so it is
+// always safe. It runs in the background (a down store would delay the answer); the
+// caller has entered, so Close waits for it. A claim the breaker refused was never
+// sent: nothing to give back.
+func (h *Handler) releaseUnanswered(ctx context.Context, k, rk, token string, err error) {
+	if errors.Is(err, errBreakerOpen) {
+		return
+	}
 	h.d.running.Add(1)
 	go func() {
 		defer h.d.running.Done()
@@ -611,6 +615,17 @@ func (h *Handler) releaseUnanswered(ctx context.Context, k, rk, token string) {
 		defer done()
 		h.release(bg, k, rk, token)
 	}()
+}
+
+// storeWarn logs a run's store failure: a warning, or, while the breaker is open (it
+// warned once when it opened), a debug line, so that an outage does not log a line
+// per message.
+func (h *Handler) storeWarn(err error, msg string, args ...any) {
+	if errors.Is(err, errBreakerOpen) {
+		h.log.Debug(msg, args...)
+		return
+	}
+	h.log.Warn(msg, args...)
 }
 
 // releaseTimeout bounds a best-effort release.
@@ -626,20 +641,20 @@ func (h *Handler) storeFailed(ctx context.Context, f *flight, k, lk, fp string, 
 	if step != nil && h.cfg.storeFailure != FailClosed {
 		// DatabaseOnly, or FailOpen: a transactional run keeps its marker either way,
 		// and stays exactly once
-		h.log.Warn("dedup: store unavailable, running on the database marker alone", "key_hash", keyHash(k), "err", err)
+		h.storeWarn(err, "dedup: store unavailable, running on the database marker alone", "key_hash", keyHash(k), "err", err)
 		f.answer(Result{}, nil, true) // concurrent calls for this key wait on this run
 		return f.ran(h.runOnMarker(ctx, claimed{k: k, lk: lk, rk: h.keyHead + k, fp: fp, token: newToken(), f: f}, fn, step))
 	}
 	if h.cfg.storeFailure == FailOpen {
 		h.met.failOpen()
-		h.log.Warn("dedup: store unavailable, running without dedup", "key_hash", keyHash(k), "err", err)
+		h.storeWarn(err, "dedup: store unavailable, running without dedup", "key_hash", keyHash(k), "err", err)
 		if fn == nil { // Mark
 			return h.lead(f, Result{Outcome: First, Unguarded: true}, nil)
 		}
 		f.answer(Result{}, nil, true) // concurrent calls for this key wait on this run
 		return h.run(ctx, fn, true, false, nil)
 	}
-	h.log.Warn("dedup: store unavailable, failing closed", "key_hash", keyHash(k), "err", err)
+	h.storeWarn(err, "dedup: store unavailable, failing closed", "key_hash", keyHash(k), "err", err)
 	return h.lead(f, Result{Outcome: StoreUnavailable}, err)
 }
 
