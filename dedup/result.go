@@ -36,7 +36,8 @@ const (
 	// closed; the claim was released. Leave the message for redelivery.
 	Cancelled
 	// CommitUnknown: a transactional run's fn succeeded, and its COMMIT's outcome is
-	// unknown (the connection was lost during it); Do's error wraps ErrCommitUnknown.
+	// unknown (it was written, and the connection was lost before the answer); Do's
+	// error wraps ErrCommitUnknown.
 	// The claim is kept until its lease ends (Result.RetryAfter); then the
 	// redelivery's marker decides: Duplicate if the commit happened, a new run if not.
 	// Retry after RetryAfter (NakWithDelay).

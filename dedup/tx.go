@@ -21,10 +21,11 @@ import (
 // The core imports no database driver: a Transactor does the database's part
 // (package sqltx for database/sql, pgxtx for pgx).
 
-// ErrCommitUnknown reports a COMMIT whose outcome is unknown: the connection was lost
-// while it was in flight, so it may have committed or not. The claim is kept until
-// its lease ends; the redelivery's marker insert then decides (a committed run
-// answers Duplicate from the database, an uncommitted one runs again).
+// ErrCommitUnknown reports a COMMIT whose outcome is unknown: it may have reached the
+// server (it was written, and the connection was lost before the answer), so it may
+// have committed or not. The claim is kept until its lease ends; the redelivery's
+// marker insert then decides (a committed run answers Duplicate from the database,
+// an uncommitted one runs again). A COMMIT the driver never sent is no such case.
 var ErrCommitUnknown = errors.New("dedup: commit outcome unknown")
 
 // Marker is the row a transactional run writes in its transaction: which handler and
@@ -65,9 +66,9 @@ type Transactor[T any] interface {
 	// RollbackTo undoes the work of tx since its last Savepoint and deletes m's
 	// marker, so that the commit leaves m's message unprocessed.
 	RollbackTo(ctx context.Context, tx T, m Marker) error
-	// Commit commits tx. An error wraps ErrCommitUnknown when the commit may have
-	// happened all the same (the connection was lost while it was in flight);
-	// otherwise an error means tx is rolled back.
+	// Commit commits tx. An error wraps ErrCommitUnknown when the COMMIT may have
+	// reached the server (the connection was lost after it was written);
+	// otherwise, a COMMIT never sent included, an error means tx is rolled back.
 	Commit(ctx context.Context, tx T) error
 	// Rollback rolls tx back; it is called once for every transaction Begin opened
 	// that is not committed.
@@ -85,8 +86,9 @@ type Transactor[T any] interface {
 //     failure answers StoreUnavailable (the error wraps ErrStoreUnavailable).
 //   - fn runs under the lease heartbeat. An error or a panic rolls the transaction
 //     back (the marker with it) and releases the claim: Failed or Panicked, as Do.
-//   - COMMIT. A failed commit releases the claim (Failed). A commit whose outcome is
-//     unknown keeps it: CommitUnknown, the error wrapping ErrCommitUnknown.
+//   - COMMIT. A failed commit releases the claim (Failed), a COMMIT the driver never
+//     sent included. A commit whose outcome is unknown (the COMMIT may have reached
+//     the server) keeps it: CommitUnknown, the error wrapping ErrCommitUnknown.
 //   - The claim is completed. Once committed the run is Processed, whatever the
 //     store answers: the marker answers a redelivery.
 //

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,6 +198,82 @@ func TestTxStoreDown(t *testing.T) {
 			}
 			e.settled(c, last)
 			checkOnce(t, d, n)
+		})
+	}
+}
+
+// A COMMIT that never leaves the client: the transaction's connection is reset
+// after the handler's insert, so the driver's write of the COMMIT fails with
+// nothing written. An ordinary failure, not CommitUnknown: Failed, the claim
+// released at once, so that the redelivery after the backoff (1 s) runs the order
+// and commits it, long before the lease (30 s) would have let it.
+func TestTxCommitNotSent(t *testing.T) {
+	for _, dialect := range []string{"postgres", "mysql"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			var dsn, upstream string
+			var wire testenv.Wire
+			if dialect == "postgres" {
+				dsn = testenv.PostgresURL(t)
+				upstream, wire = testenv.PostgresHost(t, dsn), testenv.PostgresWire
+			} else {
+				dsn = testenv.MySQLDSN(t) + "?interpolateParams=true"
+				upstream, wire = testenv.MySQLHost(t, dsn), testenv.MySQLWire
+			}
+			proxy, err := testenv.NewSQLProxy(wire, upstream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { proxy.Close() })
+			if dialect == "postgres" {
+				dsn = testenv.WithPostgresHost(dsn, proxy.Addr())
+			} else {
+				dsn = testenv.WithMySQLHost(dsn, proxy.Addr())
+			}
+			d := newOrderDBAt(t, dialect, dsn)
+			e := connect(t, embeddedNATS(t))
+			e.newStream()
+			last := e.publish("new", "order-0", "x").Sequence
+			c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.MaxDeliver = 10 })
+			const lease = 30 * time.Second
+			h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithLease(lease))
+			j := newJS(t, h, c)
+			var mu sync.Mutex
+			var results []string
+			var reset atomic.Bool
+			start := time.Now()
+			t.Cleanup(func() {
+				if t.Failed() {
+					mu.Lock()
+					t.Logf("results: %v", results)
+					mu.Unlock()
+				}
+			})
+			consume(t, c, func(msg jetstream.Msg) {
+				res, act := HandleTx(context.Background(), j, msg, d.tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
+					if err := d.insert(ctx, tx, m.Header(jetstream.MsgIDHeader), os.Getpid()); err != nil {
+						return err
+					}
+					if !reset.Load() { // the insert was the last message through the proxy
+						reset.Store(proxy.ResetLast())
+					}
+					return nil
+				})
+				mu.Lock()
+				results = append(results, fmt.Sprint(res.Outcome, "/", res.Tier, "/", act))
+				mu.Unlock()
+			})
+			e.settled(c, last)
+			mu.Lock()
+			defer mu.Unlock()
+			t.Logf("results after %v: %v", time.Since(start).Round(time.Millisecond), results)
+			if !reset.Load() || len(results) != 2 || results[0] != "failed/none/nak-with-delay" || results[1] != "processed/none/ack" {
+				t.Fatalf("reset %v, results %v; want Failed (NakWithDelay), then Processed", reset.Load(), results)
+			}
+			if took := time.Since(start); took >= lease {
+				t.Fatalf("settled after %v: the claim was held for its lease", took)
+			}
+			checkOnce(t, d, 1)
 		})
 	}
 }

@@ -11,7 +11,9 @@
 // CREATE statements; Migrate runs them. Sweep deletes expired markers in bounded
 // batches; WithSweep runs it on a goroutine until Close.
 //
-// A Commit whose outcome is unknown (the connection lost with the COMMIT in flight)
-// returns an error wrapping dedup.ErrCommitUnknown; any other Commit error means the
-// transaction was rolled back. Effects outside the transaction are not covered.
+// A Commit whose COMMIT may have reached the server (written, and the connection
+// lost before the answer) returns an error wrapping dedup.ErrCommitUnknown; any
+// other Commit error means the transaction was rolled back, a COMMIT pgx never sent
+// included (the connection closed already, or its write failed with nothing
+// written). Effects outside the transaction are not covered.
 package pgxtx

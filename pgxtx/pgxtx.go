@@ -227,38 +227,53 @@ func (t *Transactor) RollbackTo(ctx context.Context, tx pgx.Tx, m dedup.Marker) 
 
 // Commit commits tx; ctx bounds the COMMIT (ending it mid-commit makes the outcome
 // unknown), and a ctx already ended rolls tx back instead (the error wraps ctx's).
-// An error wraps dedup.ErrCommitUnknown when the commit may have happened: the
-// connection was lost with the COMMIT in flight. It does not when the server
-// answered: an error response (a deferred constraint, a serialization failure;
-// save for SQLSTATE classes 08, 57, 58 and XX and 40003, which a server going away
-// sends), or a COMMIT of an aborted transaction answered ROLLBACK
-// (pgx.ErrTxCommitRollback); tx is then rolled back. pgconn's SafeToRetry is not
-// trusted: a connection cut after the COMMIT was written and committed makes pgx
-// report "conn closed" with SafeToRetry true (the proxy test
-// CommitUnknownAfterCommit shows it).
+// An error wraps dedup.ErrCommitUnknown when the COMMIT may have reached the server:
+// it was written, and the connection was lost before the answer, or the server
+// answered that it was going away (SQLSTATE classes 08, 57, 58 and XX, and 40003).
+// Any other error means tx is rolled back: a COMMIT never sent (the connection was
+// already closed, or pgconn reports it safe to retry: its write failed with
+// nothing written), an error response (a deferred constraint, a serialization
+// failure), or a COMMIT of an aborted transaction answered ROLLBACK
+// (pgx.ErrTxCommitRollback).
 func (t *Transactor) Commit(ctx context.Context, tx pgx.Tx) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgxtx: commit not attempted: %w", errors.Join(err, t.Rollback(ctx, tx)))
 	}
+	closed := tx.Conn() != nil && tx.Conn().IsClosed()
 	err := tx.Commit(ctx)
 	if err == nil {
 		return nil
 	}
-	if commitUnknown(err) {
+	if commitUnknown(err, closed) {
 		return fmt.Errorf("pgxtx: commit: %w: %w", dedup.ErrCommitUnknown, err)
 	}
 	return fmt.Errorf("pgxtx: commit: %w", err)
 }
 
-func commitUnknown(err error) bool {
-	if errors.Is(err, pgx.ErrTxClosed) || errors.Is(err, pgx.ErrTxCommitRollback) {
+// commitUnknown tells whether a COMMIT that failed with err may have reached the
+// server; closed: the connection was closed before the COMMIT started.
+//
+// pgconn refuses a closed connection before it writes anything, and its
+// SafeToRetry reports a failure before any byte was written: either way no COMMIT
+// was sent. One exception (pgx v5.12): when the read of the COMMIT's reply fails,
+// MultiResultReader.NextResult drops the read's error (peekMessage has marked the
+// connection closed) and returns the next call's lock error instead, "conn
+// closed" (pgconn.ErrConnClosed), which SafeToRetry calls safe although the
+// COMMIT was written. On a connection open when the COMMIT started, that error
+// means closed during it: unknown. (So is a reply lost to the deallocation of
+// invalidated statements pgx sends ahead of the COMMIT: cautious, and rare.)
+func commitUnknown(err error, closed bool) bool {
+	if closed || errors.Is(err, pgx.ErrTxClosed) || errors.Is(err, pgx.ErrTxCommitRollback) {
 		return false // nothing sent, or the server answered ROLLBACK
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return markersql.PostgresCommitUnknown(pgErr.Code)
 	}
-	return true
+	if errors.Is(err, pgconn.ErrConnClosed) {
+		return true // closed during the COMMIT: its reply was lost
+	}
+	return !pgconn.SafeToRetry(err)
 }
 
 // rollbackTimeout bounds a Rollback, which runs even when the caller's ctx has

@@ -24,9 +24,11 @@
 //     Begin waits for another transaction's write lock instead of failing with
 //     SQLITE_BUSY: "file:markers.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)".
 //
-// Errors are classified without driver types (commit.go): a COMMIT whose outcome is
-// unknown, because the connection was lost with it in flight, returns an error
-// wrapping dedup.ErrCommitUnknown; any other Commit error means the transaction was
-// rolled back. Effects outside the transaction (an HTTP call, a message sent) are
-// not covered by the marker.
+// Errors are classified without driver types (commit.go): a COMMIT that may have
+// reached the server (written, and the connection lost before the answer) returns
+// an error wrapping dedup.ErrCommitUnknown; any other Commit error means the
+// transaction was rolled back, a COMMIT the driver never sent included (the
+// connection closed already, driver.ErrBadConn, pgconn's SafeToRetry). Effects
+// outside the transaction (an HTTP call, a message sent) are not covered by the
+// marker.
 package sqltx

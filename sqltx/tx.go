@@ -106,9 +106,12 @@ func (t *Transactor) RollbackTo(ctx context.Context, tx *sql.Tx, m dedup.Marker)
 
 // Commit commits tx. database/sql's commit takes no context, so ctx cannot bound
 // it; a ctx already ended rolls tx back instead (the error wraps ctx's). An error
-// wraps dedup.ErrCommitUnknown when the commit may have happened (the connection
-// was lost with the COMMIT in flight); otherwise tx is rolled back (see commit.go
-// for how the two are told apart).
+// wraps dedup.ErrCommitUnknown when the COMMIT may have reached the server (the
+// connection was lost after the COMMIT was written, before its answer); otherwise
+// tx is rolled back: the server refused the COMMIT, or the driver never sent it (the
+// connection was closed already, or the driver reports nothing written:
+// driver.ErrBadConn, pgconn's SafeToRetry). commit.go tells how the two are told
+// apart.
 func (t *Transactor) Commit(ctx context.Context, tx *sql.Tx) error {
 	conn := t.release(tx)
 	if conn != nil {
@@ -119,8 +122,9 @@ func (t *Transactor) Commit(ctx context.Context, tx *sql.Tx) error {
 		// server or the server ends the transaction with a broken connection.
 		return fmt.Errorf("sqltx: commit not attempted: %w", errors.Join(err, tx.Rollback()))
 	}
+	closed := closedBefore(conn)
 	if err := tx.Commit(); err != nil {
-		return t.commitError(ctx, conn, err)
+		return t.commitError(ctx, conn, err, closed)
 	}
 	return nil
 }

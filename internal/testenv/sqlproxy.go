@@ -39,11 +39,17 @@ const (
 	// (1213, SQLSTATE 40001, as a Galera certification failure does): rolled back,
 	// and the server's refusal reaches the client as a server error.
 	RejectCommit
+	// CutAtStatement drops the next message the client sends, COMMIT or not (a
+	// handler's statement), and closes both sides: the server rolls the transaction
+	// back, and the client's driver learns from that statement that the connection
+	// is lost, before it sends any COMMIT.
+	CutAtStatement
 )
 
 // SQLProxy is a loopback TCP proxy in front of a PostgreSQL or MySQL server that
-// can fault the next COMMIT a client sends, on whichever connection. It is in
-// pass-through mode until ArmCommit. Safe for concurrent use.
+// can fault the next COMMIT a client sends, on whichever connection, or reset the
+// connection last used. It is in pass-through mode until ArmCommit or ResetLast.
+// Safe for concurrent use.
 type SQLProxy struct {
 	wire     Wire
 	upstream string
@@ -51,7 +57,8 @@ type SQLProxy struct {
 	done     chan struct{}
 	wg       sync.WaitGroup
 	hits     atomic.Int64
-	oneWay   atomic.Int64 // SetLatency's delay each way, in nanoseconds
+	oneWay   atomic.Int64            // SetLatency's delay each way, in nanoseconds
+	last     atomic.Pointer[sqlConn] // the connection of the last client message
 
 	mu    sync.Mutex
 	conns map[*sqlConn]struct{}
@@ -80,25 +87,51 @@ func NewSQLProxy(wire Wire, upstream string) (*SQLProxy, error) {
 // Addr returns the address clients dial.
 func (p *SQLProxy) Addr() string { return p.ln.Addr().String() }
 
-// ArmCommit makes the next COMMIT suffer f, replacing a fault still armed.
+// ArmCommit makes the next COMMIT suffer f (CutAtStatement: the next message),
+// replacing a fault still armed.
 func (p *SQLProxy) ArmCommit(f CommitFault) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.armed = f
 }
 
-// Hits returns how many COMMITs have been faulted.
+// Hits returns how many messages (COMMITs, or a statement for CutAtStatement) have
+// been faulted.
 func (p *SQLProxy) Hits() int64 { return p.hits.Load() }
 
-func (p *SQLProxy) take() CommitFault {
+// take returns the fault armed for the client's message about to be forwarded
+// (commit: it is a COMMIT), disarming it; 0 for none.
+func (p *SQLProxy) take(commit bool) CommitFault {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	f := p.armed
+	if !commit && f != CutAtStatement {
+		return 0
+	}
 	p.armed = 0
 	if f != 0 {
 		p.hits.Add(1)
 	}
 	return f
+}
+
+// ResetLast resets the connection the last client message came through, between
+// messages: the client's side is closed with an RST (SO_LINGER 0), so that the
+// client's next write fails with nothing sent (ECONNRESET), and the server's side
+// is closed, so that the server rolls back the transaction it held. Other
+// connections (a pool's idle ones) are left alone. It reports whether there was a
+// connection to reset; over loopback the RST has reached the client when it
+// returns.
+func (p *SQLProxy) ResetLast() bool {
+	c := p.last.Load()
+	if c == nil {
+		return false
+	}
+	if tc, ok := c.client.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.close()
+	return true
 }
 
 // Close stops the proxy: it closes the listener and every connection, and waits for
@@ -220,7 +253,7 @@ func (c *sqlConn) close() {
 }
 
 // requests forwards the client's messages one whole message at a time, so that a
-// COMMIT can be held back or replaced.
+// COMMIT (or, for CutAtStatement, any message) can be held back or replaced.
 func (c *sqlConn) requests() {
 	defer c.p.wg.Done()
 	defer c.close()
@@ -240,16 +273,15 @@ func (c *sqlConn) requests() {
 			}
 			msg := buf[:size]
 			buf = buf[size:]
-			if commit {
-				if f := c.p.take(); f != 0 {
-					switch f {
-					case CutBeforeCommit:
-						return
-					case RejectCommit:
-						msg = mysqlQuery(msg[3], "ROLLBACK")
-					}
-					c.onReply.Store(uint32(f))
+			c.p.last.Store(c)
+			if f := c.p.take(commit); f != 0 {
+				switch f {
+				case CutBeforeCommit, CutAtStatement:
+					return
+				case RejectCommit:
+					msg = mysqlQuery(msg[3], "ROLLBACK")
 				}
+				c.onReply.Store(uint32(f))
 			}
 			if werr := write(c.server, c.toServer, msg); werr != nil {
 				return

@@ -61,3 +61,32 @@ func TestSQLProxyFrames(t *testing.T) {
 		t.Fatalf("refusal packet %x", p)
 	}
 }
+
+// A commit fault meets only a COMMIT; CutAtStatement meets the next message,
+// whatever it is. Each is met once.
+func TestSQLProxyTake(t *testing.T) {
+	p := &SQLProxy{}
+	p.ArmCommit(CutBeforeCommit)
+	if f := p.take(false); f != 0 {
+		t.Fatalf("a statement met %v armed for the COMMIT", f)
+	}
+	if f := p.take(true); f != CutBeforeCommit {
+		t.Fatalf("the COMMIT met %v, want CutBeforeCommit", f)
+	}
+	if f := p.take(true); f != 0 {
+		t.Fatalf("the next COMMIT met %v: the fault was not disarmed", f)
+	}
+	p.ArmCommit(CutAtStatement)
+	if f := p.take(false); f != CutAtStatement {
+		t.Fatalf("a statement met %v, want CutAtStatement", f)
+	}
+	if f := p.take(false); f != 0 {
+		t.Fatalf("the next statement met %v: the fault was not disarmed", f)
+	}
+	if p.Hits() != 2 {
+		t.Fatalf("%d hits, want 2", p.Hits())
+	}
+	if p.ResetLast() {
+		t.Fatal("ResetLast reset a connection before any message")
+	}
+}

@@ -56,6 +56,8 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("ConcurrentRunsCommitOnce", s.concurrent)
 	t.Run("CommitUnknownAfterCommit", func(t *testing.T) { s.commitUnknown(t, testenv.CutAfterCommit) })
 	t.Run("CommitUnknownBeforeCommit", func(t *testing.T) { s.commitUnknown(t, testenv.CutBeforeCommit) })
+	t.Run("CommitFailsCutAtStatement", func(t *testing.T) { s.commitNotSent(t, false) })
+	t.Run("CommitFailsResetBeforeCommit", func(t *testing.T) { s.commitNotSent(t, true) })
 	t.Run("CommitRejected", s.commitRejected)
 	t.Run("Sweep", s.sweep)
 	t.Run("SweepSparesTakenOver", s.sweepSparesTakenOver)
@@ -457,6 +459,69 @@ func (s suite[T]) commitUnknown(t *testing.T, fault testenv.CommitFault) {
 	if n := count(t, e, "SELECT count(*) FROM "+w); (n == 1) != committed {
 		t.Fatalf("%d effect rows, committed=%v", n, committed)
 	}
+	redeliver(t, e, m, committed)
+}
+
+// redeliver runs the redelivery of m's message after a failed commit: its Begin
+// finds the marker when the commit happened, and writes it when not.
+func redeliver[T any](t *testing.T, e *Env[T], m dedup.Marker, committed bool) {
+	t.Helper()
+	again := m
+	again.Owner = owner()
+	tx, found := begin(t, e, again)
+	if err := e.Tr.Rollback(ctxT(t), tx); err != nil {
+		t.Fatal(err)
+	}
+	if found[0].Found != committed {
+		t.Fatalf("the redelivery's Begin: found=%v, want %v (committed=%v)", found[0].Found, committed, committed)
+	}
+}
+
+// commitNotSent: the connection is lost before the COMMIT leaves the client, so
+// the driver sends none: cut while a statement of the handler runs (the driver
+// knows the connection is closed when Commit starts), or reset just before the
+// COMMIT (the driver's write of it fails with nothing written). Commit fails
+// without ErrCommitUnknown: the transaction was rolled back, and the message can
+// run again at once.
+func (s suite[T]) commitNotSent(t *testing.T, reset bool) {
+	if s.h.Dialect == SQLite {
+		t.Skip("SQLite runs in-process: no connection to lose")
+	}
+	e := s.env(t, Opts{Proxied: true})
+	w := workTable(t, e, "")
+	m := marker("h", "k", "", time.Hour)
+	tx, _ := begin(t, e, m)
+	if err := e.Exec(ctxT(t), tx, "INSERT INTO "+w+" (id, v) VALUES (?, ?)", 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if reset {
+		if !e.Proxy.ResetLast() {
+			t.Fatal("no connection to reset")
+		}
+	} else {
+		e.Proxy.ArmCommit(testenv.CutAtStatement)
+		if err := e.Exec(ctxT(t), tx, "INSERT INTO "+w+" (id, v) VALUES (?, ?)", 2, 2); err == nil {
+			t.Fatal("a statement through a cut connection succeeded")
+		}
+		if e.Proxy.Hits() != 1 {
+			t.Fatalf("the proxy cut %d statements, want 1", e.Proxy.Hits())
+		}
+	}
+	err := e.Tr.Commit(ctxT(t), tx)
+	if err == nil {
+		t.Fatal("Commit on a lost connection succeeded")
+	}
+	if errors.Is(err, dedup.ErrCommitUnknown) {
+		t.Fatalf("Commit with no COMMIT sent: %v, want a known failure (not ErrCommitUnknown)", err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the server to roll the cut transaction back", func() bool {
+		_, ok := lookup(t, e, m)
+		return !ok
+	})
+	if n := count(t, e, "SELECT count(*) FROM "+w); n != 0 {
+		t.Fatalf("%d effect rows of a transaction never committed", n)
+	}
+	redeliver(t, e, m, false)
 }
 
 func (s suite[T]) commitRejected(t *testing.T) {
