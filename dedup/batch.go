@@ -47,6 +47,9 @@ type ItemResult struct {
 // ErrClosed when the Deduper closes; it ends when the batch does, not when each fn
 // returns. In ModeDo each fn has its own under it, which a lost lease cancels.
 func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error) []ItemResult {
+	if err := h.checkInput(ctx, fn == nil); err != nil {
+		return badBatch(items, nil, err)
+	}
 	return h.handleBatch(ctx, items, 1, fn, nil, nil, nil)
 }
 
@@ -79,6 +82,9 @@ func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx con
 // slowest fn. In ModeDo a Processed item's result is final once its completion has
 // been answered, so its acknowledgement follows its own DONE write.
 func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(i int, r ItemResult)) []ItemResult {
+	if err := h.checkInput(ctx, fn == nil); err != nil {
+		return badBatch(items, done, err)
+	}
 	return h.handleBatch(ctx, items, max(parallel, 1), fn, done, nil, nil)
 }
 
@@ -92,15 +98,11 @@ func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, paralle
 // with DoReply's additions (ErrReplyTooLarge). On a handler without WithReplies every
 // item's error wraps ErrInvalidOption, and nothing runs.
 func (h *Handler) HandleBatchReply(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) ([]byte, error), done func(i int, r ItemResult)) []ItemResult {
+	if err := h.checkInput(ctx, fn == nil); err != nil {
+		return badBatch(items, done, err)
+	}
 	if err := h.checkReplies(); err != nil {
-		out := make([]ItemResult, len(items))
-		for i := range out {
-			out[i].Err = err
-			if done != nil {
-				done(i, out[i])
-			}
-		}
-		return out
+		return badBatch(items, done, err)
 	}
 	rb := &batchReplies{fn: fn, items: make([]replyRun, len(items))}
 	return h.handleBatch(ctx, items, max(parallel, 1), rb.call, done, nil, rb)

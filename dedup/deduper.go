@@ -46,6 +46,9 @@ func New(store Store, opts ...Option) (*Deduper, error) {
 	}
 	cfg := config{prefix: DefaultPrefix, logger: slog.Default(), forgetBound: DefaultForgetBound}
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+		}
 		if err := o(&cfg); err != nil {
 			return nil, err
 		}
@@ -72,11 +75,17 @@ func New(store Store, opts ...Option) (*Deduper, error) {
 // Redis, the first one opens a subscription connection, and one goroutine, which
 // Close stops.
 func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error) {
+	if d == nil {
+		return nil, fmt.Errorf("%w: nil *Deduper (did New fail?)", ErrInvalidOption)
+	}
 	if err := validName(name); err != nil {
 		return nil, err
 	}
 	cfg := defaultHandlerConfig()
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: handler %q: nil HandlerOption", ErrInvalidOption, name)
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("handler %q: %w", name, err)
 		}
@@ -174,6 +183,9 @@ func (d *Deduper) Store() Store { return d.base }
 // when the store's client gives up on them. A fn that ignores its context delays
 // Close. Close does not close the store. Idempotent.
 func (d *Deduper) Close() error {
+	if d == nil {
+		return nil
+	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()

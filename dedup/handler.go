@@ -82,6 +82,9 @@ func (h *Handler) RecordKey(key string) string {
 // other outcomes it wraps ErrPanic, ErrStoreUnavailable, ErrNotRecorded, ErrLeaseLost,
 // ErrClosed or the context's error. An empty key follows the missing-key policy.
 func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) error) (Result, error) {
+	if err := h.checkInput(ctx, fn == nil); err != nil {
+		return Result{}, err
+	}
 	if key == "" {
 		return h.noKey(ctx, fn, nil)
 	}
@@ -113,6 +116,9 @@ func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) e
 // the missing-key policy (under ProcessMissingKey, fn's reply is returned, not
 // stored).
 func (h *Handler) DoReply(ctx context.Context, key string, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
+	if err := h.checkInput(ctx, fn == nil); err != nil {
+		return ReplyResult{}, err
+	}
 	return h.doReply(ctx, key, "", fn)
 }
 
@@ -120,12 +126,22 @@ func (h *Handler) DoReply(ctx context.Context, key string, fn func(context.Conte
 // strategy, and the payload fingerprinted when fingerprinting is on (a duplicate
 // with another payload answers KeyReuse, not the stored reply).
 func (h *Handler) HandleReply(ctx context.Context, msg keys.Message, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
-	return h.HandleKeyReply(ctx, h.cfg.strategy.Key(msg), msg.Data(), fn)
+	if err := h.checkInput(ctx, fn == nil); err != nil {
+		return ReplyResult{}, err
+	}
+	key, payload, err := h.readMessage(msg)
+	if err != nil {
+		return ReplyResult{}, err
+	}
+	return h.HandleKeyReply(ctx, key, payload, fn)
 }
 
 // HandleKeyReply is HandleReply for a key the caller has already read from the
 // message (an adapter with its own key strategy).
 func (h *Handler) HandleKeyReply(ctx context.Context, key string, payload []byte, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
+	if err := h.checkInput(ctx, fn == nil); err != nil {
+		return ReplyResult{}, err
+	}
 	return h.doReply(ctx, key, h.fingerprint(payload), fn)
 }
 
@@ -204,6 +220,9 @@ func (h *Handler) replied(res Result, reply string, has bool) ReplyResult {
 // empty key answers NoKey, or First with Unguarded under ProcessMissingKey. A store
 // failure answers StoreUnavailable, or First with Unguarded under FailOpen.
 func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
+	if err := h.checkInput(ctx, false); err != nil {
+		return Result{}, err
+	}
 	if key == "" {
 		return h.noKey(ctx, nil, nil)
 	}
@@ -227,12 +246,22 @@ func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 // handler's mode: ModeDo as Do, ModeFilter as Mark then fn on First. With
 // fingerprinting on, the payload's fingerprint is stored and compared (KeyReuse).
 func (h *Handler) Handle(ctx context.Context, msg keys.Message, fn func(context.Context) error) (Result, error) {
-	return h.HandleKey(ctx, h.cfg.strategy.Key(msg), msg.Data(), fn)
+	if err := h.checkInput(ctx, fn == nil); err != nil {
+		return Result{}, err
+	}
+	key, payload, err := h.readMessage(msg)
+	if err != nil {
+		return Result{}, err
+	}
+	return h.HandleKey(ctx, key, payload, fn)
 }
 
 // HandleKey is Handle for a key the caller has already read from the message (an
 // adapter with its own key strategy); payload is fingerprinted when fingerprinting is on.
 func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn func(context.Context) error) (Result, error) {
+	if err := h.checkInput(ctx, fn == nil); err != nil {
+		return Result{}, err
+	}
 	if key == "" {
 		return h.noKey(ctx, fn, nil)
 	}

@@ -134,6 +134,12 @@ const DefaultHealthTimeout = 2 * time.Second
 // and writes nothing. ctx bounds the store's checks.
 func (d *Deduper) Health(ctx context.Context) HealthReport {
 	var rep HealthReport
+	if d == nil {
+		return HealthReport{Status: HealthFail, Checks: []HealthCheck{{Name: CheckDeduper, Status: HealthFail, Detail: "nil *Deduper (did New fail?)"}}}
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	d.mu.RLock()
 	closed := d.closed
 	hs := make([]*Handler, 0, len(d.handlers))

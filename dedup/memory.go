@@ -65,6 +65,9 @@ func WithMemoryClock(now func() time.Time) MemoryOption {
 func NewMemoryStore(opts ...MemoryOption) (*MemoryStore, error) {
 	s := &MemoryStore{now: time.Now, limit: DefaultMemoryLimit, recs: make(map[string]memRecord)}
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil MemoryOption", ErrInvalidOption)
+		}
 		if err := o(s); err != nil {
 			return nil, err
 		}

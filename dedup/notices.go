@@ -344,6 +344,9 @@ func (h *Handler) purgeLocal() {
 // Cluster it sums PUBSUB NUMSUB over the masters. A store that carries no notices is
 // an error wrapping errors.ErrUnsupported; a failure wraps ErrStoreUnavailable.
 func (h *Handler) Subscribers(ctx context.Context) (int64, error) {
+	if err := h.checkInput(ctx, false); err != nil {
+		return 0, err
+	}
 	bus, ok := h.d.base.(noticeBus)
 	if !ok {
 		return 0, fmt.Errorf("%w: the store (%T) carries no forget notices", errors.ErrUnsupported, h.d.base)

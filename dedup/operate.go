@@ -54,6 +54,9 @@ func ForgetInProgress() ForgetOption {
 // Deduper, ErrClosed; a store failure wraps ErrStoreUnavailable (ErrBadRecord for a
 // value dedup did not write).
 func (h *Handler) Lookup(ctx context.Context, key string) (RecordInfo, error) {
+	if err := h.checkInput(ctx, false); err != nil {
+		return RecordInfo{}, err
+	}
 	infos, err := h.LookupMany(ctx, []string{key})
 	if err != nil {
 		return RecordInfo{}, err
@@ -65,6 +68,9 @@ func (h *Handler) Lookup(ctx context.Context, key string) (RecordInfo, error) {
 // order, and an item that failed on its own has its Err set. The error is for the
 // call as a whole (as Lookup's).
 func (h *Handler) LookupMany(ctx context.Context, keys []string) ([]RecordInfo, error) {
+	if err := h.checkInput(ctx, false); err != nil {
+		return nil, err
+	}
 	rs, err := h.d.records()
 	if err != nil {
 		return nil, err
@@ -106,9 +112,14 @@ func (h *Handler) LookupMany(ctx context.Context, keys []string) ([]RecordInfo, 
 // transactional handler's database marker (docs/design.md §9) is not touched: it still
 // answers Duplicate.
 func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) (RecordInfo, error) {
+	if err := h.checkInput(ctx, false); err != nil {
+		return RecordInfo{}, err
+	}
 	var cfg forgetConfig
 	for _, o := range opts {
-		o(&cfg)
+		if o != nil {
+			o(&cfg)
+		}
 	}
 	rs, err := h.d.records()
 	if err != nil {
@@ -151,6 +162,9 @@ func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) 
 // is for operators, not for a hot path. A store without RecordStore is an error
 // wrapping errors.ErrUnsupported; a bad handler name wraps ErrInvalidOption.
 func (d *Deduper) CountRecords(ctx context.Context, handler string) (map[string]int64, error) {
+	if d == nil || ctx == nil {
+		return nil, fmt.Errorf("%w: nil *Deduper or context", ErrInvalidOption)
+	}
 	rs, err := d.records()
 	if err != nil {
 		return nil, err

@@ -180,6 +180,9 @@ func NewRedisStore(c redis.UniversalClient, opts ...RedisOption) (*RedisStore, e
 	s := &RedisStore{c: c}
 	s.pipe = newAutoPipe(s, DefaultPipelineBatch, DefaultPipelinesInFlight)
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil RedisOption", ErrInvalidOption)
+		}
 		if err := o(s); err != nil {
 			return nil, err
 		}

@@ -123,7 +123,7 @@ func TestReplyTooLarge(t *testing.T) {
 			if err != nil || res.Outcome != Processed {
 				t.Fatalf("at the limit: %+v %v", res, err)
 			}
-			if res, _ := h.DoReply(ctx, "k2", nil); res.Reply != "12345678" {
+			if res, _ := h.DoReply(ctx, "k2", notRun(t)); res.Reply != "12345678" {
 				t.Fatalf("at the limit, duplicate: %+v", res)
 			}
 		})
@@ -140,7 +140,7 @@ func TestReplyEmptyAndNone(t *testing.T) {
 	if _, err := h.DoReply(ctx, "empty", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := h.DoReply(ctx, "empty", nil); res.Outcome != Duplicate || !res.HasReply || res.Reply != "" {
+	if res, _ := h.DoReply(ctx, "empty", notRun(t)); res.Outcome != Duplicate || !res.HasReply || res.Reply != "" {
 		t.Fatalf("empty reply: %+v", res)
 	}
 	if _, err := h.Do(ctx, "plain", ok); err != nil {
@@ -151,7 +151,7 @@ func TestReplyEmptyAndNone(t *testing.T) {
 	}
 	for _, k := range []string{"plain", "marked"} {
 		before := h.Stats().StoreDuplicates
-		res, _ := h.DoReply(ctx, k, nil) // the local tier has the key, not a reply: the store answers
+		res, _ := h.DoReply(ctx, k, notRun(t)) // the local tier has the key, not a reply: the store answers
 		if res.Outcome != Duplicate || res.HasReply || h.Stats().StoreDuplicates != before+1 {
 			t.Fatalf("%s: %+v, store duplicates %d → %d", k, res, before, h.Stats().StoreDuplicates)
 		}
@@ -273,7 +273,7 @@ func TestReplyAfterFailure(t *testing.T) {
 	if err != nil || res.Outcome != Processed || res.Reply != "second" {
 		t.Fatalf("retry: %+v %v", res, err)
 	}
-	if res, _ := h.DoReply(ctx, "k", nil); res.Reply != "second" {
+	if res, _ := h.DoReply(ctx, "k", notRun(t)); res.Reply != "second" {
 		t.Fatalf("duplicate: %+v", res)
 	}
 }
@@ -336,7 +336,7 @@ func TestHandleBatchReply(t *testing.T) {
 					t.Fatalf("duplicate item %d: %+v", i, r)
 				}
 			}
-			if res, _ := other.DoReply(ctx, "c", nil); res.Tier != TierLocal || res.Reply != "reply of c\x00" {
+			if res, _ := other.DoReply(ctx, "c", notRun(t)); res.Tier != TierLocal || res.Reply != "reply of c\x00" {
 				t.Fatalf("single after batch: %+v", res)
 			}
 		})
@@ -349,7 +349,7 @@ func TestRepliesConfig(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	d := newDeduper(t, mem)
 	plain := register(t, d, "plain")
-	if _, err := plain.DoReply(ctx, "k", nil); !errors.Is(err, ErrInvalidOption) {
+	if _, err := plain.DoReply(ctx, "k", notRun(t)); !errors.Is(err, ErrInvalidOption) {
 		t.Fatalf("DoReply without WithReplies: %v", err)
 	}
 	for _, r := range plain.HandleBatchReply(ctx, []Item{{Key: "k"}}, 1, nil, nil) {
@@ -373,7 +373,7 @@ func TestRepliesConfig(t *testing.T) {
 	for _, opt := range []HandlerOption{WithLocalCache(0, 0), WithLocalReplies(0)} {
 		h := register(t, d, fmt.Sprintf("nolocal%d", len(d.Handlers())), WithReplies(0), opt)
 		_, _ = h.DoReply(ctx, "k", func(context.Context) ([]byte, error) { return []byte("x"), nil })
-		if res, _ := h.DoReply(ctx, "k", nil); res.Tier != TierStore || res.Reply != "x" {
+		if res, _ := h.DoReply(ctx, "k", notRun(t)); res.Tier != TierStore || res.Reply != "x" {
 			t.Fatalf("%+v", res)
 		}
 	}
@@ -391,7 +391,7 @@ func TestForgetDropsLocalReply(t *testing.T) {
 			t.Fatalf("run %d: %+v %v", i, res, err)
 		}
 		// (the local tier, or the store: the forget's own notice may come after the run)
-		if res, _ := h.DoReply(ctx, "k", nil); res.Outcome != Duplicate || res.Reply != want {
+		if res, _ := h.DoReply(ctx, "k", notRun(t)); res.Outcome != Duplicate || res.Reply != want {
 			t.Fatalf("duplicate %d: %+v", i, res)
 		}
 		if _, err := h.Forget(ctx, "k"); err != nil {
@@ -411,11 +411,19 @@ func TestFormerNamesKeepReplies(t *testing.T) {
 	}
 	renamed := register(t, newDeduper(t, mem), "invoices", WithReplies(0), WithFormerNames("billing"), WithLocalCache(0, 0))
 	for range 2 { // under the former name, then under the copy forward
-		if res, _ := renamed.DoReply(ctx, "k", nil); res.Outcome != Duplicate || res.Reply != "invoice 7" {
+		if res, _ := renamed.DoReply(ctx, "k", notRun(t)); res.Outcome != Duplicate || res.Reply != "invoice 7" {
 			t.Fatalf("%+v", res)
 		}
 	}
 	if info, _ := renamed.Lookup(ctx, "k"); info.Handler != "invoices" || info.ReplySize != len("invoice 7") {
 		t.Fatalf("copied forward: %+v", info)
+	}
+}
+
+// notRun is a reply fn for calls that must be duplicates: it fails the test if run.
+func notRun(t testing.TB) func(context.Context) ([]byte, error) {
+	return func(context.Context) ([]byte, error) {
+		t.Error("fn ran for a call that should be a duplicate")
+		return nil, errors.New("not to be run")
 	}
 }

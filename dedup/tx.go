@@ -97,6 +97,9 @@ type Transactor[T any] interface {
 // ProcessMissingKey fn runs in a transaction with no marker (Unguarded). Effects
 // outside the transaction (an HTTP call, a message) are not covered.
 func DoTx[T any](ctx context.Context, h *Handler, key string, t Transactor[T], fn func(ctx context.Context, tx T) error) (Result, error) {
+	if err := checkTx(ctx, h, t, fn == nil); err != nil {
+		return Result{}, err
+	}
 	return doTx(ctx, h, key, "", t, fn)
 }
 
@@ -104,11 +107,21 @@ func DoTx[T any](ctx context.Context, h *Handler, key string, t Transactor[T], f
 // and the payload fingerprinted when fingerprinting is on (its fingerprint is stored
 // in the marker too). It claims whatever the handler's mode.
 func HandleTx[T any](ctx context.Context, h *Handler, msg keys.Message, t Transactor[T], fn func(ctx context.Context, tx T) error) (Result, error) {
-	return HandleKeyTx(ctx, h, h.cfg.strategy.Key(msg), msg.Data(), t, fn)
+	if err := checkTx(ctx, h, t, fn == nil); err != nil {
+		return Result{}, err
+	}
+	key, payload, err := h.readMessage(msg)
+	if err != nil {
+		return Result{}, err
+	}
+	return HandleKeyTx(ctx, h, key, payload, t, fn)
 }
 
 // HandleKeyTx is HandleTx for a key the caller has already read from the message.
 func HandleKeyTx[T any](ctx context.Context, h *Handler, key string, payload []byte, t Transactor[T], fn func(ctx context.Context, tx T) error) (Result, error) {
+	if err := checkTx(ctx, h, t, fn == nil); err != nil {
+		return Result{}, err
+	}
 	return doTx(ctx, h, key, h.fingerprint(payload), t, fn)
 }
 
@@ -142,6 +155,9 @@ const MaxTxBatch = 64
 // FailOpen, run each in a transaction of its own. At most MaxTxBatch items go in one
 // transaction.
 func HandleBatchTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T], fn func(ctx context.Context, tx T, i int) error, done func(i int, r ItemResult)) []ItemResult {
+	if err := checkTx(ctx, h, t, fn == nil); err != nil {
+		return badBatch(items, done, err)
+	}
 	out := make([]ItemResult, 0, len(items))
 	for lo := 0; lo < len(items) || lo == 0; lo += MaxTxBatch {
 		hi := min(lo+MaxTxBatch, len(items))

@@ -130,6 +130,7 @@ func (a *adapter) dispatcher() func(handle func()) {
 			go func() { // not on the client library's goroutine: an fn's Goexit must not end it
 				defer close(done)
 				defer a.running.Done()
+				defer a.recovered()
 				handle()
 			}()
 			<-done
@@ -144,6 +145,7 @@ func (a *adapter) dispatcher() func(handle func()) {
 				a.running.Done()
 				<-slots
 			}()
+			defer a.recovered()
 			handle()
 		}()
 	}
@@ -178,6 +180,8 @@ func (a *adapter) action(m *Msg, res dedup.Result) (Action, time.Duration, strin
 		return ActTerm, 0, ReasonExhausted
 	}
 	switch res.Outcome {
+	case badInput.Outcome: // not run: a nil function or context (ErrBadInput)
+		return ActNakWithDelay, delay(a.cfg.backoff(m.NumDelivered())), ""
 	case dedup.InProgress:
 		// after the hold (hold): a long run; retried after a growing delay, at most
 		// what is left of its lease
@@ -200,6 +204,9 @@ func (a *adapter) lastDelivery(m *Msg) bool {
 
 // settle acknowledges one delivery according to its result.
 func (a *adapter) settle(ctx context.Context, ack acker, m *Msg, res dedup.Result, herr error) Action {
+	if res.Outcome == badInput.Outcome {
+		a.cfg.logger.Error("dedup: message not run", append(a.where(m), "err", herr)...)
+	}
 	act, d, reason := a.action(m, res)
 	if ack == nil { // core NATS: nothing to acknowledge
 		act = ActNone

@@ -37,16 +37,31 @@ func NewCore(h *dedup.Handler, opts ...Option) (*Core, error) {
 // handlers' parent. After unsubscribing, Wait for the messages in hand.
 func (c *Core) Handler(ctx context.Context, fn Func) natsgo.MsgHandler {
 	dispatch := c.dispatcher()
-	ctx = dedup.WaitForRunning(ctx)
-	return func(msg *natsgo.Msg) { dispatch(func() { c.Handle(ctx, msg, fn) }) }
+	if ctx != nil {
+		ctx = dedup.WaitForRunning(ctx)
+	}
+	return func(msg *natsgo.Msg) {
+		if msg == nil {
+			c.cfg.logger.Error("dedup: nil message handed to the handler; dropped", "handler", c.h.Name())
+			return
+		}
+		dispatch(func() { c.Handle(ctx, msg, fn) })
+	}
 }
 
 // Handle runs fn for one message and, for a JetStream push delivery, acknowledges it.
 func (c *Core) Handle(ctx context.Context, msg *natsgo.Msg, fn Func) (dedup.Result, Action) {
+	if msg == nil {
+		c.cfg.logger.Error("dedup: Handle given a nil message; nothing to acknowledge", "handler", c.h.Name())
+		return badInput, ActNone
+	}
 	m := viewCore(msg)
 	var ack acker
 	if m.Metadata() != nil {
 		ack = pushAcker{msg}
+	}
+	if fn == nil || ctx == nil {
+		return badInput, c.settle(context.Background(), ack, m, badInput, ErrBadInput)
 	}
 	key := c.cfg.strategy.Key(m)
 	var acks []acker

@@ -87,12 +87,34 @@ const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 // delivery stops for about 30 s. No message is lost; the stall only delays delivery.
 // It was seen at WithConcurrency 512 and 1024, not at 128 or 256 (see the README).
 func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
+	if fn == nil || ctx == nil {
+		return j.refuse
+	}
 	ctx = dedup.WaitForRunning(ctx)
 	if j.cfg.concurrency > 1 {
 		return j.batcher(ctx, fn)
 	}
 	dispatch := j.dispatcher()
-	return func(msg jetstream.Msg) { dispatch(func() { j.Handle(ctx, msg, fn) }) }
+	return func(msg jetstream.Msg) {
+		if isNil(msg) {
+			j.cfg.logger.Error("dedup: nil message handed to the handler; dropped", "handler", j.h.Name())
+			return
+		}
+		dispatch(func() {
+			defer j.nakOnPanic(msg)
+			j.Handle(ctx, msg, fn)
+		})
+	}
+}
+
+// refuse is the MessageHandler of a Handler given a nil function or context: each
+// message is logged and Nak'ed after the failure backoff (ErrBadInput).
+func (j *JetStream) refuse(msg jetstream.Msg) {
+	if isNil(msg) {
+		j.cfg.logger.Error("dedup: nil message handed to the handler; dropped", "handler", j.h.Name())
+		return
+	}
+	j.settle(context.Background(), msg, viewJS(msg), badInput, ErrBadInput)
 }
 
 // Micro-batching of Handler: at most batchesInFlight batches are being taken from the
@@ -137,6 +159,7 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 	// turn goes on once the batch's checks are in (WhenChecked, which every batch
 	// reaches, also when an fn ends this goroutine), or at the latest when it returns.
 	drain = func() {
+		defer j.recovered()
 		var holding atomic.Bool // this goroutine holds a turn
 		holding.Store(true)
 		give := func() {
@@ -155,6 +178,10 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 		}
 	}
 	return func(msg jetstream.Msg) {
+		if isNil(msg) {
+			j.cfg.logger.Error("dedup: nil message handed to the handler; dropped", "handler", j.h.Name())
+			return
+		}
 		j.running.Add(1) // before the wait for a slot, so that Wait covers it
 		slots <- struct{}{}
 		mu.Lock()
@@ -174,6 +201,13 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 // one by one) and acknowledges it. It returns the dedup result and the action taken.
 // Give Messages a short idle heartbeat, as Consume (see Handler).
 func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (dedup.Result, Action) {
+	if isNil(msg) {
+		j.cfg.logger.Error("dedup: Handle given a nil message; nothing to acknowledge", "handler", j.h.Name())
+		return badInput, ActNone
+	}
+	if fn == nil || ctx == nil {
+		return badInput, j.settle(context.Background(), msg, viewJS(msg), badInput, ErrBadInput)
+	}
 	return j.handle(ctx, msg, func(ctx context.Context, key string, m *Msg) (dedup.Result, error) {
 		return j.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
 	})
@@ -207,9 +241,20 @@ func (j *JetStream) handle(ctx context.Context, msg jetstream.Msg, run func(ctx 
 // the messages whose completion is in flight. Messages waiting their turn are kept in
 // progress. It returns the batch's own error (batch.Error()).
 func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatch, fn Func) ([]dedup.ItemResult, error) {
+	if isNil(batch) {
+		return nil, ErrBadInput
+	}
 	msgs := drain(batch)
 	if len(msgs) == 0 {
 		return nil, batch.Error()
+	}
+	if fn == nil || ctx == nil {
+		out := make([]dedup.ItemResult, len(msgs))
+		for i, msg := range msgs {
+			out[i].Err = ErrBadInput
+			j.settle(context.Background(), msg, viewJS(msg), badInput, ErrBadInput)
+		}
+		return out, ErrBadInput
 	}
 	return j.handleMsgs(ctx, msgs, 1, fn, nil), batch.Error()
 }
@@ -218,7 +263,9 @@ func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatc
 func drain(batch jetstream.MessageBatch) []jetstream.Msg {
 	var msgs []jetstream.Msg
 	for msg := range batch.Messages() {
-		msgs = append(msgs, msg)
+		if !isNil(msg) {
+			msgs = append(msgs, msg)
+		}
 	}
 	return msgs
 }

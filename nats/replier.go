@@ -177,13 +177,24 @@ func NewReplier(h *dedup.Handler, opts ...Option) (*Replier, error) {
 // unsubscribing (or draining), Wait for the requests in hand.
 func (r *Replier) Handler(ctx context.Context, fn ReplyFunc) natsgo.MsgHandler {
 	dispatch := r.a.dispatcher()
-	ctx = dedup.WaitForRunning(ctx)
-	return func(msg *natsgo.Msg) { dispatch(func() { r.Handle(ctx, msg, fn) }) }
+	if ctx != nil {
+		ctx = dedup.WaitForRunning(ctx)
+	}
+	return func(msg *natsgo.Msg) {
+		if msg == nil {
+			r.a.cfg.logger.Error("dedup: nil request handed to the handler; dropped", "handler", r.a.h.Name())
+			return
+		}
+		dispatch(func() { r.Handle(ctx, msg, fn) })
+	}
 }
 
 // Handle answers one request on the caller's goroutine (see Replier) and returns
 // the handler's result. A message without a reply subject is run and not answered.
 func (r *Replier) Handle(ctx context.Context, msg *natsgo.Msg, fn ReplyFunc) (dedup.ReplyResult, error) {
+	if msg == nil {
+		return dedup.ReplyResult{}, ErrBadInput
+	}
 	var res dedup.ReplyResult
 	var err error
 	r.serve(ctx, viewCore(msg), fn, func(a answer) {
@@ -235,6 +246,12 @@ func (a answer) errorHeader() natsgo.Header {
 // serve runs fn for m through the handler and answers with respond, once, whatever
 // happens (fn's runtime.Goexit included: then a 500). The result goes to *res, *err.
 func (r *Replier) serve(ctx context.Context, m *Msg, fn ReplyFunc, respond func(answer), res *dedup.ReplyResult, err *error) {
+	if fn == nil || ctx == nil {
+		r.a.cfg.logger.Error("dedup: request not run", "handler", r.a.h.Name(), "err", ErrBadInput)
+		*err = ErrBadInput
+		respond(answer{kind: ReplyError, code: CodeFailed, desc: "dedup: the service was given no handler"})
+		return
+	}
 	var first Reply // fn's reply, as it returned it: the first request needs no decoding
 	returned := false
 	defer func() {
@@ -318,11 +335,18 @@ func (r *Replier) responded(rerr error, a answer) {
 // cannot end micro's), so micro's processing time covers it. ctx is the requests'
 // parent.
 func (r *Replier) MicroHandler(ctx context.Context, fn ReplyFunc) micro.Handler {
-	ctx = dedup.WaitForRunning(ctx)
+	if ctx != nil {
+		ctx = dedup.WaitForRunning(ctx)
+	}
 	return micro.HandlerFunc(func(req micro.Request) {
+		if isNil(req) {
+			r.a.cfg.logger.Error("dedup: nil request handed to the handler; dropped", "handler", r.a.h.Name())
+			return
+		}
 		r.a.running.Add(1)
 		done := make(chan struct{})
 		go func() {
+			defer r.a.recovered()
 			defer close(done)
 			defer r.a.running.Done()
 			m := &Msg{subject: req.Subject(), header: natsgo.Header(req.Headers()), data: req.Data()}

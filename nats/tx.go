@@ -20,6 +20,16 @@ type TxFunc[T any] func(ctx context.Context, m *Msg, tx T) error
 // ends, when the marker decides). t is a Transactor such as *sqltx.Transactor or
 // *pgxtx.Transactor.
 func HandleTx[T any](ctx context.Context, j *JetStream, msg jetstream.Msg, t dedup.Transactor[T], fn TxFunc[T]) (dedup.Result, Action) {
+	if j == nil {
+		return badInput, ActNone
+	}
+	if isNil(msg) {
+		j.cfg.logger.Error("dedup: HandleTx given a nil message; nothing to acknowledge", "handler", j.h.Name())
+		return badInput, ActNone
+	}
+	if fn == nil || ctx == nil || isNil(t) {
+		return badInput, j.settle(context.Background(), msg, viewJS(msg), badInput, ErrBadInput)
+	}
 	return j.handle(ctx, msg, func(ctx context.Context, key string, m *Msg) (dedup.Result, error) {
 		return dedup.HandleKeyTx(ctx, j.h, key, m.data, t, func(ctx context.Context, tx T) error { return fn(ctx, m, tx) })
 	})
@@ -32,9 +42,24 @@ func HandleTx[T any](ctx context.Context, j *JetStream, msg jetstream.Msg, t ded
 // heartbeat, as for Handler. To put several messages in one transaction, use Fetch
 // batches and HandleBatchTx.
 func TxHandler[T any](ctx context.Context, j *JetStream, t dedup.Transactor[T], fn TxFunc[T]) jetstream.MessageHandler {
+	if j == nil {
+		return func(jetstream.Msg) {} // nothing to log with, nothing to acknowledge with
+	}
+	if fn == nil || ctx == nil || isNil(t) {
+		return j.refuse
+	}
 	ctx = dedup.WaitForRunning(ctx)
 	dispatch := j.dispatcher()
-	return func(msg jetstream.Msg) { dispatch(func() { HandleTx(ctx, j, msg, t, fn) }) }
+	return func(msg jetstream.Msg) {
+		if isNil(msg) {
+			j.cfg.logger.Error("dedup: nil message handed to the handler; dropped", "handler", j.h.Name())
+			return
+		}
+		dispatch(func() {
+			defer j.nakOnPanic(msg)
+			HandleTx(ctx, j, msg, t, fn)
+		})
+	}
 }
 
 // HandleBatchTx is JetStream.HandleBatch for a transactional fn: a Fetch batch runs
@@ -45,9 +70,20 @@ func TxHandler[T any](ctx context.Context, j *JetStream, t dedup.Transactor[T], 
 // final: after the COMMIT and its completion for those that ran. It returns the
 // batch's own error (batch.Error()).
 func HandleBatchTx[T any](ctx context.Context, j *JetStream, batch jetstream.MessageBatch, t dedup.Transactor[T], fn TxFunc[T]) ([]dedup.ItemResult, error) {
+	if j == nil || isNil(batch) {
+		return nil, ErrBadInput
+	}
 	msgs := drain(batch)
 	if len(msgs) == 0 {
 		return nil, batch.Error()
+	}
+	if fn == nil || ctx == nil || isNil(t) {
+		out := make([]dedup.ItemResult, len(msgs))
+		for i, msg := range msgs {
+			out[i].Err = ErrBadInput
+			j.settle(context.Background(), msg, viewJS(msg), badInput, ErrBadInput)
+		}
+		return out, ErrBadInput
 	}
 	return j.settleBatch(ctx, msgs, nil, func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult {
 		return dedup.HandleBatchTx(ctx, j.h, items, t, func(ctx context.Context, tx T, i int) error { return fn(ctx, views[i], tx) }, done)

@@ -44,6 +44,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Transactor, error) {
 	}
 	c := defaults()
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("pgxtx: %w: nil Option", dedup.ErrInvalidOption)
+		}
 		if err := o(&c); err != nil {
 			return nil, fmt.Errorf("pgxtx: %w", err)
 		}

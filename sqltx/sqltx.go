@@ -79,6 +79,9 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Transactor, error) {
 	}
 	c := defaults()
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("sqltx: %w: nil Option", dedup.ErrInvalidOption)
+		}
 		if err := o(&c); err != nil {
 			return nil, fmt.Errorf("sqltx: %w", err)
 		}

@@ -431,7 +431,8 @@ func (c *command) errorf(format string, args ...any) {
 // failed reports an operational error (exit 1), saying so when -timeout ran out.
 func (c *command) failed(ctx context.Context, err error, format string, args ...any) int {
 	msg := fmt.Sprintf(format, args...)
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		// the client's own timeouts equal -timeout: they may fire just before ctx's
 		c.errorf("%sno answer within -timeout %v (%v)", msg, c.timeout, err)
 	} else {
 		c.errorf("%s%v", msg, err)

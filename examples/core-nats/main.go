@@ -255,7 +255,7 @@ type subscriber struct {
 
 func subscribe(ctx context.Context, n int, natsURL, redisAddr, subject, queue, prefix string, logger *slog.Logger, ran []atomic.Int32) (*subscriber, error) {
 	s := &subscriber{n: n, closed: make(chan struct{})}
-	s.rdb = redis.NewClient(&redis.Options{Addr: redisAddr})
+	s.rdb = redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
 	store, err := dedup.NewRedisStore(s.rdb)
 	if err != nil {
 		s.rdb.Close()
@@ -379,7 +379,7 @@ func startRedis(addr string, stdout io.Writer) (string, func(), error) {
 // deletePrefix removes this run's records: SCAN and UNLINK, never FLUSHDB on a
 // shared Redis.
 func deletePrefix(addr, prefix string) {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

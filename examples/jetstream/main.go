@@ -338,7 +338,7 @@ func (r redisTarget) client() redis.UniversalClient {
 	if r.cluster {
 		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.addrs})
 	}
-	return redis.NewClient(&redis.Options{Addr: r.addrs[0]})
+	return redis.NewClient(&redis.Options{Addr: r.addrs[0], ContextTimeoutEnabled: true})
 }
 
 // startRedis returns the configured Redis: a cluster (seeds, or a spawned one),

@@ -51,7 +51,7 @@ func run() error {
 	} else {
 		fmt.Println("redis:", *addr)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: *addr})
+	rdb := redis.NewClient(&redis.Options{Addr: *addr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	store, err := dedup.NewRedisStore(rdb)
 	if err != nil {

@@ -267,7 +267,7 @@ type instance struct {
 
 func serve(ctx context.Context, n int, natsURL, redisAddr, subject, prefix string, logger *slog.Logger, sh *shop, slow map[string]bool) (*instance, error) {
 	in := &instance{n: n}
-	in.rdb = redis.NewClient(&redis.Options{Addr: redisAddr})
+	in.rdb = redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
 	store, err := dedup.NewRedisStore(in.rdb)
 	if err != nil {
 		in.rdb.Close()
@@ -453,7 +453,7 @@ func startRedis(addr string, stdout io.Writer) (string, func(), error) {
 // deletePrefix removes this run's records: SCAN and UNLINK, never FLUSHDB on a
 // shared Redis.
 func deletePrefix(addr, prefix string) {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -115,7 +115,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		c.redisAddr = srv.Addr()
 		fmt.Fprintln(stdout, "redis: embedded miniredis")
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: c.redisAddr})
+	rdb := redis.NewClient(&redis.Options{Addr: c.redisAddr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	wipe = func(ctx context.Context) error { return embedded.DeleteKeys(ctx, rdb, prefix) }
 	defer wipe(context.Background())
@@ -340,7 +340,7 @@ func startInstance(ctx context.Context, i int, c config, tr *sqltx.Transactor, p
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: c.redisAddr})
+	rdb := redis.NewClient(&redis.Options{Addr: c.redisAddr, ContextTimeoutEnabled: true})
 	closeAll := func() { rdb.Close(); nc.Close() }
 	store, err := dedup.NewRedisStore(rdb)
 	if err != nil {

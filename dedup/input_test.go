@@ -1,0 +1,123 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/dedupkit/dedupkit/keys"
+)
+
+// nilMsg is a keys.Message held as a nil pointer: its methods panic.
+type nilMsg struct{ h map[string]string }
+
+func (m *nilMsg) Header(name string) string { return m.h[name] }
+func (m *nilMsg) Data() []byte              { return []byte(m.h["body"]) }
+
+// Bad input to every entry point is an error wrapping ErrInvalidOption, never a
+// panic, and runs nothing.
+func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
+	mem, err := NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDeduper(t, mem)
+	h := register(t, d, "orders")
+	replies := register(t, d, "replies", WithReplies(0))
+	var none *Handler
+	var nilCtx context.Context
+	ctx := context.Background()
+	ran := 0
+	fn := func(context.Context) error { ran++; return nil }
+	rfn := func(context.Context) ([]byte, error) { ran++; return nil, nil }
+	bfn := func(context.Context, int) error { ran++; return nil }
+	db := newFakeDB()
+	tfn := func(context.Context, *fakeTx) error { ran++; return nil }
+	var nilDB *fakeDB
+	msg := keys.Raw{Headers: map[string]string{"Idempotency-Key": "k"}}
+	items := []Item{{Key: "a"}, {Key: "b"}}
+
+	calls := map[string]func() error{
+		"Do, nil fn":           func() error { _, err := h.Do(ctx, "k", nil); return err },
+		"Do, nil ctx":          func() error { _, err := h.Do(nilCtx, "k", fn); return err },
+		"Do, nil handler":      func() error { _, err := none.Do(ctx, "k", fn); return err },
+		"DoReply, nil fn":      func() error { _, err := replies.DoReply(ctx, "k", nil); return err },
+		"HandleReply, nil msg": func() error { _, err := replies.HandleReply(ctx, nil, rfn); return err },
+		"HandleKeyReply, nil ctx": func() error {
+			_, err := replies.HandleKeyReply(nilCtx, "k", nil, rfn)
+			return err
+		},
+		"Mark, nil ctx":              func() error { _, err := h.Mark(nilCtx, "k"); return err },
+		"Mark, nil handler":          func() error { _, err := none.Mark(ctx, "k"); return err },
+		"Handle, nil msg":            func() error { _, err := h.Handle(ctx, nil, fn); return err },
+		"Handle, typed nil msg":      func() error { _, err := h.Handle(ctx, (*nilMsg)(nil), fn); return err },
+		"Handle, nil fn":             func() error { _, err := h.Handle(ctx, msg, nil); return err },
+		"HandleKey, nil fn":          func() error { _, err := h.HandleKey(ctx, "k", nil, nil); return err },
+		"DoTx, nil transactor":       func() error { _, err := DoTx[*fakeTx](ctx, h, "k", nil, tfn); return err },
+		"DoTx, typed nil":            func() error { _, err := DoTx[*fakeTx](ctx, h, "k", nilDB, tfn); return err },
+		"DoTx, nil fn":               func() error { _, err := DoTx[*fakeTx](ctx, h, "k", db, nil); return err },
+		"DoTx, nil handler":          func() error { _, err := DoTx[*fakeTx](ctx, none, "k", db, tfn); return err },
+		"HandleTx, nil msg":          func() error { _, err := HandleTx[*fakeTx](ctx, h, nil, db, tfn); return err },
+		"HandleKeyTx, nil ctx":       func() error { _, err := HandleKeyTx[*fakeTx](nilCtx, h, "k", nil, db, tfn); return err },
+		"Lookup, nil ctx":            func() error { _, err := h.Lookup(nilCtx, "k"); return err },
+		"LookupMany, nil handler":    func() error { _, err := none.LookupMany(ctx, []string{"k"}); return err },
+		"Forget, nil ctx":            func() error { _, err := h.Forget(nilCtx, "k"); return err },
+		"Subscribers, nil ctx":       func() error { _, err := h.Subscribers(nilCtx); return err },
+		"CountRecords, nil ctx":      func() error { _, err := d.CountRecords(nilCtx, ""); return err },
+		"Register, nil option":       func() error { _, err := d.Register("x", nil); return err },
+		"Register, nil Deduper":      func() error { _, err := (*Deduper)(nil).Register("x"); return err },
+		"New, nil option":            func() error { _, err := New(mem, nil); return err },
+		"New, nil store":             func() error { _, err := New(nil); return err },
+		"NewRedisStore, nil client":  func() error { _, err := NewRedisStore(nil); return err },
+		"NewMemoryStore, nil option": func() error { _, err := NewMemoryStore(nil); return err },
+		"HandleBatch, nil fn":        func() error { return batchErr(h.HandleBatch(ctx, items, nil)) },
+		"HandleBatchParallel, nil ctx": func() error {
+			return batchErr(h.HandleBatchParallel(nilCtx, items, 2, bfn, nil))
+		},
+		"HandleBatchReply, nil fn": func() error { return batchErr(replies.HandleBatchReply(ctx, items, 2, nil, nil)) },
+		"HandleBatchTx, nil transactor": func() error {
+			return batchErr(HandleBatchTx[*fakeTx](ctx, h, items, nil, func(context.Context, *fakeTx, int) error { return nil }, nil))
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			var err error
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						t.Fatalf("panicked: %v", r)
+					}
+				}()
+				err = call()
+			}()
+			if !errors.Is(err, ErrInvalidOption) {
+				t.Fatalf("error %v, want one wrapping ErrInvalidOption", err)
+			}
+		})
+	}
+	if ran != 0 {
+		t.Fatalf("%d functions ran on bad input", ran)
+	}
+	if rep := (*Deduper)(nil).Health(nilCtx); rep.Status != HealthFail {
+		t.Fatalf("Health of a nil Deduper: %v", rep.Status)
+	}
+	if err := (*Deduper)(nil).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rep := d.Health(nilCtx); rep.Status != HealthOK {
+		t.Fatalf("Health with a nil context: %+v", rep)
+	}
+}
+
+// batchErr is the error every item of a batch refused as a whole carries.
+func batchErr(rs []ItemResult) error {
+	if len(rs) == 0 {
+		return errors.New("no results")
+	}
+	for _, r := range rs {
+		if !errors.Is(r.Err, ErrInvalidOption) {
+			return r.Err
+		}
+	}
+	return rs[0].Err
+}
