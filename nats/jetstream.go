@@ -227,7 +227,9 @@ func (j *JetStream) handle(ctx context.Context, msg jetstream.Msg, run func(ctx 
 		}
 	}()
 	res, err := run(ctx, key, m)
-	res, err = j.hold(ctx, msg, m, res, err, func(ctx context.Context) (dedup.Result, error) { return run(ctx, key, m) })
+	if heldCopy(res) { // the closure only for a copy held
+		res, err = j.hold(ctx, msg, m, res, err, func(ctx context.Context) (dedup.Result, error) { return run(ctx, key, m) })
+	}
 	returned = true
 	p.stop()
 	return res, j.settle(ctx, msg, m, res, err)
