@@ -426,9 +426,9 @@ func (h *Handler) settle(out *batchOut, b *batchItem, res Result, err error) {
 // storeItemFailed is storeFailed for one item of a batch; step is a transactional
 // batch's, whose items then run each in a transaction of its own, on its marker alone.
 func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchItem, err error, fn func(context.Context, int) error, step runStep) {
-	switch {
-	case ctx.Err() != nil:
-		h.settle(out, b, Result{Outcome: Cancelled}, errors.Join(err, context.Cause(ctx)))
+	switch cerr := cutShort(ctx, err); {
+	case cerr != nil:
+		h.settle(out, b, Result{Outcome: Cancelled}, cerr)
 		return
 	case !errors.Is(err, ErrStoreUnavailable):
 		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
@@ -478,7 +478,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 			a = answers[j]
 		}
 		if aerr := errors.Join(err, a.Err); aerr != nil {
-			if h.cfg.storeFailure == FailOpen && ctx.Err() == nil {
+			if h.cfg.storeFailure == FailOpen && cutShort(ctx, aerr) == nil {
 				b.answered = true
 				b.f.answer(Result{}, nil, true) // waiters see InProgress, as in Do
 				runs = append(runs, pending{b, aerr})
@@ -609,7 +609,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 		if aerr := errors.Join(err, a.Err); aerr != nil {
 			h.releaseUnanswered(ctx, b.k, b.rk, b.token, aerr)
 			// FailOpen, or a transactional batch under DatabaseOnly: to be run later
-			if ctx.Err() == nil && (h.cfg.storeFailure == FailOpen || (step != nil && h.cfg.storeFailure == DatabaseOnly)) {
+			if cutShort(ctx, aerr) == nil && (h.cfg.storeFailure == FailOpen || (step != nil && h.cfg.storeFailure == DatabaseOnly)) {
 				unguarded = append(unguarded, b)
 				unguardedErr[b] = aerr
 				b.answered = true

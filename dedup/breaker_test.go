@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -133,4 +135,66 @@ func TestBreakerNeedsFailuresInARow(t *testing.T) {
 			t.Fatalf("breaker open after call %d, with a success every %d", i, breakerTrip)
 		}
 	}
+}
+
+// A claim still waiting for the store when the breaker opens gives up then, instead
+// of waiting out the client's retries.
+func TestBreakerOpeningEndsTheClaimsStillWaiting(t *testing.T) {
+	mem, err := NewMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &hookStore{Store: mem}
+	stuck := make(chan struct{})
+	defer close(stuck)
+	hs.onFail(func(op string) error {
+		if op != "claim" {
+			return nil
+		}
+		return fmt.Errorf("%w: injected", ErrStoreUnavailable)
+	})
+	slow := &slowClaims{Store: hs, key: "slow", stuck: stuck}
+	d, err := New(slow, WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	h, _ := d.Register("h")
+	ctx := context.Background()
+	noop := func(context.Context) error { return nil }
+	out := make(chan Result, 1)
+	go func() {
+		res, _ := h.Do(ctx, "slow", noop)
+		out <- res
+	}()
+	testenv.Eventually(t, 5*time.Second, "the slow claim is out", func() bool { return slow.out.Load() })
+	for i := range breakerTrip {
+		if res, _ := h.Do(ctx, fmt.Sprint("k", i), noop); res.Outcome != StoreUnavailable {
+			t.Fatalf("k%d: %v", i, res.Outcome)
+		}
+	}
+	select {
+	case res := <-out:
+		if res.Outcome != StoreUnavailable {
+			t.Fatalf("the waiting claim: %v", res.Outcome)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting claim did not give up when the breaker opened")
+	}
+}
+
+// slowClaims holds the claim of key until stuck is closed.
+type slowClaims struct {
+	Store
+	key   string
+	stuck chan struct{}
+	out   atomic.Bool
+}
+
+func (s *slowClaims) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (Answer, error) {
+	if strings.HasSuffix(key, ":"+s.key) {
+		s.out.Store(true)
+		<-s.stuck
+	}
+	return s.Store.Claim(ctx, key, token, fp, lease)
 }

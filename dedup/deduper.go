@@ -78,6 +78,9 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 	if d == nil {
 		return nil, fmt.Errorf("%w: nil *Deduper (did New fail?)", ErrInvalidOption)
 	}
+	if d.handlers == nil {
+		return nil, fmt.Errorf("%w: a Deduper not made by New", ErrInvalidOption)
+	}
 	if err := validName(name); err != nil {
 		return nil, err
 	}
@@ -161,6 +164,9 @@ func (d *Deduper) add(h *Handler) error {
 
 // Handlers returns the registered handler names, sorted.
 func (d *Deduper) Handlers() []string {
+	if d == nil {
+		return nil
+	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	names := make([]string, 0, len(d.handlers))
@@ -172,7 +178,12 @@ func (d *Deduper) Handlers() []string {
 }
 
 // Store returns the store the Deduper was built with.
-func (d *Deduper) Store() Store { return d.base }
+func (d *Deduper) Store() Store {
+	if d == nil {
+		return nil
+	}
+	return d.base
+}
 
 // Close stops the Deduper: later calls answer Cancelled with ErrClosed (until its wait
 // is over, a key the local tier holds is still answered Duplicate), running handler
@@ -183,7 +194,7 @@ func (d *Deduper) Store() Store { return d.base }
 // when the store's client gives up on them. A fn that ignores its context delays
 // Close. Close does not close the store. Idempotent.
 func (d *Deduper) Close() error {
-	if d == nil {
+	if d == nil || d.handlers == nil {
 		return nil
 	}
 	d.mu.Lock()
@@ -195,9 +206,14 @@ func (d *Deduper) Close() error {
 	d.mu.Unlock()
 	d.cancel(ErrClosed)
 	giveUp := time.AfterFunc(closeWait, d.giveUp)
+	notices := make(chan struct{})
+	go func() { // beside the wait: Close's whole bound is closeWait and a little
+		d.stopNotices()
+		close(notices)
+	}()
 	d.running.Wait()
 	giveUp.Stop()
-	d.stopNotices()
+	<-notices
 	if g, ok := d.store.(*guard); ok {
 		g.probes.Wait() // the breaker's probe, which ends with d.ctx
 	}

@@ -32,6 +32,9 @@ type guard struct {
 	fails  atomic.Int32 // store failures in a row
 	open   atomic.Bool
 	probes sync.WaitGroup // the probe goroutine; Close waits for it
+	// opened is closed when the breaker opens: claims and marks still waiting for
+	// the store give up then, instead of each waiting out the client's retries
+	opened atomic.Pointer[chan struct{}]
 }
 
 // Breaker settings.
@@ -51,7 +54,10 @@ const (
 var errBreakerOpen = errors.New("dedup: store known down (breaker open); probing it in the background")
 
 func newGuard(d *Deduper, s Store) *guard {
-	return &guard{s: s, d: d, detach: detaches(d.base)}
+	g := &guard{s: s, d: d, detach: detaches(d.base)}
+	c := make(chan struct{})
+	g.opened.Store(&c)
+	return g
 }
 
 // detaches reports whether calls to s need a goroutine of their own to return by
@@ -133,6 +139,12 @@ func detached[T any](g *guard, ctx context.Context, op string, entry bool, f fun
 			}
 		}
 	}()
+	var opened <-chan struct{} // nil (never) unless an entry call may give up on the breaker
+	if entry {
+		if p := g.opened.Load(); p != nil {
+			opened = *p
+		}
+	}
 	var cause error
 	select {
 	case <-c.done:
@@ -140,6 +152,8 @@ func detached[T any](g *guard, ctx context.Context, op string, entry bool, f fun
 		cause = context.Cause(bound)
 	case <-g.d.abandon:
 		cause = ErrClosed
+	case <-opened:
+		cause = errBreakerOpen
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -183,6 +197,7 @@ func (g *guard) note(ctx context.Context, entry bool, err error) {
 // failed counts one store failure and opens the breaker at breakerTrip in a row.
 func (g *guard) failed() {
 	if g.fails.Add(1) >= breakerTrip && g.open.CompareAndSwap(false, true) {
+		close(*g.opened.Load()) // the claims and marks still out give up
 		g.d.cfg.logger.Warn("dedup: store not answering; claims and marks fail at once (handlers FailOpen and DatabaseOnly go on without it) until a probe gets an answer", "failures", breakerTrip)
 		g.probes.Add(1)
 		go g.probe()
@@ -218,6 +233,8 @@ func (g *guard) probe() {
 		cancel()
 		if err == nil {
 			g.fails.Store(0)
+			c := make(chan struct{})
+			g.opened.Store(&c)
 			g.open.Store(false)
 			g.d.cfg.logger.Info("dedup: store answers again; breaker closed")
 			return
@@ -236,6 +253,9 @@ func (g *guard) ping(ctx context.Context) error {
 // Breaker reports whether the Deduper's store breaker is open: calls failed in a
 // row, so claims and marks fail at once while a goroutine probes the store.
 func (d *Deduper) Breaker() (open bool) {
+	if d == nil {
+		return false
+	}
 	g, ok := d.store.(*guard)
 	return ok && g.open.Load()
 }

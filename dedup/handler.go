@@ -47,29 +47,60 @@ type Handler struct {
 }
 
 // Name returns the handler's name.
-func (h *Handler) Name() string { return h.name }
+func (h *Handler) Name() string {
+	if h == nil {
+		return ""
+	}
+	return h.name
+}
 
 // Retention returns how long a DONE record of this handler lives.
-func (h *Handler) Retention() time.Duration { return h.cfg.retention }
+func (h *Handler) Retention() time.Duration {
+	if h == nil {
+		return 0
+	}
+	return h.cfg.retention
+}
 
 // Lease returns the handler's lease.
-func (h *Handler) Lease() time.Duration { return h.cfg.lease }
+func (h *Handler) Lease() time.Duration {
+	if h == nil {
+		return 0
+	}
+	return h.cfg.lease
+}
 
 // Mode returns how Handle guards fn.
-func (h *Handler) Mode() Mode { return h.cfg.mode }
+func (h *Handler) Mode() Mode {
+	if h == nil {
+		return ModeDo
+	}
+	return h.cfg.mode
+}
 
 // ReplyLimit returns the largest reply the handler stores (WithReplies), 0 when it
 // stores none.
-func (h *Handler) ReplyLimit() int { return h.cfg.replyLimit }
+func (h *Handler) ReplyLimit() int {
+	if h == nil {
+		return 0
+	}
+	return h.cfg.replyLimit
+}
 
 // KeyStrategy returns the handler's key strategy, and whether it was set with
 // WithKeyStrategy (adapters put their own default in place of DefaultKeyStrategy).
 func (h *Handler) KeyStrategy() (s keys.Strategy, explicit bool) {
+	if h == nil {
+		return DefaultKeyStrategy, false
+	}
 	return h.cfg.strategy, h.cfg.strategySet
 }
 
 // RecordKey returns the store key that holds key's record for this handler.
 func (h *Handler) RecordKey(key string) string {
+	if h == nil || h.d == nil {
+		return ""
+	}
 	return keys.RecordKey(h.d.cfg.prefix, h.name, key)
 }
 
@@ -646,6 +677,19 @@ func (h *Handler) releaseUnanswered(ctx context.Context, k, rk, token string, er
 	}()
 }
 
+// cutShort is the error of a call whose store call ended because the caller's ctx
+// did (a deadline, a shutdown) or the Deduper closed, not because the store failed:
+// the outcome is then Cancelled. nil otherwise.
+func cutShort(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("dedup: cancelled before the store answered: %w", context.Cause(ctx))
+	case errors.Is(err, ErrClosed):
+		return fmt.Errorf("dedup: closed before the store answered: %w", ErrClosed)
+	}
+	return nil
+}
+
 // storeWarn logs a run's store failure: a warning, or, while the breaker is open (it
 // warned once when it opened), a debug line, so that an outage does not log a line
 // per message.
@@ -661,8 +705,8 @@ func (h *Handler) storeWarn(err error, msg string, args ...any) {
 const releaseTimeout = 2 * time.Second
 
 func (h *Handler) storeFailed(ctx context.Context, f *flight, k, lk, fp string, err error, fn func(context.Context) error, step runStep) (Result, error) {
-	if ctx.Err() != nil {
-		return h.lead(f, Result{Outcome: Cancelled}, errors.Join(err, context.Cause(ctx)))
+	if cerr := cutShort(ctx, err); cerr != nil {
+		return h.lead(f, Result{Outcome: Cancelled}, cerr)
 	}
 	if !errors.Is(err, ErrStoreUnavailable) {
 		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)

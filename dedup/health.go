@@ -134,7 +134,7 @@ const DefaultHealthTimeout = 2 * time.Second
 // and writes nothing. ctx bounds the store's checks.
 func (d *Deduper) Health(ctx context.Context) HealthReport {
 	var rep HealthReport
-	if d == nil {
+	if d == nil || d.handlers == nil {
 		return HealthReport{Status: HealthFail, Checks: []HealthCheck{{Name: CheckDeduper, Status: HealthFail, Detail: "nil *Deduper (did New fail?)"}}}
 	}
 	if ctx == nil {

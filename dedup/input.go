@@ -18,6 +18,8 @@ func (h *Handler) checkInput(ctx context.Context, fnNil bool) error {
 	switch {
 	case h == nil:
 		return fmt.Errorf("%w: nil *Handler (did Register fail?)", ErrInvalidOption)
+	case h.d == nil:
+		return fmt.Errorf("%w: a Handler not made by Deduper.Register", ErrInvalidOption)
 	case ctx == nil:
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
 	case fnNil:

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -70,7 +72,14 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 		"New, nil store":             func() error { _, err := New(nil); return err },
 		"NewRedisStore, nil client":  func() error { _, err := NewRedisStore(nil); return err },
 		"NewMemoryStore, nil option": func() error { _, err := NewMemoryStore(nil); return err },
-		"HandleBatch, nil fn":        func() error { return batchErr(h.HandleBatch(ctx, items, nil)) },
+		"NewRedisStore, typed nil client": func() error {
+			var c *redis.Client
+			_, err := NewRedisStore(c)
+			return err
+		},
+		"Do, a zero Handler":       func() error { _, err := (&Handler{}).Do(ctx, "k", fn); return err },
+		"Register, a zero Deduper": func() error { _, err := (&Deduper{}).Register("x"); return err },
+		"HandleBatch, nil fn":      func() error { return batchErr(h.HandleBatch(ctx, items, nil)) },
 		"HandleBatchParallel, nil ctx": func() error {
 			return batchErr(h.HandleBatchParallel(nilCtx, items, 2, bfn, nil))
 		},
@@ -103,6 +112,18 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 	}
 	if err := (*Deduper)(nil).Close(); err != nil {
 		t.Fatal(err)
+	}
+	// the accessors of a nil Handler or Deduper answer zero values
+	if none.Name() != "" || none.Retention() != 0 || none.Lease() != 0 || none.ReplyLimit() != 0 ||
+		none.RecordKey("k") != "" || none.Stats() != (Stats{}) || none.Mode() != ModeDo {
+		t.Fatal("a nil Handler's accessors")
+	}
+	if s, _ := none.KeyStrategy(); s == nil {
+		t.Fatal("a nil Handler's key strategy")
+	}
+	var nd *Deduper
+	if nd.Breaker() || nd.Handlers() != nil || nd.Store() != nil {
+		t.Fatal("a nil Deduper's accessors")
 	}
 	if rep := d.Health(nilCtx); rep.Status != HealthOK {
 		t.Fatalf("Health with a nil context: %+v", rep)

@@ -162,7 +162,7 @@ func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) 
 // is for operators, not for a hot path. A store without RecordStore is an error
 // wrapping errors.ErrUnsupported; a bad handler name wraps ErrInvalidOption.
 func (d *Deduper) CountRecords(ctx context.Context, handler string) (map[string]int64, error) {
-	if d == nil || ctx == nil {
+	if d == nil || d.handlers == nil || ctx == nil {
 		return nil, fmt.Errorf("%w: nil *Deduper or context", ErrInvalidOption)
 	}
 	rs, err := d.records()

@@ -174,7 +174,7 @@ type RedisOption func(*RedisStore) error
 // *redis.Ring or failover client. The caller owns c and closes it. A nil client or a
 // bad option is an error wrapping ErrInvalidOption.
 func NewRedisStore(c redis.UniversalClient, opts ...RedisOption) (*RedisStore, error) {
-	if c == nil {
+	if isNil(c) {
 		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidOption)
 	}
 	s := &RedisStore{c: c}

@@ -180,7 +180,7 @@ func TestLocalRepliesBudget(t *testing.T) {
 	}
 	local, store := 0, 0
 	for i := n - 1; i >= 0; i-- { // the most recent first: each answer from the store evicts an older one
-		res, _ := h.DoReply(ctx, fmt.Sprint("k", i), nil)
+		res, _ := h.DoReply(ctx, fmt.Sprint("k", i), notRun(t))
 		if res.Outcome != Duplicate || res.Reply != reply(i) {
 			t.Fatalf("k%d: %v, reply %.8q", i, res.Outcome, res.Reply)
 		}
@@ -352,7 +352,7 @@ func TestRepliesConfig(t *testing.T) {
 	if _, err := plain.DoReply(ctx, "k", notRun(t)); !errors.Is(err, ErrInvalidOption) {
 		t.Fatalf("DoReply without WithReplies: %v", err)
 	}
-	for _, r := range plain.HandleBatchReply(ctx, []Item{{Key: "k"}}, 1, nil, nil) {
+	for _, r := range plain.HandleBatchReply(ctx, []Item{{Key: "k"}}, 1, func(context.Context, int) ([]byte, error) { return nil, nil }, nil) {
 		if !errors.Is(r.Err, ErrInvalidOption) {
 			t.Fatalf("HandleBatchReply without WithReplies: %v", r.Err)
 		}

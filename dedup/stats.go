@@ -86,6 +86,9 @@ func (s Stats) Count(o Outcome) uint64 {
 
 // Stats returns the handler's counters.
 func (h *Handler) Stats() Stats {
+	if h == nil {
+		return Stats{}
+	}
 	var s Stats
 	for i := range s.outcomes {
 		s.outcomes[i] = h.stats.outcomes[i].Load()

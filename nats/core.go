@@ -2,6 +2,7 @@ package nats
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
@@ -36,6 +37,11 @@ func NewCore(h *dedup.Handler, opts ...Option) (*Core, error) {
 // messages at once (default DefaultConcurrency; 1 keeps delivery order). ctx is the
 // handlers' parent. After unsubscribing, Wait for the messages in hand.
 func (c *Core) Handler(ctx context.Context, fn Func) natsgo.MsgHandler {
+	if c == nil {
+		return func(*natsgo.Msg) {
+			slog.Default().Error("dedup: message handed to a nil *Core adapter (did NewCore fail?)")
+		}
+	}
 	dispatch := c.dispatcher()
 	if ctx != nil {
 		ctx = dedup.WaitForRunning(ctx)
@@ -51,6 +57,10 @@ func (c *Core) Handler(ctx context.Context, fn Func) natsgo.MsgHandler {
 
 // Handle runs fn for one message and, for a JetStream push delivery, acknowledges it.
 func (c *Core) Handle(ctx context.Context, msg *natsgo.Msg, fn Func) (dedup.Result, Action) {
+	if c == nil {
+		slog.Default().Error("dedup: message handed to a nil *Core adapter (did NewCore fail?)")
+		return badInput, ActNone
+	}
 	if msg == nil {
 		c.cfg.logger.Error("dedup: Handle given a nil message; nothing to acknowledge", "handler", c.h.Name())
 		return badInput, ActNone

@@ -1,9 +1,13 @@
 package nats
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"runtime/debug"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
 )
@@ -59,4 +63,55 @@ func (a *adapter) recovered() {
 	if r := recover(); r != nil {
 		a.cfg.logger.Error("dedup: the adapter recovered from a panic; its messages were Nak'ed", "handler", a.h.Name(), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 	}
+}
+
+// noAdapter settles a delivery handed to a nil *JetStream (a NewJetStream whose
+// error was dropped): logged on slog.Default and Nak'ed after the default backoff,
+// never dropped silently.
+func noAdapter(msg jetstream.Msg) {
+	slog.Default().Error("dedup: message handed to a nil *JetStream adapter (did NewJetStream fail?); Nak'ing it")
+	if isNil(msg) {
+		return
+	}
+	defer func() { _ = recover() }()
+	n := uint64(1)
+	if md, err := msg.Metadata(); err == nil {
+		n = md.NumDelivered
+	}
+	_ = msg.NakWithDelay(DefaultBackoff(n))
+}
+
+// noAdapterCtx is noAdapter for the calls that take a context.
+func noAdapterCtx(_ context.Context, msg jetstream.Msg) { noAdapter(msg) }
+
+// Wait blocks until every message already handed to a Handler has been handled and
+// acknowledged (see adapter.Wait). A nil *JetStream has none.
+func (j *JetStream) Wait() {
+	if j != nil {
+		j.adapter.Wait()
+	}
+}
+
+// Stats returns what the adapter has done so far; zero for a nil *JetStream.
+func (j *JetStream) Stats() Stats {
+	if j == nil {
+		return Stats{}
+	}
+	return j.adapter.Stats()
+}
+
+// Wait blocks until every message already handed to a Handler has been handled. A
+// nil *Core has none.
+func (c *Core) Wait() {
+	if c != nil {
+		c.adapter.Wait()
+	}
+}
+
+// Stats returns what the adapter has done so far; zero for a nil *Core.
+func (c *Core) Stats() Stats {
+	if c == nil {
+		return Stats{}
+	}
+	return c.adapter.Stats()
 }

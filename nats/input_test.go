@@ -147,6 +147,35 @@ func TestAdapterBadInputIsLoggedNeverAPanic(t *testing.T) {
 		noPanic(t, "MicroHandler(nil)", func() { r.MicroHandler(context.Background(), nil).Handle(nil) })
 		r.Wait()
 	})
+	t.Run("nil adapters", func(t *testing.T) {
+		var nj *JetStream
+		var nc *Core
+		var nr *Replier
+		m := newFake("o-7", "a", 2)
+		noPanic(t, "nil JetStream Handler", func() { nj.Handler(context.Background(), fn)(m) })
+		if got := m.got(); len(got) != 1 || !strings.HasPrefix(got[0], "nak-with-delay") {
+			t.Fatalf("a message handed to a nil JetStream got %q, want a nak-with-delay", got)
+		}
+		m = newFake("o-8", "a", 1)
+		noPanic(t, "nil JetStream Handle", func() { nj.Handle(context.Background(), m, fn) })
+		noPanic(t, "nil TxHandler", func() {
+			TxHandler[*struct{}](context.Background(), nil, nil, nil)(newFake("o-9", "a", 1))
+		})
+		noPanic(t, "nil JetStream accessors", func() { nj.Wait(); _ = nj.Stats() })
+		noPanic(t, "nil Core", func() {
+			nc.Handler(context.Background(), fn)(&natsgo.Msg{Subject: "s"})
+			nc.Handle(context.Background(), &natsgo.Msg{Subject: "s"}, fn)
+			nc.Wait()
+			_ = nc.Stats()
+		})
+		noPanic(t, "nil Replier", func() {
+			nr.Handler(context.Background(), nil)(&natsgo.Msg{Subject: "s"})
+			_, _ = nr.Handle(context.Background(), &natsgo.Msg{Subject: "s"}, nil)
+			nr.MicroHandler(context.Background(), nil).Handle(nil)
+			nr.Wait()
+			_ = nr.Stats()
+		})
+	})
 	if ran != 0 {
 		t.Fatalf("fn ran %d times on bad input", ran)
 	}

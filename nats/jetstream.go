@@ -87,6 +87,9 @@ const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 // delivery stops for about 30 s. No message is lost; the stall only delays delivery.
 // It was seen at WithConcurrency 512 and 1024, not at 128 or 256 (see the README).
 func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
+	if j == nil {
+		return noAdapter
+	}
 	if fn == nil || ctx == nil {
 		return j.refuse
 	}
@@ -201,6 +204,10 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 // one by one) and acknowledges it. It returns the dedup result and the action taken.
 // Give Messages a short idle heartbeat, as Consume (see Handler).
 func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (dedup.Result, Action) {
+	if j == nil {
+		noAdapterCtx(ctx, msg)
+		return badInput, ActNakWithDelay
+	}
 	if isNil(msg) {
 		j.cfg.logger.Error("dedup: Handle given a nil message; nothing to acknowledge", "handler", j.h.Name())
 		return badInput, ActNone
@@ -243,7 +250,7 @@ func (j *JetStream) handle(ctx context.Context, msg jetstream.Msg, run func(ctx 
 // the messages whose completion is in flight. Messages waiting their turn are kept in
 // progress. It returns the batch's own error (batch.Error()).
 func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatch, fn Func) ([]dedup.ItemResult, error) {
-	if isNil(batch) {
+	if j == nil || isNil(batch) {
 		return nil, ErrBadInput
 	}
 	msgs := drain(batch)

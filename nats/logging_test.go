@@ -131,7 +131,10 @@ func TestReplierLogsHoldNoReply(t *testing.T) {
 		// a reply subject, and no connection to answer on: the reply is not sent
 		return &natsgo.Msg{Subject: "orders", Reply: "_INBOX.x", Header: natsgo.Header{"Idempotency-Key": {k}}, Data: []byte(request)}
 	}
-	r.Handle(ctx, msg(key), nil)
+	r.Handle(ctx, msg(key), func(context.Context, *Msg) (Reply, error) {
+		t.Error("fn ran for a duplicate")
+		return Reply{}, nil
+	})
 	r.Handle(ctx, msg(key+"-2"), func(context.Context, *Msg) (Reply, error) {
 		return Reply{Data: []byte(secret + strings.Repeat("x", 100))}, nil // too large
 	})

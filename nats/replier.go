@@ -3,6 +3,7 @@ package nats
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -176,6 +177,9 @@ func NewReplier(h *dedup.Handler, opts ...Option) (*Replier, error) {
 // running waits for that run and gets its reply. ctx is the handlers' parent. After
 // unsubscribing (or draining), Wait for the requests in hand.
 func (r *Replier) Handler(ctx context.Context, fn ReplyFunc) natsgo.MsgHandler {
+	if r == nil {
+		return func(msg *natsgo.Msg) { _, _ = r.Handle(ctx, msg, fn) }
+	}
 	dispatch := r.a.dispatcher()
 	if ctx != nil {
 		ctx = dedup.WaitForRunning(ctx)
@@ -193,6 +197,14 @@ func (r *Replier) Handler(ctx context.Context, fn ReplyFunc) natsgo.MsgHandler {
 // the handler's result. A message without a reply subject is run and not answered.
 func (r *Replier) Handle(ctx context.Context, msg *natsgo.Msg, fn ReplyFunc) (dedup.ReplyResult, error) {
 	if msg == nil {
+		return dedup.ReplyResult{}, ErrBadInput
+	}
+	if r == nil { // a NewReplier whose error was dropped: answered, never silence
+		slog.Default().Error("dedup: request handed to a nil *Replier (did NewReplier fail?)")
+		if msg.Reply != "" {
+			a := answer{kind: ReplyError, code: CodeFailed, desc: errNoReplier}
+			_ = msg.RespondMsg(&natsgo.Msg{Header: a.errorHeader()})
+		}
 		return dedup.ReplyResult{}, ErrBadInput
 	}
 	var res dedup.ReplyResult
@@ -213,10 +225,20 @@ func (r *Replier) Handle(ctx context.Context, msg *natsgo.Msg, fn ReplyFunc) (de
 
 // Wait blocks until every request handed to a Handler or a MicroHandler has been
 // answered. Unsubscribe (or stop the service) first.
-func (r *Replier) Wait() { r.a.running.Wait() }
+func (r *Replier) Wait() {
+	if r != nil {
+		r.a.running.Wait()
+	}
+}
+
+// errNoReplier is the error reply to a request handed to a nil *Replier.
+const errNoReplier = "dedup: the service has no replier"
 
 // Stats returns what the Replier has answered so far.
 func (r *Replier) Stats() ReplyStats {
+	if r == nil {
+		return ReplyStats{}
+	}
 	var s ReplyStats
 	for i := range s.replies {
 		s.replies[i] = r.replies[i].Load()
@@ -335,6 +357,14 @@ func (r *Replier) responded(rerr error, a answer) {
 // cannot end micro's), so micro's processing time covers it. ctx is the requests'
 // parent.
 func (r *Replier) MicroHandler(ctx context.Context, fn ReplyFunc) micro.Handler {
+	if r == nil {
+		return micro.HandlerFunc(func(req micro.Request) {
+			slog.Default().Error("dedup: request handed to a nil *Replier (did NewReplier fail?)")
+			if !isNil(req) {
+				_ = req.Error(CodeFailed, errNoReplier, nil)
+			}
+		})
+	}
 	if ctx != nil {
 		ctx = dedup.WaitForRunning(ctx)
 	}

@@ -21,7 +21,8 @@ type TxFunc[T any] func(ctx context.Context, m *Msg, tx T) error
 // *pgxtx.Transactor.
 func HandleTx[T any](ctx context.Context, j *JetStream, msg jetstream.Msg, t dedup.Transactor[T], fn TxFunc[T]) (dedup.Result, Action) {
 	if j == nil {
-		return badInput, ActNone
+		noAdapterCtx(ctx, msg)
+		return badInput, ActNakWithDelay
 	}
 	if isNil(msg) {
 		j.cfg.logger.Error("dedup: HandleTx given a nil message; nothing to acknowledge", "handler", j.h.Name())
@@ -43,7 +44,7 @@ func HandleTx[T any](ctx context.Context, j *JetStream, msg jetstream.Msg, t ded
 // batches and HandleBatchTx.
 func TxHandler[T any](ctx context.Context, j *JetStream, t dedup.Transactor[T], fn TxFunc[T]) jetstream.MessageHandler {
 	if j == nil {
-		return func(jetstream.Msg) {} // nothing to log with, nothing to acknowledge with
+		return noAdapter
 	}
 	if fn == nil || ctx == nil || isNil(t) {
 		return j.refuse

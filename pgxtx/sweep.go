@@ -49,6 +49,9 @@ type MarkerInfo struct {
 // there was a marker. A marker a running transaction holds makes it wait for that
 // transaction (and then delete what it committed).
 func (t *Transactor) Forget(ctx context.Context, h *dedup.Handler, key string) (bool, error) {
+	if h == nil || ctx == nil {
+		return false, fmt.Errorf("pgxtx: forget: %w: nil handler or context", dedup.ErrInvalidOption)
+	}
 	digest := dedup.RecordDigest(h.RecordKey(key))
 	tag, err := t.pool.Exec(ctx, t.table.Forget(), h.Name(), digest[:])
 	if err != nil {

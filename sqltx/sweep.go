@@ -68,6 +68,9 @@ type MarkerInfo struct {
 // there was a marker. A marker a running transaction holds makes it wait for that
 // transaction (and then delete what it committed).
 func (t *Transactor) Forget(ctx context.Context, h *dedup.Handler, key string) (bool, error) {
+	if h == nil || ctx == nil {
+		return false, fmt.Errorf("sqltx: forget: %w: nil handler or context", dedup.ErrInvalidOption)
+	}
 	digest := dedup.RecordDigest(h.RecordKey(key))
 	res, err := t.db.ExecContext(ctx, t.table.Forget(), h.Name(), digest[:])
 	if err != nil {

@@ -444,15 +444,23 @@ func (c *command) failed(ctx context.Context, err error, format string, args ...
 // handler registered (without a local tier: dedupctl keeps no cache, and so does not
 // subscribe to forget notices either). code is not 0 on failure.
 func (c *command) deduper(ctx context.Context) (d *dedup.Deduper, h *dedup.Handler, done func(), code int) {
+	return c.deduperPing(ctx, true)
+}
+
+// deduperPing is deduper, with the PING first (ping) or not: health reports an
+// unreachable Redis as its own failed check, in its own format.
+func (c *command) deduperPing(ctx context.Context, ping bool) (d *dedup.Deduper, h *dedup.Handler, done func(), code int) {
 	var rdb redis.UniversalClient
 	if c.clusterOpts != nil {
 		rdb = redis.NewClusterClient(c.clusterOpts)
 	} else {
 		rdb = redis.NewClient(c.opts)
 	}
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		rdb.Close()
-		return nil, nil, nil, c.failed(ctx, err, "cannot reach Redis at %s: ", c.addr)
+	if ping {
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			rdb.Close()
+			return nil, nil, nil, c.failed(ctx, err, "cannot reach Redis at %s: ", c.addr)
+		}
 	}
 	store, err := dedup.NewRedisStore(rdb)
 	if err == nil {
@@ -706,7 +714,7 @@ func count(ctx context.Context, c *command) int {
 }
 
 func health(ctx context.Context, c *command) int {
-	d, _, done, code := c.deduper(ctx)
+	d, _, done, code := c.deduperPing(ctx, false) // an unreachable Redis is a failed check
 	if code != 0 {
 		return code
 	}

@@ -289,12 +289,15 @@ func TestErrors(t *testing.T) {
 		{"unknown handler (count)", a.args("count", "-handler", "ordres"), exitUsage, `unknown handler "ordres"`},
 		{"arguments to count", a.args("count", "k"), exitUsage, "takes no arguments"},
 		{"unreachable", []string{"lookup", "-redis", refused, "-handler", "orders", "k"}, exitFailed, "cannot reach Redis at " + refused},
-		{"unreachable cluster", []string{"health", "-redis-cluster", refused}, exitFailed, "cannot reach Redis at " + refused},
+		{"unreachable cluster", []string{"count", "-redis-cluster", refused}, exitFailed, "cannot reach Redis at " + refused},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dedupctl(t, tc.args...).want(t, tc.code, "", tc.stderr)
 		})
 	}
+	// health reports an unreachable store as its failed check, on stdout (-json too)
+	dedupctl(t, "health", "-redis-cluster", refused).want(t, exitFailed, "store.reachable", "")
+	dedupctl(t, "health", "-redis", refused, "-json").want(t, exitFailed, `"status": "fail"`, "")
 	dedupctl(t, "help").want(t, exitOK, "Exit codes", "")
 	dedupctl(t, a.args("lookup", "-h")...).want(t, exitOK, "", "-former")
 }
@@ -454,16 +457,18 @@ func TestTimeout(t *testing.T) {
 	proxy.Arm(testenv.Fault{Kind: testenv.Delay, Replies: 1 << 20, Hold: time.Minute})
 	const timeout, slack = time.Second, time.Second
 	for _, tc := range []struct {
-		name string
-		args []string
+		name           string
+		args           []string
+		stdout, stderr string // health reports an unreachable store as a failed check
 	}{
-		{"lookup", []string{"lookup", "-redis", silent, "-handler", "orders", "k"}},
-		{"forget", []string{"forget", "-redis", silent, "-handler", "orders", "k"}},
-		{"count", []string{"count", "-redis", silent}},
-		{"health", []string{"health", "-redis", silent}},
-		{"rediss", []string{"health", "-redis", "rediss://" + silent}},
-		{"cluster", []string{"count", "-redis-cluster", silent}},
-		{"after the handshake", []string{"lookup", "-redis", proxy.Addr(), "-handler", "orders", "k"}},
+		{"lookup", []string{"lookup", "-redis", silent, "-handler", "orders", "k"}, "", "no answer within -timeout 1s"},
+		{"forget", []string{"forget", "-redis", silent, "-handler", "orders", "k"}, "", "no answer within -timeout 1s"},
+		{"count", []string{"count", "-redis", silent}, "", "no answer within -timeout 1s"},
+		{"health", []string{"health", "-redis", silent}, "store.reachable          fail", ""},
+		{"health -json", []string{"health", "-redis", silent, "-json"}, `"status": "fail"`, ""},
+		{"rediss", []string{"health", "-redis", "rediss://" + silent}, "store.reachable          fail", ""},
+		{"cluster", []string{"count", "-redis-cluster", silent}, "", "no answer within -timeout 1s"},
+		{"after the handshake", []string{"lookup", "-redis", proxy.Addr(), "-handler", "orders", "k"}, "", "no answer within -timeout 1s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -472,7 +477,7 @@ func TestTimeout(t *testing.T) {
 			r := dedupctl(t, args...)
 			elapsed := time.Since(start)
 			t.Logf("%s: %v (-timeout %v)", tc.name, elapsed, timeout)
-			r.want(t, exitFailed, "", "no answer within -timeout 1s")
+			r.want(t, exitFailed, tc.stdout, tc.stderr)
 			if elapsed > timeout+slack {
 				t.Fatalf("took %v, want at most -timeout %v + %v", elapsed, timeout, slack)
 			}
