@@ -240,16 +240,18 @@ func TestTxCommitUnknown(t *testing.T) {
 				j := newJS(t, h, c)
 				var mu sync.Mutex
 				var results []string
+				var calls handling // the callback records its result after its ack
 				proxy.ArmCommit(fault)
-				consume(t, c, func(msg jetstream.Msg) {
+				consume(t, c, calls.wrap(func(msg jetstream.Msg) {
 					res, act := HandleTx(context.Background(), j, msg, d.tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
 						return d.insert(ctx, tx, m.Header(jetstream.MsgIDHeader), os.Getpid())
 					})
 					mu.Lock()
 					results = append(results, fmt.Sprint(res.Outcome, "/", res.Tier, "/", act))
 					mu.Unlock()
-				})
+				}))
 				e.settled(c, last)
+				calls.wait()
 				mu.Lock()
 				defer mu.Unlock()
 				t.Logf("results: %v", results)
