@@ -50,9 +50,12 @@ func concurrentCases(t *testing.T, test func(t *testing.T, e *env, client *redis
 const (
 	concurrentMsgs      = 50
 	concurrentConsumers = 3
-	// A short lease: a delivery that finds the message in progress is redelivered
-	// after what is left of it.
-	concurrentLease = 300 * time.Millisecond
+	// The lease: a delivery that finds the message in progress is redelivered after
+	// what is left of it. Long enough that a live owner keeps it on a loaded machine:
+	// at 300ms (extended every 100ms), a process held up for a few hundred ms lost it
+	// while its fn ran, with miniredis and with a real Redis, and another consumer
+	// ran the message again (LeaseLost, fn twice).
+	concurrentLease = 2 * time.Second
 )
 
 // barrier holds the callers for one id until n of them have arrived.
@@ -126,13 +129,14 @@ func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix
 		j *JetStream
 	}
 	members := make([]member, concurrentConsumers)
+	var calls handling // the callbacks below: each counts, and checks, after its ack
 	for i := range members {
 		h := handler()
 		// AckWait well above the run, so every redelivery is one the adapter asked for;
 		// a small pull batch, so messages do not wait long in the client.
 		c := e.consumer(fmt.Sprintf("c%d", i), func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
 		j := newJS(t, h, c)
-		cc, err := c.Consume(func(msg jetstream.Msg) {
+		cc, err := c.Consume(calls.wrap(func(msg jetstream.Msg) {
 			id := msg.Headers().Get(jetstream.MsgIDHeader)
 			if md, err := msg.Metadata(); err == nil && md.NumDelivered == 1 {
 				if !bar.wait(id, 5*time.Second) {
@@ -144,7 +148,7 @@ func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix
 					early.Add(1) // acknowledged as done while it was still in progress
 				}
 			}
-		}, jetstream.PullMaxMessages(4), jetstream.PullExpiry(2*time.Second),
+		}), jetstream.PullMaxMessages(4), jetstream.PullExpiry(2*time.Second),
 			jetstream.ConsumeErrHandler(func(jetstream.ConsumeContext, error) {}))
 		if err != nil {
 			t.Fatal(err)
@@ -158,6 +162,7 @@ func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix
 		consumers[i] = m.c
 	}
 	last := raceMessages(t, e, "cc", consumers, &missed, &r)
+	calls.wait()
 	if n := early.Load(); n != 0 {
 		t.Errorf("%d deliveries were answered Duplicate before fn had succeeded", n)
 	}

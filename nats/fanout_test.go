@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
-	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // Two handlers with their own retention, on two durable consumers of one stream, each
@@ -84,11 +83,8 @@ func TestTwoHandlersOnOneStream(t *testing.T) {
 			}
 			// An ack counts once its call returns; a double ack's returns with the
 			// server's reply, which can come after the ack floor seen by settled moved.
-			var s Stats
-			testenv.Eventually(t, 5*time.Second, name+"'s acks counted", func() bool {
-				s = a.j.Stats()
-				return s.Count(a.ack) >= n+again
-			})
+			a.j.Wait()
+			s := a.j.Stats()
 			if s.Count(a.ack) != n+again || s.AckErrors != 0 {
 				t.Errorf("%s: %d × %v, %d ack errors; want %d and none", name, s.Count(a.ack), a.ack, s.AckErrors, n+again)
 			}

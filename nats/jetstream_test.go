@@ -17,7 +17,9 @@ import (
 )
 
 // Each test here is one row of the outcome → ack table (docs/design.md §5), observed on the
-// server: what the consumer says was delivered, redelivered and left pending.
+// server: what the consumer says was delivered, redelivered and left pending. The
+// adapter counts an action once its call returns, after the server has it: the tests
+// read its Stats after Wait, once the server has nothing more to deliver.
 
 func TestProcessedIsAckedAndNotRedelivered(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
@@ -31,6 +33,7 @@ func TestProcessedIsAckedAndNotRedelivered(t *testing.T) {
 		ack := e.publish("new", "order-1", "one")
 		e.settled(c, ack.Sequence)
 		e.quietFor(c, 2*testAckWait, 1)
+		j.Wait()
 		if n := r.of("order-1"); n != 1 {
 			t.Fatalf("handler ran %d times, want 1", n)
 		}
@@ -58,6 +61,7 @@ func TestDuplicateIsAckedWithoutRunning(t *testing.T) {
 		}
 		e.settled(c, again.Sequence)
 		e.quietFor(c, 2*testAckWait, 2)
+		j.Wait()
 		if n := r.of("order-1"); n != 1 {
 			t.Fatalf("handler ran %d times, want 1", n)
 		}
@@ -114,6 +118,7 @@ func TestInProgressElsewhereNaksThenAcksAsDuplicate(t *testing.T) {
 		}
 		ci := e.settled(c, ack.Sequence)
 		e.quietFor(c, 2*testAckWait, ci.Delivered.Consumer)
+		j.Wait()
 		if n := r.n.Load(); n != 0 {
 			t.Fatalf("handler ran %d times, want 0 (the other owner did the work)", n)
 		}
@@ -157,6 +162,7 @@ func TestHandlerErrorNaksWithBackoffThenProcessesOnce(t *testing.T) {
 		ack := e.publish("new", "order-1", "one")
 		e.settled(c, ack.Sequence)
 		e.quietFor(c, 2*testAckWait, 3)
+		j.Wait()
 
 		mu.Lock()
 		defer mu.Unlock()
@@ -208,6 +214,7 @@ func TestExhaustedHookThenTerm(t *testing.T) {
 		}
 		e.settled(c, ack.Sequence)
 		e.quietFor(c, 2*2*time.Second, 3)
+		j.Wait()
 		if len(calls) != 0 || attempts.Load() != 3 {
 			t.Fatalf("%d more hook calls, %d attempts; want 0 and 3", len(calls), attempts.Load())
 		}
@@ -235,6 +242,7 @@ func TestPanicNaksThenProcessesOnce(t *testing.T) {
 		ack := e.publish("new", "order-1", "one")
 		e.settled(c, ack.Sequence)
 		e.quietFor(c, 2*testAckWait, 2)
+		j.Wait()
 		if attempts.Load() != 2 || r.of("order-1") != 1 {
 			t.Fatalf("%d attempts, %d runs; want 2 and 1", attempts.Load(), r.of("order-1"))
 		}
@@ -268,6 +276,8 @@ func TestNoKey(t *testing.T) {
 		e.settled(process, ack.Sequence)
 		e.quietFor(reject, 2*time.Second, 1)
 		e.quietFor(process, 0, 1)
+		jr.Wait()
+		jp.Wait()
 		if rr.n.Load() != 0 || jr.Stats().Count(ActTerm) != 1 {
 			t.Fatalf("reject: %d runs, %d terms; want 0 and 1", rr.n.Load(), jr.Stats().Count(ActTerm))
 		}
@@ -292,6 +302,7 @@ func TestKeyReuseIsTerminated(t *testing.T) {
 		reused := e.republish("new", "order-1", "three pears")
 		e.settled(c, reused.Sequence)
 		e.quietFor(c, 2*time.Second, 2)
+		j.Wait()
 		if r.n.Load() != 1 {
 			t.Fatalf("handler ran %d times, want 1", r.n.Load())
 		}
@@ -327,6 +338,7 @@ func TestStoreDownFailClosed(t *testing.T) {
 		store.down(false)
 		ci := e.settled(c, ack.Sequence)
 		e.quietFor(c, 2*testAckWait, ci.Delivered.Consumer)
+		j.Wait()
 		if r.n.Load() != 1 || j.Stats().Count(ActAck) != 1 {
 			t.Fatalf("%d runs, %d acks after healing; want 1 and 1", r.n.Load(), j.Stats().Count(ActAck))
 		}
@@ -386,6 +398,7 @@ func TestLongHandlerIsKeptInProgress(t *testing.T) {
 		ack := e.publish("new", "order-1", "one")
 		e.settled(c, ack.Sequence)
 		e.quietFor(c, 2*ackWait, 1)
+		j.Wait()
 		if r.n.Load() != 1 {
 			t.Fatalf("handler ran %d times, want 1", r.n.Load())
 		}
@@ -447,6 +460,7 @@ func TestShutdownLeavesMessageForRedelivery(t *testing.T) {
 		}))
 		e.settled(c, ack.Sequence)
 		e.quietFor(c, 2*testAckWait, 2)
+		j2.Wait()
 		if r.of("order-1") != 1 || j2.Stats().Count(ActAck) != 1 {
 			t.Fatalf("second instance: %d runs, %d acks; want 1 and 1", r.of("order-1"), j2.Stats().Count(ActAck))
 		}

@@ -95,6 +95,8 @@ func TestKeyStrategies(t *testing.T) {
 		last := e.publish("new", "id-3", "pears", "Order-Id", "o-2")
 		e.settled(byHandler, last.Sequence)
 		e.settled(byOption, last.Sequence)
+		jh.Wait() // the acks settled saw are counted once their calls return
+		jo.Wait()
 
 		if rh.of("id-1") != 1 || rh.of("id-2") != 0 || rh.of("id-3") != 1 {
 			t.Fatalf("handler's strategy (Order-Id): runs %v", rh.all())

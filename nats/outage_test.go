@@ -100,6 +100,7 @@ func runOutage(t *testing.T, policy dedup.StoreFailurePolicy) {
 
 	var handlers []*dedup.Handler
 	var adapters []*JetStream
+	var calls handling // the callbacks below: each records its result after its ack
 	for range 3 {
 		// fail fast while Redis is down (go-redis's defaults retry a dial for about
 		// 1.7s per call), so that the handlers answer, and the adapter naks, through
@@ -116,10 +117,10 @@ func runOutage(t *testing.T, policy dedup.StoreFailurePolicy) {
 			dedup.WithKeyStrategy(keys.Header("Idempotency-Key")))
 		j := newJS(t, h, cons, WithStoreRetryDelay(500*time.Millisecond))
 		fn := func(_ context.Context, m *Msg) error { o.ran(m.Header("Idempotency-Key")); return nil }
-		cc, err := cons.Consume(func(msg jetstream.Msg) {
+		cc, err := cons.Consume(calls.wrap(func(msg jetstream.Msg) {
 			res, _ := j.Handle(context.Background(), msg, fn)
 			o.result(msg.Headers().Get("Idempotency-Key"), res)
-		}, jetstream.PullMaxMessages(16), jetstream.PullExpiry(time.Second),
+		}), jetstream.PullMaxMessages(16), jetstream.PullExpiry(time.Second),
 			jetstream.ConsumeErrHandler(func(jetstream.ConsumeContext, error) {}))
 		if err != nil {
 			t.Fatal(err)
@@ -185,6 +186,7 @@ func runOutage(t *testing.T, policy dedup.StoreFailurePolicy) {
 		t.Fatal(err)
 	}
 	ci := e.settled(cons, info.State.LastSeq) // the backlog drains: everything acked
+	calls.wait()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 

@@ -128,7 +128,9 @@ func TestProcessCrashAfterClaim(t *testing.T) {
 // the slow process's own delivery is kept in progress and never redelivered.
 func TestProcessSlowHandlerKeepsLease(t *testing.T) {
 	t.Parallel()
-	const lease, ackWait = 300 * time.Millisecond, time.Second
+	// a lease (and an AckWait) that a live process keeps on a loaded machine: at a
+	// 300ms lease (extended every 100ms), S, held up for a few hundred ms, lost it
+	const lease, ackWait = 2 * time.Second, 2 * time.Second
 	p := newProcEnv(t, ackWait)
 	p.publish("new", "order-1", "data")
 
@@ -137,16 +139,16 @@ func TestProcessSlowHandlerKeepsLease(t *testing.T) {
 	began := time.Now()
 	r := p.child("R", "consume", "work", lease)
 	again := p.republish("new", "order-1", "data")
-	// keep S running for two AckWaits (over six leases), and until R has been told
+	// keep S running for three leases (three AckWaits), and until R has been told
 	// InProgress three times
-	r.waitFor(20*time.Second, "three InProgress answers", func(event) bool {
+	r.waitFor(30*time.Second, "three InProgress answers", func(event) bool {
 		n := 0
 		for _, e := range r.results("order-1") {
 			if _, _, o, _, _ := e.result(); o == "in-progress" {
 				n++
 			}
 		}
-		return n >= 3 && time.Since(began) >= 2*ackWait
+		return n >= 3 && time.Since(began) >= 3*lease
 	})
 	s.send("finish")
 	s.waitFor(10*time.Second, "S's result", func(e event) bool { return e.kind == "result" })

@@ -69,12 +69,13 @@ func TestFullRedisNaks(t *testing.T) {
 		return append([]dedup.Result(nil), results...), append([]Action(nil), acts...)
 	}
 	var r runs
-	consume(t, cons, func(msg jetstream.Msg) {
+	var calls handling // the callback records its result after its ack
+	consume(t, cons, calls.wrap(func(msg jetstream.Msg) {
 		res, act := j.Handle(ctx, msg, func(_ context.Context, m *Msg) error { r.add(m); return nil })
 		mu.Lock()
 		results, acts = append(results, res), append(acts, act)
 		mu.Unlock()
-	})
+	}))
 	// what the handler got (Handle returns only the result): Redis's OOM error
 	if _, err := store.Claim(ctx, h.RecordKey("probe"), "probe", "", time.Second); !errors.Is(err, dedup.ErrStoreUnavailable) || !strings.Contains(err.Error(), "OOM") {
 		t.Fatalf("a claim on the full Redis: %v; want ErrStoreUnavailable with Redis's OOM error", err)
@@ -97,6 +98,7 @@ func TestFullRedisNaks(t *testing.T) {
 	testenv.DeletePrefix(t, rdb, pad) // free the memory
 	ci := e.settled(cons, ack.Sequence)
 	e.quietFor(cons, 2*testAckWait, ci.Delivered.Consumer)
+	calls.wait()
 	res, act = seen()
 	t.Logf("%d deliveries: %d naked while Redis was full, then %v", len(res), len(res)-1, res[len(res)-1].Outcome)
 	if last := len(res) - 1; res[last].Outcome != dedup.Processed || act[last] != ActAck {

@@ -70,6 +70,11 @@ func newReplier(t *testing.T, store dedup.Store, prefix string, limit int, opts 
 
 // serveCore subscribes r on subject (in queue group q when not ""), until the test
 // ends: then it drains the subscription and waits for the requests in hand.
+//
+// A Replier counts a reply once it is sent, so the requester can have it before it
+// is counted, and a later request can be answered and counted first: a test reads
+// r.Stats() after r.Wait(), which returns once every request r has taken (every one
+// whose reply came back) has been answered and counted.
 func serveCore(t *testing.T, nc *natsgo.Conn, subject, q string, r *Replier, fn ReplyFunc) {
 	t.Helper()
 	var sub *natsgo.Subscription
@@ -142,9 +147,12 @@ func TestReplierRetryAfterLostReply(t *testing.T) {
 	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
 		r, h := newReplier(t, store, prefix, 0)
 		var runs atomic.Int32
+		ran := make(chan struct{})
+		var once sync.Once
 		subject := e.subject + ".create"
 		serveCore(t, e.nc, subject, "", r, func(_ context.Context, m *Msg) (Reply, error) {
 			runs.Add(1)
+			once.Do(func() { close(ran) })
 			if string(m.Data()) != "create o-42" {
 				return Reply{}, fmt.Errorf("request %q", m.Data())
 			}
@@ -157,9 +165,15 @@ func TestReplierRetryAfterLostReply(t *testing.T) {
 		if err := e.nc.PublishMsg(first); err != nil {
 			t.Fatal(err)
 		}
-		testenv.Eventually(t, 5*time.Second, "the first request answered", func() bool {
-			return r.Stats().Count(ReplyRun) == 1
-		})
+		select { // the request taken: nothing shows its lost reply but the count
+		case <-ran:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the first request did not run")
+		}
+		r.Wait()
+		if n := r.Stats().Count(ReplyRun); n != 1 {
+			t.Fatalf("the first request answered %d times", n)
+		}
 		for i := range 2 { // from the local tier, then again
 			m, err := request(e.nc, subject, "req-1", []byte("create o-42"), 5*time.Second)
 			if err != nil {
@@ -186,6 +200,7 @@ func TestReplierRetryAfterLostReply(t *testing.T) {
 		if n := runs.Load(); n != 1 {
 			t.Fatalf("fn ran %d times", n)
 		}
+		r.Wait()
 		if s := r.Stats(); s.Count(ReplyStored) != 2 || s.RespondErrors != 0 {
 			t.Fatalf("stats: %+v", s)
 		}
@@ -275,8 +290,7 @@ func TestReplierReplyTooLarge(t *testing.T) {
 		}
 		m, err = request(e.nc, subject, "req-1", nil, 5*time.Second)
 		wantError(t, m, err, CodeNotStored)
-		// the replier counts a reply once it is sent: the requester may read first
-		testenv.Eventually(t, 5*time.Second, "the 409 counted", func() bool { return r.Stats().Count(ReplyNotStored) == 1 })
+		r.Wait()
 		if runs.Load() != 1 || h.Stats().RepliesTooLarge != 1 || h.Stats().RepliesMissing != 1 ||
 			r.Stats().Count(ReplyRun) != 1 || r.Stats().Count(ReplyNotStored) != 1 {
 			t.Fatalf("runs %d, handler %+v, replier %+v", runs.Load(), h.Stats(), r.Stats())
@@ -339,6 +353,7 @@ func TestReplierErrors(t *testing.T) {
 				t.Fatalf("%s ran %d times, want %d", k, n.(*atomic.Int32).Load(), want)
 			}
 		}
+		r.Wait()
 		s := r.Stats()
 		if s.Count(ReplyRun) != 1 || s.Count(ReplyStored) != 1 || s.Count(ReplyError) != 4 || s.Count(ReplyRejected) != 2 {
 			t.Fatalf("stats: %+v", s)
@@ -398,8 +413,7 @@ func TestReplierStoreDown(t *testing.T) {
 				if d := m.Header.Get(micro.ErrorHeader); d != DescStoreUnavailable {
 					t.Fatalf("description %q", d)
 				}
-				// the replier counts a reply once it is sent: the requester may read first
-				testenv.Eventually(t, 5*time.Second, "the 503 counted", func() bool { return r.Stats().Count(ReplyRetry) == 1 })
+				r.Wait()
 				if runs.Load() != 1 || r.Stats().Count(ReplyRetry) != 1 {
 					t.Fatalf("fn ran %d times; %+v", runs.Load(), r.Stats())
 				}
@@ -506,6 +520,8 @@ func TestMicroEndpoint(t *testing.T) {
 			t.Fatalf("after the other run: %v %q", err, m.Data)
 		}
 
+		// micro counts a request once its handler has returned, after the reply went out
+		callbacksReturned(t, e.nc)
 		st := svc.Stats().Endpoints[0]
 		if st.NumRequests != 6 || st.NumErrors != 3 || st.LastError != "503:"+DescInProgress {
 			t.Fatalf("endpoint stats: %d requests, %d errors, last %q", st.NumRequests, st.NumErrors, st.LastError)
@@ -514,4 +530,20 @@ func TestMicroEndpoint(t *testing.T) {
 			t.Fatalf("fn ran %d times", runs.Load())
 		}
 	})
+}
+
+// callbacksReturned waits until every subscription of nc with a callback has returned
+// from its calls for the messages nc has received (nc.Barrier): a micro endpoint's
+// calls include micro's own counting, which its stats show once they return.
+func callbacksReturned(t *testing.T, nc *natsgo.Conn) {
+	t.Helper()
+	done := make(chan struct{})
+	if err := nc.Barrier(func() { close(done) }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the subscriptions' callbacks did not return within 10s")
+	}
 }

@@ -46,7 +46,14 @@ func TestProgressStopsWhenHandlerExits(t *testing.T) {
 	go func() {
 		defer close(done)
 		a.Handle(context.Background(), msg, func(context.Context, *Msg) error {
-			time.Sleep(35 * time.Millisecond) // a few signals while it runs
+			// a few signals while it runs: waited for, as a loaded machine can hold the
+			// 10ms timer up past any fixed sleep (35ms once saw none)
+			for deadline := time.Now().Add(10 * time.Second); msg.progress.Load() < 3; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Error("no in-progress signals within 10s")
+					break
+				}
+			}
 			runtime.Goexit()
 			return nil
 		})

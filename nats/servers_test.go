@@ -228,6 +228,28 @@ func consume(t *testing.T, c jetstream.Consumer, h jetstream.MessageHandler) jet
 	return cc
 }
 
+// handling tracks the calls of a message handler that a test gives Consume itself
+// (one calling Handle, and recording what it returned), so that the test can wait for
+// them: a delivery's ack reaches the server, where settled sees it, before Handle
+// returns, let alone before the callback has recorded its result, so anything read
+// right after settled can miss the last delivery. (A JetStream or Core Handler is
+// waited for with its own Wait.)
+type handling struct{ wg sync.WaitGroup }
+
+// wrap returns fn, tracked.
+func (h *handling) wrap(fn jetstream.MessageHandler) jetstream.MessageHandler {
+	return func(msg jetstream.Msg) {
+		h.wg.Add(1)
+		defer h.wg.Done()
+		fn(msg)
+	}
+}
+
+// wait returns once every call made so far has returned. Call it once nothing more
+// is to be delivered (after settled): the acks the test has seen were sent by calls
+// that had begun, so those are waited for.
+func (h *handling) wait() { h.wg.Wait() }
+
 func stopConsume(t *testing.T, cc jetstream.ConsumeContext) {
 	cc.Stop()
 	select {

@@ -73,6 +73,14 @@ func checkOnce(t *testing.T, d *orderDB, n int) {
 	}
 }
 
+// txAckWait is the AckWait of the consumers whose acks and duplicates are counted
+// exactly: well above any stall of a loaded machine, so that every redelivery is one
+// the adapter asked for (a Nak after a failure or a panic). At testAckWait (progress
+// every 200ms), progress signals held up for half a second (seen under load) let the
+// server redeliver messages still running: their copies were acked as duplicates, and
+// counted as such.
+const txAckWait = 10 * time.Second
+
 // eachOrderDB runs body on each server and each database, with a stream holding n
 // orders and dups republished copies, a consumer, and an adapter over the memory
 // store; body consumes and returns once the orders are settled (up to last).
@@ -83,7 +91,10 @@ func eachOrderDB(t *testing.T, n, dups int, body func(t *testing.T, e *env, d *o
 				e := e.sub(t)
 				e.newStream()
 				last := publishOrders(t, e, n, dups)
-				c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.MaxDeliver = 10 })
+				c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) {
+					cc.MaxDeliver = 10
+					cc.AckWait = txAckWait
+				})
 				h := register(t, newDeduper(t, memStore(t)), "orders")
 				j := newJS(t, h, c, WithBackoff(func(uint64) time.Duration { return 10 * time.Millisecond }))
 				body(t, e, d, c, j, last)
@@ -161,7 +172,10 @@ func TestTxStoreDown(t *testing.T) {
 			}
 			d := newOrderDB(t, "sqlite")
 			e.newStream()
-			c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.MaxDeliver = -1 })
+			c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) {
+				cc.MaxDeliver = -1
+				cc.AckWait = txAckWait
+			})
 			h := register(t, newDeduper(t, store, dedup.WithPrefix(testenv.Prefix())), "orders", dedup.WithStoreFailure(policy))
 			j := newJS(t, h, c, WithUnlimitedRedelivery(), WithStoreRetryDelay(50*time.Millisecond))
 			rs.Kill()
@@ -317,16 +331,18 @@ func TestTxCommitUnknown(t *testing.T) {
 				j := newJS(t, h, c)
 				var mu sync.Mutex
 				var results []string
+				var calls handling // the callback records its result after its ack
 				proxy.ArmCommit(fault)
-				consume(t, c, func(msg jetstream.Msg) {
+				consume(t, c, calls.wrap(func(msg jetstream.Msg) {
 					res, act := HandleTx(context.Background(), j, msg, d.tr, func(ctx context.Context, m *Msg, tx *sql.Tx) error {
 						return d.insert(ctx, tx, m.Header(jetstream.MsgIDHeader), os.Getpid())
 					})
 					mu.Lock()
 					results = append(results, fmt.Sprint(res.Outcome, "/", res.Tier, "/", act))
 					mu.Unlock()
-				})
+				}))
 				e.settled(c, last)
+				calls.wait()
 				mu.Lock()
 				defer mu.Unlock()
 				t.Logf("results: %v", results)

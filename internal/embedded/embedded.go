@@ -7,6 +7,7 @@ package embedded
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,14 +82,15 @@ func StartRedis() (*Redis, error) {
 }
 
 // tick moves the TTLs on. A move walks and sorts every key under miniredis's lock, so
-// the interval grows to ten times what the last move took: with many keys, ticking
-// keeps to a tenth of the server, and keys go up to one interval early.
+// the interval grows to ten times what a move takes (interval): with many keys,
+// ticking keeps to a tenth of the server, and keys go up to one interval early.
 func (r *Redis) tick() {
 	defer close(r.done)
 	every := ttlTick
 	t := time.NewTimer(every)
 	defer t.Stop()
 	last := time.Now()
+	took := []time.Duration{0} // the last moves' times, the latest last; a new server is empty
 	for {
 		select {
 		case <-r.stop:
@@ -100,9 +102,27 @@ func (r *Redis) tick() {
 			r.FastForward(d)
 		}
 		last = now
-		every = max(ttlTick, 10*time.Since(now))
+		took = append(took, time.Since(now))
+		if len(took) > movesTimed {
+			took = took[1:]
+		}
+		every = interval(took)
 		t.Reset(every)
 	}
+}
+
+// movesTimed is how many of the last moves interval looks at.
+const movesTimed = 5
+
+// interval is the time to the next move after moves that took took: ten times the
+// least of them, and at least ttlTick. The least, because a move's time also holds
+// whatever kept the goroutine from running (the process preempted on a busy
+// machine, a GC pause): taken alone, one such move would stretch the interval, and
+// so how early a key may go, to ten times a stall (close to a second was seen, which
+// ended 300ms leases whose owners were alive and extending them). A real cost, many
+// keys, shows in every move.
+func interval(took []time.Duration) time.Duration {
+	return max(ttlTick, 10*slices.Min(took))
 }
 
 // Close stops the clock and the server. It is safe to call more than once.

@@ -70,3 +70,24 @@ func startRedisClient(t *testing.T) *redis.Client {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// The interval between moves follows what moves cost, not one move stretched by a
+// stall: a key may go up to one interval early, so a single move that took 90ms (the
+// goroutine preempted) must not let a key go most of a second early.
+func TestIntervalIgnoresOneStalledMove(t *testing.T) {
+	const fast = 50 * time.Microsecond
+	for _, c := range []struct {
+		took []time.Duration
+		want time.Duration
+	}{
+		{[]time.Duration{fast}, ttlTick},
+		{[]time.Duration{fast, fast, 90 * time.Millisecond}, ttlTick},
+		{[]time.Duration{fast, 90 * time.Millisecond, 80 * time.Millisecond, fast, fast}, ttlTick},
+		// many keys: every move costs 49ms, the interval keeps ticking to a tenth
+		{[]time.Duration{49 * time.Millisecond, 52 * time.Millisecond, 49 * time.Millisecond}, 490 * time.Millisecond},
+	} {
+		if got := interval(c.took); got != c.want {
+			t.Errorf("interval(%v) = %v, want %v", c.took, got, c.want)
+		}
+	}
+}
