@@ -79,16 +79,22 @@ type waitKey struct{}
 // settleCtx returns the context of the store calls that settle a run once fn has
 // returned (a completion, a release): not cancelled with ctx, so that they are sent
 // whatever ctx says, and ending after d; but the guard waits for them only until
-// ctx's deadline, if it has one, so that the caller returns by it.
+// ctx's deadline (and settleGrace), if it has one, so that the caller returns by it.
 func (h *Handler) settleCtx(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
 	dl, ok := ctx.Deadline()
 	if !ok {
 		return bg, cancel
 	}
-	bound, stop := context.WithDeadline(context.Background(), dl)
+	bound, stop := context.WithDeadline(context.Background(), dl.Add(settleGrace))
 	return waitBounded(bg, bound), func() { stop(); cancel() }
 }
+
+// settleGrace is how long past the caller's deadline a settling call is waited for:
+// a store that answers at all answers in far less, so that a call cut short by its
+// deadline has its claim given back when it returns (Cancelled), within the deadline's
+// tolerance.
+const settleGrace = 50 * time.Millisecond
 
 // waitBounded returns ctx, whose calls the guard waits for only as long as bound
 // allows: a call made after the caller's fn returned (a completion, a release) runs
