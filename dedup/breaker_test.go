@@ -147,10 +147,7 @@ func TestBreakerOpeningEndsTheClaimsStillWaiting(t *testing.T) {
 	hs := &hookStore{Store: mem}
 	stuck := make(chan struct{})
 	defer close(stuck)
-	hs.onFail(func(op string) error {
-		if op != "claim" {
-			return nil
-		}
+	hs.onFail(func(op string) error { // every call, the probe's too: the breaker stays open
 		return fmt.Errorf("%w: injected", ErrStoreUnavailable)
 	})
 	slow := &slowClaims{Store: hs, key: "slow", stuck: stuck}
