@@ -94,8 +94,8 @@ func (k *coarseClock) run(prev, stop, done chan struct{}) {
 	}
 }
 
-// tick advances now, or halts the clock if nobody read it since the last
-// tick. It reports whether the goroutine given stop should go on. It holds
+// tick advances now, or halts the clock if nobody read it in the whole tick
+// since now was last stored. It reports whether the goroutine given stop should go on. It holds
 // k.mu, so that a release that halted the clock meanwhile is not undone.
 func (k *coarseClock) tick(stop chan struct{}) bool {
 	k.mu.Lock()
@@ -103,7 +103,9 @@ func (k *coarseClock) tick(stop chan struct{}) bool {
 	if k.stop != stop { // released meanwhile
 		return false
 	}
-	if !k.used.Swap(false) {
+	// Halt only after a whole tick unread: a tick that came early, because
+	// the one before it was handled late, is no proof that nobody reads.
+	if !k.used.Swap(false) && monoNow()-k.now.Load() >= int64(tickEvery) {
 		k.halt()
 		return false
 	}

@@ -85,15 +85,18 @@ func TestCoarseClockKeepsTicking(t *testing.T) {
 	var k coarseClock
 	k.acquire()
 	defer k.release()
-	gaps := 0 // reads that came a whole tick after the one before: the reader was descheduled
-	last := time.Now()
-	for start := last; time.Since(start) < 100*time.Millisecond; {
+	// gaps counts the reads that may have come a whole tick after the one
+	// before (the reader was descheduled): from before the one read to after
+	// the next, which bounds the time between them from above.
+	gaps := 0
+	prev := time.Now() // before the previous read
+	for start := prev; time.Since(start) < 100*time.Millisecond; {
+		before := time.Now()
 		k.read()
-		now := time.Now()
-		if now.Sub(last) >= tickEvery {
+		if time.Since(prev) >= tickEvery {
 			gaps++
 		}
-		last = now
+		prev = before
 	}
 	k.mu.Lock()
 	starts := k.starts
