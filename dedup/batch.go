@@ -622,6 +622,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 		switch a.Status {
 		case StatusAcquired:
 			b.f.leaseEnd.Store(sent.Add(h.cfg.lease).UnixNano())
+			h.leases.add(b)
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
 			claimed = append(claimed, b)
@@ -667,15 +668,14 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 // failed item's work and marker are rolled back to it), and the successes are held
 // until the COMMIT, then completed together.
 func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
-	hb := h.startBatchBeat(claimed)
-	out.flush() // every flight is answered and the heartbeat runs: now the results known so far
-	c := &completer{h: h, ctx: ctx, hb: hb, out: out}
-	defer hb.stop()
-	defer c.wg.Wait() // before the heartbeat stops; also when an fn ends this goroutine
+	out.flush() // every flight is answered and the lease table has the claims: now the results known so far
+	c := &completer{h: h, ctx: ctx, out: out}
+	defer c.wg.Wait()       // also when an fn ends this goroutine
+	var noRenew atomic.Bool // a renewal failed for want of the store: the rest are not tried
 	fnCtx, endFns := h.fnContext(ctx)
 	defer endFns()
 	if step != nil {
-		if claimed = h.beginBatch(ctx, fnCtx, hb, c, claimed, step, out); len(claimed) == 0 {
+		if claimed = h.beginBatch(ctx, fnCtx, c, claimed, step, out); len(claimed) == 0 {
 			return
 		}
 	}
@@ -692,7 +692,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			defer bgDone()
 			stepRollback(bg, step)
 			for _, b := range append(held, claimed[finished:]...) {
-				hb.forget(b)
+				h.leases.forget(b)
 				h.release(bg, b.k, b.rk, b.token)
 			}
 		}()
@@ -700,12 +700,12 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 		for _, b := range claimed {
 			if savepoints {
 				if err := step.savepoint(fnCtx); err != nil {
-					h.unrun(ctx, hb, b, out, fmt.Errorf("%w: database: savepoint: %w", ErrStoreUnavailable, err))
+					h.unrun(ctx, b, out, fmt.Errorf("%w: database: savepoint: %w", ErrStoreUnavailable, err))
 					finished++
 					continue
 				}
 			}
-			ok := h.runClaimedItem(ctx, fnCtx, hb, b, fn, out, step, savepoints)
+			ok := h.runClaimedItem(ctx, fnCtx, &noRenew, b, fn, out, step, savepoints)
 			finished++
 			switch {
 			case !ok:
@@ -716,7 +716,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			}
 		}
 		if step != nil {
-			h.commitBatch(ctx, hb, c, held, step, out)
+			h.commitBatch(ctx, c, held, step, out)
 		}
 		return
 	}
@@ -725,7 +725,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 		ran := false
 		defer func() {
 			if !ran { // fn called runtime.Goexit: give the claim back
-				hb.forget(b)
+				h.leases.forget(b)
 				// before the result, which lets a call waiting for the key go on
 				bg, bgDone := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
 				h.release(bg, b.k, b.rk, b.token)
@@ -733,7 +733,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 				out.set(b.i, ItemResult{Result: h.count(Result{Outcome: Panicked}), Err: errGoexit})
 			}
 		}()
-		if h.runClaimedItem(ctx, fnCtx, hb, b, fn, out, nil, false) {
+		if h.runClaimedItem(ctx, fnCtx, &noRenew, b, fn, out, nil, false) {
 			c.add(b)
 		}
 		ran = true
@@ -747,14 +747,14 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 // transactional batch (step), a failed item's work is undone: back to its savepoint
 // (savepoint, with its marker deleted), or, when it is the transaction's only item,
 // by rolling the transaction back.
-func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *batchItem, fn func(context.Context, int) error, out *batchOut, step runStep, savepoint bool) bool {
+func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Bool, b *batchItem, fn func(context.Context, int) error, out *batchOut, step runStep, savepoint bool) bool {
 	fctx, cancel := context.WithCancelCause(fnCtx)
 	defer cancel(nil) // deferred, as the others: fn may end its goroutine (runtime.Goexit)
 	// Its lease is gone, or may be: a starved process can reach an item after the
 	// heartbeat fell behind. The item has not run, so a claim that still holds its
 	// token is as good as a new one; otherwise it is given up, and given back.
-	if !hb.setRunning(b, cancel) && (!hb.renew(ctx, b) || !hb.setRunning(b, cancel)) {
-		hb.forget(b)
+	if !h.leases.setRunning(b, cancel) && (!h.leases.renew(ctx, b, noRenew) || !h.leases.setRunning(b, cancel)) {
+		h.leases.forget(b)
 		h.undo(ctx, b, step, savepoint)
 		h.releaseUnanswered(ctx, b.k, b.rk, b.token, nil) // a no-op unless the claim is still ours
 		switch {
@@ -767,7 +767,7 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *b
 		}
 		return false
 	}
-	defer hb.stopRunning(b)
+	defer h.leases.stopRunning(b)
 	if h.d.ctx.Err() != nil { // fnCtx's own cancel runs on a goroutine of its own
 		cancel(ErrClosed)
 	}
@@ -787,7 +787,7 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, hb *batchBeat, b *b
 		return true
 	}
 	cause := context.Cause(fctx)
-	hb.forget(b)
+	h.leases.forget(b)
 	h.undo(ctx, b, step, savepoint)
 	bg, bgDone := h.settleCtx(ctx, h.cfg.lease)
 	h.release(bg, b.k, b.rk, b.token)
@@ -818,8 +818,8 @@ func (h *Handler) undo(ctx context.Context, b *batchItem, step runStep, savepoin
 
 // unrun settles a claimed item of a transactional batch that cannot run (its
 // savepoint failed): its claim is given back.
-func (h *Handler) unrun(ctx context.Context, hb *batchBeat, b *batchItem, out *batchOut, err error) {
-	hb.forget(b)
+func (h *Handler) unrun(ctx context.Context, b *batchItem, out *batchOut, err error) {
+	h.leases.forget(b)
 	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	h.release(bg, b.k, b.rk, b.token)
 	done()
@@ -836,7 +836,7 @@ func (b *batchItem) claimed() claimed {
 // committed by an earlier run: Duplicate (database), its claim completed (the store
 // lost the DONE record, or never got it), or KeyReuse for another fingerprint (its
 // claim given back). When the database fails, every item's claim is given back.
-func (h *Handler) beginBatch(ctx, fnCtx context.Context, hb *batchBeat, c *completer, claimed []*batchItem, step runStep, out *batchOut) []*batchItem {
+func (h *Handler) beginBatch(ctx, fnCtx context.Context, c *completer, claimed []*batchItem, step runStep, out *batchOut) []*batchItem {
 	markers := make([]Marker, len(claimed))
 	for j, b := range claimed {
 		markers[j] = h.marker(b.claimed())
@@ -845,7 +845,7 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, hb *batchBeat, c *compl
 	if err != nil {
 		cause := context.Cause(fnCtx)
 		for _, b := range claimed {
-			hb.forget(b)
+			h.leases.forget(b)
 			res, rerr := h.stepAnswered(ctx, b.claimed(), MarkerState{}, err, cause, true)
 			out.set(b.i, ItemResult{Result: res, Err: rerr})
 		}
@@ -857,7 +857,7 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, hb *batchBeat, c *compl
 		case !found[j].Found:
 			run = append(run, b)
 		case fingerprintsDiffer(found[j].Fingerprint, b.fp):
-			hb.forget(b)
+			h.leases.forget(b)
 			res, rerr := h.stepAnswered(ctx, b.claimed(), found[j], nil, nil, true)
 			out.set(b.i, ItemResult{Result: res, Err: rerr})
 		default:
@@ -871,7 +871,7 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, hb *batchBeat, c *compl
 // held: completed (Processed, whatever the store says, since their markers are
 // committed) when it commits; claims kept (CommitUnknown) when its outcome is
 // unknown; claims given back (Failed) when it failed.
-func (h *Handler) commitBatch(ctx context.Context, hb *batchBeat, c *completer, held []*batchItem, step runStep, out *batchOut) {
+func (h *Handler) commitBatch(ctx context.Context, c *completer, held []*batchItem, step runStep, out *batchOut) {
 	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	defer done()
 	if len(held) == 0 {
@@ -889,7 +889,7 @@ func (h *Handler) commitBatch(ctx context.Context, hb *batchBeat, c *completer, 
 			c.addAs(b, committedNow)
 			continue
 		}
-		hb.forget(b)
+		h.leases.forget(b)
 		res, err := h.commitFailed(bg, b.claimed(), cerr, true)
 		out.set(b.i, ItemResult{Result: res, Err: err})
 	}
@@ -904,7 +904,6 @@ func (h *Handler) commitBatch(ctx context.Context, hb *batchBeat, c *completer, 
 type completer struct {
 	h   *Handler
 	ctx context.Context
-	hb  *batchBeat
 	out *batchOut
 	wg  sync.WaitGroup // the batch's completions not yet answered
 }
@@ -931,7 +930,7 @@ func (c *completer) add(b *batchItem) { c.addAs(b, fnSucceeded) }
 
 // addAs is add for a completion of kind how.
 func (c *completer) addAs(b *batchItem, how completionKind) {
-	c.hb.forget(b)
+	c.h.leases.forget(b)
 	c.wg.Add(1)
 	b.comp, b.how = c, how
 	cl := b.claimed()
@@ -957,140 +956,4 @@ func (b *batchItem) completionAnswered(cerr error) {
 	}
 	b.f.processed.Store(res.Outcome == Processed)
 	c.out.set(b.i, ItemResult{Result: res, Err: err})
-}
-
-// batchBeat extends every claim a batch still holds, every lease/3.
-type batchBeat struct {
-	h        *Handler
-	mu       sync.Mutex
-	live     map[*batchItem]struct{}
-	running  map[*batchItem]context.CancelCauseFunc // the items whose fn runs now
-	quit     chan struct{}
-	finished chan struct{}
-	once     sync.Once
-	noRenew  atomic.Bool // a renewal failed for want of the store: the rest are not tried
-}
-
-func (h *Handler) startBatchBeat(items []*batchItem) *batchBeat {
-	hb := &batchBeat{h: h, live: make(map[*batchItem]struct{}, len(items)), running: make(map[*batchItem]context.CancelCauseFunc),
-		quit: make(chan struct{}), finished: make(chan struct{})}
-	for _, b := range items {
-		hb.live[b] = struct{}{}
-	}
-	go hb.run()
-	return hb
-}
-
-// setRunning records that b's fn runs now, so that losing its lease cancels it. It
-// reports false, and records nothing, if b's lease is lost or has run out.
-func (hb *batchBeat) setRunning(b *batchItem, cancel context.CancelCauseFunc) bool {
-	hb.mu.Lock()
-	defer hb.mu.Unlock()
-	// lost, or past the end of the lease as this process knows it (the heartbeat may
-	// not have had its say yet): another owner may hold the key
-	if b.lost.Load() || time.Now().UnixNano() >= b.f.leaseEnd.Load() {
-		return false
-	}
-	hb.running[b] = cancel
-	return true
-}
-
-// stopRunning records that b's fn has returned.
-func (hb *batchBeat) stopRunning(b *batchItem) {
-	hb.mu.Lock()
-	delete(hb.running, b)
-	hb.mu.Unlock()
-}
-
-// renew extends the claim of an item that has not run yet, after the heartbeat lost
-// track of it (its lease ran out as far as this process knows). The store's Extend
-// succeeds only while the record still holds b's token: then no other owner has
-// claimed or completed the key, and b may run under a fresh lease. It reports
-// whether it did.
-// Once a renewal fails for want of the store, the batch tries no more: each would
-// wait as long, one after the other.
-func (hb *batchBeat) renew(ctx context.Context, b *batchItem) bool {
-	h := hb.h
-	if hb.noRenew.Load() || ctx.Err() != nil || h.d.ctx.Err() != nil {
-		return false
-	}
-	ectx, done := context.WithTimeout(ctx, h.cfg.lease/3)
-	defer done()
-	sent := time.Now()
-	if err := h.storeExtend(ectx, b.rk, b.token); err != nil {
-		if !errors.Is(err, ErrLeaseLost) {
-			hb.noRenew.Store(true)
-		}
-		return false
-	}
-	hb.mu.Lock()
-	b.f.leaseEnd.Store(sent.Add(h.cfg.lease).UnixNano())
-	b.lost.Store(false)
-	hb.live[b] = struct{}{}
-	hb.mu.Unlock()
-	return true
-}
-
-func (hb *batchBeat) forget(b *batchItem) {
-	hb.mu.Lock()
-	delete(hb.live, b)
-	hb.mu.Unlock()
-}
-
-func (hb *batchBeat) stop() {
-	hb.once.Do(func() {
-		close(hb.quit)
-		<-hb.finished
-	})
-}
-
-func (hb *batchBeat) run() {
-	defer close(hb.finished)
-	h := hb.h
-	t := time.NewTicker(h.cfg.lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-hb.quit:
-			return
-		case <-t.C:
-		}
-		hb.mu.Lock()
-		items := make([]*batchItem, 0, len(hb.live))
-		for b := range hb.live {
-			items = append(items, b)
-		}
-		hb.mu.Unlock()
-		// All at once: one slow extension must not hold back the running item's.
-		var wg sync.WaitGroup
-		for _, b := range items {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				end := b.f.leaseEnd.Load()
-				until, lost := h.extend(b.rk, b.token, time.Unix(0, end))
-				if !lost {
-					b.f.leaseEnd.CompareAndSwap(end, until.UnixNano()) // unless renewed since
-					return
-				}
-				hb.mu.Lock()
-				_, live := hb.live[b]
-				if !live || b.f.leaseEnd.Load() != end {
-					// settled or being completed, or renewed while this verdict was
-					// out: stale
-					hb.mu.Unlock()
-					return
-				}
-				h.stats.leaseLost.Add(1)
-				h.met.leaseLost(opExtend)
-				b.lost.Store(true)
-				delete(hb.live, b)
-				if cancel, ok := hb.running[b]; ok {
-					cancel(ErrLeaseLost)
-				}
-				hb.mu.Unlock()
-			}()
-		}
-		wg.Wait()
-	}
 }

@@ -26,6 +26,7 @@ type Deduper struct {
 	mu       sync.RWMutex
 	closed   bool
 	running  sync.WaitGroup // calls that reached the store; Close waits for them
+	quiet    chan struct{}  // closed by Close once the calls have ended: the lease tables stop
 	handlers map[string]*Handler
 	// byName holds the handlers with a local tier under their names and former
 	// names, for forget notices (notices.go); notices is their subscription, nil
@@ -55,7 +56,8 @@ func New(store Store, opts ...Option) (*Deduper, error) {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	d := &Deduper{store: store, base: store, cfg: cfg, ctx: ctx, cancel: cancel,
-		handlers: make(map[string]*Handler), byName: make(map[string]*Handler), abandon: make(chan struct{})}
+		handlers: make(map[string]*Handler), byName: make(map[string]*Handler), abandon: make(chan struct{}),
+		quiet: make(chan struct{})}
 	if err := d.instrument(); err != nil {
 		cancel(err)
 		return nil, err
@@ -103,6 +105,7 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		met:     d.met.forHandler(name),
 	}
 	h.completions.h = h
+	h.leases.h = h
 	if len(cfg.formerNames) > 0 {
 		rs, err := d.records()
 		if err != nil {
@@ -188,7 +191,7 @@ func (d *Deduper) Store() Store {
 // Close stops the Deduper: later calls answer Cancelled with ErrClosed (until its wait
 // is over, a key the local tier holds is still answered Duplicate), running handler
 // functions see their context cancelled with cause ErrClosed, and Close waits until
-// every call has released or completed its claim and every heartbeat has stopped. It
+// every call has released or completed its claim and the lease table has stopped. It
 // waits at most a second for the store: calls the store has not answered by then are
 // given up on (a completion is then NotRecorded, a claim left to its lease) and end
 // when the store's client gives up on them. A fn that ignores its context delays
@@ -213,6 +216,7 @@ func (d *Deduper) Close() error {
 	}()
 	d.running.Wait()
 	giveUp.Stop()
+	close(d.quiet)
 	<-notices
 	if g, ok := d.store.(*guard); ok {
 		g.probes.Wait() // the breaker's probe, which ends with d.ctx
@@ -220,6 +224,7 @@ func (d *Deduper) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, h := range d.handlers {
+		h.leases.wait()
 		h.closeLocal()
 	}
 	return nil

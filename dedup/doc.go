@@ -14,7 +14,7 @@
 //	})
 //
 // Do claims the key with a lease (IN PROGRESS, owner token), runs fn while a
-// heartbeat extends the lease every lease/3, then records DONE for the retention. A
+// heartbeat extends the lease every lease/3 to lease/2, then records DONE for the retention. A
 // failed or panicking fn releases the claim so that a redelivery runs it again; a lost
 // lease cancels fn's context. Every outcome is a Result value (see Outcome); errors
 // are kept for real failures. Mark is the cheaper filter mode: one round trip, no

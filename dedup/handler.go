@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +38,7 @@ type Handler struct {
 	// completions coalesces the completions that need not hold their caller: batch
 	// items' and committed transactional runs' (completions.go)
 	completions completions
+	leases      leases   // the claims its runs hold, extended by one goroutine (leases.go)
 	keyHead     string   // "<prefix>:<name>:", the head of every record key
 	formerHeads []string // "<prefix>:<former name>:", for each former name
 	log         *slog.Logger
@@ -598,10 +598,9 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	case StatusInProgress:
 		return h.lead(f, Result{Outcome: InProgress, Tier: TierStore, RetryAfter: ans.TTL}, nil)
 	}
-	validUntil := sent.Add(h.cfg.lease)
-	f.leaseEnd.Store(validUntil.UnixNano())
+	f.leaseEnd.Store(sent.Add(h.cfg.lease).UnixNano())
 	f.answer(Result{}, nil, true)
-	return f.ran(h.runLeased(ctx, f, claimed{k: k, lk: lk, rk: rk, fp: fp, token: token, f: f, run: r}, validUntil, fn, step))
+	return f.ran(h.runLeased(ctx, f, claimed{k: k, lk: lk, rk: rk, fp: fp, token: token, f: f, run: r}, fn, step))
 }
 
 // leaveFlight leaves the flight of a run, unless its completion, still out, leaves it
@@ -731,15 +730,20 @@ func (h *Handler) storeFailed(ctx context.Context, f *flight, k, lk, fp string, 
 	return h.lead(f, Result{Outcome: StoreUnavailable}, err)
 }
 
-// runLeased runs fn under the claim c (valid until validUntil as far as this process
+// runLeased runs fn under the claim c (valid until f.leaseEnd as far as this process
 // knows), inside step's transaction when there is one, then completes or releases the
-// claim. The heartbeat runs until the transaction has committed.
-func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, validUntil time.Time, fn func(context.Context) error, step runStep) (Result, error) {
+// claim. The lease table extends it until the transaction has committed.
+func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, fn func(context.Context) error, step runStep) (Result, error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stopOnClose := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
-	beat := h.startBeat(c.rk, c.token, validUntil, f, cancel)
-	end := func() error { // stops the heartbeat and fn's context; returns its cause
-		beat.stop()
+	b := &batchItem{k: c.k, lk: c.lk, fp: c.fp, rk: c.rk, token: c.token, f: f}
+	h.leases.add(b)
+	if !h.leases.setRunning(b, cancel) { // the claim's answer came after its lease's end
+		h.stats.leaseLost.Add(1)
+		cancel(ErrLeaseLost)
+	}
+	end := func() error { // takes the claim out of the lease table, ends fn's context; returns its cause
+		h.leases.forget(b)
 		stopOnClose()
 		cause := context.Cause(fctx)
 		cancel(nil)
@@ -834,115 +838,6 @@ func (h *Handler) completed(c claimed, cerr error) (Result, error) {
 		h.log.Warn("dedup: processed but DONE not written", "key_hash", keyHash(k), "err", cerr)
 		return h.count(Result{Outcome: NotRecorded}), fmt.Errorf("%w: %w", ErrNotRecorded, cerr)
 	}
-}
-
-// beat is the heartbeat of one claim: a timer that extends the lease every lease/3
-// and cancels fn with ErrLeaseLost once the lease is gone or may be gone (see
-// extend). No goroutine waits between beats: the timer starts one only to extend.
-type beat struct {
-	h      *Handler
-	rk     string
-	token  string
-	f      *flight
-	cancel context.CancelCauseFunc
-	t      *time.Timer
-
-	mu         sync.Mutex
-	validUntil time.Time     // the lease's end as far as this process knows
-	stopped    bool          // no further extension may start
-	busy       bool          // an extension is running
-	idle       chan struct{} // closed when the running extension ends, if stop waits for it
-}
-
-func (h *Handler) startBeat(rk, token string, validUntil time.Time, f *flight, cancel context.CancelCauseFunc) *beat {
-	b := &beat{h: h, rk: rk, token: token, f: f, cancel: cancel, validUntil: validUntil}
-	b.mu.Lock() // the timer must not fire before b.t is set
-	b.t = time.AfterFunc(h.cfg.lease/3, b.fire)
-	b.mu.Unlock()
-	return b
-}
-
-// fire runs on the timer's goroutine: one extension, then the next beat.
-func (b *beat) fire() {
-	b.mu.Lock()
-	if b.stopped {
-		b.mu.Unlock()
-		return
-	}
-	b.busy = true
-	validUntil := b.validUntil
-	b.mu.Unlock()
-
-	validUntil, lost := b.h.extend(b.rk, b.token, validUntil)
-
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.busy = false
-	if lost {
-		b.h.stats.leaseLost.Add(1)
-		b.h.met.leaseLost(opExtend)
-		b.cancel(ErrLeaseLost)
-	} else {
-		b.validUntil = validUntil
-		b.f.leaseEnd.Store(validUntil.UnixNano())
-		if !b.stopped {
-			b.t.Reset(b.h.cfg.lease / 3)
-		}
-	}
-	if b.idle != nil {
-		close(b.idle)
-	}
-}
-
-// stop ends the heartbeat and waits for an extension still running, so that no
-// extension outlives the run (Close waits for the run).
-func (b *beat) stop() {
-	b.mu.Lock()
-	b.stopped = true
-	b.t.Stop()
-	var idle chan struct{}
-	if b.busy {
-		b.idle = make(chan struct{})
-		idle = b.idle
-	}
-	b.mu.Unlock()
-	if idle != nil {
-		<-idle
-	}
-}
-
-// extend renews one claim. validUntil is when the lease ends as far as this process
-// knows: the time the last successful claim or extension was sent, plus the lease.
-// It reports the lease lost when the store says so, or when a failed extension leaves
-// the lease to end (less a margin of lease/6) before the next attempt; an attempt
-// never runs into that margin. fn must stop before another owner can take the key,
-// not after.
-func (h *Handler) extend(rk, token string, validUntil time.Time) (time.Time, bool) {
-	every := h.cfg.lease / 3
-	margin := h.cfg.lease / 6 // stop fn this long before the lease can end
-	sent := time.Now()
-	left := validUntil.Sub(sent) - margin
-	if left <= 0 {
-		return validUntil, true
-	}
-	ctx, done := context.WithTimeout(context.Background(), min(every, left))
-	defer done()
-	err := h.storeExtend(ctx, rk, token)
-	switch {
-	case err == nil:
-		return sent.Add(h.cfg.lease), false
-	case errors.Is(err, ErrLeaseLost):
-		return validUntil, true
-	default:
-		h.log.Debug("dedup: lease extension failed", "err", err)
-		return validUntil, !time.Now().Add(every + margin).Before(validUntil)
-	}
-}
-
-// storeExtend is the store's Extend; the guard returns by ctx's deadline whatever the
-// store does.
-func (h *Handler) storeExtend(ctx context.Context, rk, token string) error {
-	return h.store.Extend(ctx, rk, token, h.cfg.lease)
 }
 
 func (h *Handler) release(ctx context.Context, k, rk, token string) {

@@ -1,0 +1,90 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// leaseGoroutines counts the goroutines running h's lease table.
+func leaseGoroutines(h *Handler) int {
+	buf := make([]byte, 1<<22)
+	n := runtime.Stack(buf, true)
+	return strings.Count(string(buf[:n]), fmt.Sprintf("(*leases).run(%p", &h.leases))
+}
+
+// A handler's claims, single calls' and batch items' alike, are extended by one
+// goroutine, its lease table's, which stops once the table is empty, and with Close.
+func TestOneGoroutineExtendsEveryClaimOfAHandler(t *testing.T) {
+	f := newFixture(t, true)
+	lease := 60 * time.Millisecond
+	h := f.handler("slow", WithLease(lease))
+	release := make(chan struct{})
+	started := make(chan struct{}, 20)
+	slow := func(ctx context.Context) error {
+		started <- struct{}{}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	var wg sync.WaitGroup
+	results := make([]Outcome, 11)
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, _ := h.Do(context.Background(), "k"+string(rune('a'+i)), slow)
+			results[i] = res.Outcome
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		items := []Item{{Key: "b1"}, {Key: "b2"}}
+		rs := h.HandleBatchParallel(context.Background(), items, 2, func(ctx context.Context, _ int) error { return slow(ctx) }, nil)
+		results[10] = rs[0].Outcome
+		if rs[1].Outcome != Processed {
+			results[10] = rs[1].Outcome
+		}
+	}()
+	for range 12 {
+		<-started
+	}
+	time.Sleep(3 * lease) // extended several times over
+	if n := leaseGoroutines(h); n != 1 {
+		t.Errorf("%d lease goroutines for 12 running claims of one handler, want 1", n)
+	}
+	if n := f.store.extends.Load(); n < 12 {
+		t.Errorf("%d extensions of 12 claims over 3 leases", n)
+	}
+	close(release)
+	wg.Wait()
+	for i, o := range results {
+		if o != Processed {
+			t.Errorf("run %d: %v, want Processed", i, o)
+		}
+	}
+	// an empty table stops its goroutine at the next tick
+	waitFor(t, "the lease goroutine ends with no claim", func() (bool, string) {
+		n := leaseGoroutines(h)
+		return n == 0, fmt.Sprintf("%d running", n)
+	})
+
+	// and Close stops it while claims are held: the runs end first
+	go h.Do(context.Background(), "late", slow)
+	<-started
+	if n := leaseGoroutines(h); n != 1 {
+		t.Errorf("%d lease goroutines for a running claim, want 1", n)
+	}
+	f.d.Close()
+	if n := leaseGoroutines(h); n != 0 {
+		t.Errorf("%d lease goroutines after Close, want 0", n)
+	}
+}
