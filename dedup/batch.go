@@ -166,6 +166,13 @@ type batchOut struct {
 	checked func() // WhenChecked's, called at the first flush
 	h       *Handler
 	replies *batchReplies // a reply batch's; nil otherwise
+	// single: a batch of one, for a call that waits for nothing else (Handler.do):
+	// its completion goes inline, its fn is one.fn, and its reply is the caller's to
+	// report
+	single bool
+	one    *oneRun
+	comp   completer   // the batch's completions (runClaimed)
+	renew  atomic.Bool // a renewal failed for want of the store: the rest are not tried
 
 	mu      sync.Mutex
 	isSet   []bool
@@ -183,7 +190,7 @@ func (o *batchOut) set(i int, r ItemResult) { o.setAndLeave(i, r, true) }
 // setAndLeave is set, leaving the item's flight only when leave is true (else the
 // caller leaves it later: a committed item's, once its completion has landed).
 func (o *batchOut) setAndLeave(i int, r ItemResult, leave bool) {
-	if o.replies != nil {
+	if o.replies != nil && !o.single {
 		rr := &o.replies.items[i]
 		reply := o.h.replied(r.Result, rr.reply, rr.has)
 		r.Reply, r.HasReply = reply.Reply, reply.HasReply
@@ -196,11 +203,42 @@ func (o *batchOut) setAndLeave(i int, r ItemResult, leave bool) {
 	}
 	o.mu.Unlock()
 	if b != nil && leave {
-		o.leave(b) // before done: calls waiting for the key go on at once
+		o.leaveItem(b) // before done: calls waiting for the key go on at once
 	}
 	if !holding && o.done != nil {
 		o.done(i, r)
 	}
+}
+
+// leaveItem leaves b's flight, once: with o.leave, or, for a batch of one, noting
+// first that its run processed the key, so that the calls waiting for it answer
+// Duplicate.
+func (o *batchOut) leaveItem(b *batchItem) {
+	if !o.single {
+		o.leave(b)
+		return
+	}
+	if b.left.CompareAndSwap(false, true) {
+		b.settleFlight(Result{Outcome: Cancelled}, ErrClosed) // no-op unless a path forgot
+		o.mu.Lock()
+		processed := o.r[0].Outcome == Processed
+		o.mu.Unlock()
+		if processed {
+			b.f.processed.Store(true)
+		}
+		o.h.flights.leave(b.k, b.f)
+	}
+}
+
+// oneRun is a batch of one (Handler.do) in one allocation.
+type oneRun struct {
+	b     batchItem
+	out   batchOut
+	fn    func(context.Context) error
+	r     [1]ItemResult
+	lead  [1]*batchItem
+	isSet [1]bool
+	items [1]*batchItem
 }
 
 // flush hands the results held back to done; from then on set hands them at once.
@@ -440,7 +478,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 			b.f.answer(Result{}, nil, true)
 		}
 		c := b.claimed()
-		res, ferr := h.runOnMarker(ctx, c, func(ctx context.Context) error { return fn(ctx, b.i) }, step.fresh())
+		res, ferr := h.runOnMarker(ctx, c, out.oneFn(fn, b.i), step.fresh())
 		out.set(b.i, ItemResult{Result: res, Err: ferr})
 		return
 	}
@@ -451,7 +489,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
 		}
-		res, ferr := h.run(ctx, func(c context.Context) error { return fn(c, b.i) }, true, false, nil)
+		res, ferr := h.run(ctx, out.oneFn(fn, b.i), true, false, nil)
 		out.set(b.i, ItemResult{Result: res, Err: ferr})
 		return
 	}
@@ -595,7 +633,16 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
 	}
 	sent := time.Now()
-	answers, err := h.store.ClaimMany(ctx, entries)
+	var answers []Answer
+	var err error
+	if out.single { // one script call, where ClaimMany may take two round trips
+		var a Answer
+		if a, err = h.store.Claim(ctx, entries[0].Key, entries[0].Token, entries[0].Fingerprint, entries[0].TTL); err == nil {
+			answers = []Answer{a}
+		}
+	} else {
+		answers, err = h.store.ClaimMany(ctx, entries)
+	}
 	var claimed []*batchItem
 	// Items whose claim failed and that run anyway (FailOpen) wait until the claimed
 	// ones are done: run now, they would hold up the heartbeat the claims need.
@@ -669,11 +716,16 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 // until the COMMIT, then completed together.
 func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
 	out.flush() // every flight is answered and the lease table has the claims: now the results known so far
-	c := &completer{h: h, ctx: ctx, out: out}
-	defer c.wg.Wait()       // also when an fn ends this goroutine
-	var noRenew atomic.Bool // a renewal failed for want of the store: the rest are not tried
-	fnCtx, endFns := h.fnContext(ctx)
-	defer endFns()
+	c := &out.comp
+	c.h, c.ctx, c.out = h, ctx, out
+	defer c.wg.Wait() // also when an fn ends this goroutine
+	noRenew := &out.renew
+	fnCtx := ctx // a batch of one's fn has a context of its own (runClaimedItem)
+	if !out.single {
+		var endFns func()
+		fnCtx, endFns = h.fnContext(ctx)
+		defer endFns()
+	}
 	if step != nil {
 		if claimed = h.beginBatch(ctx, fnCtx, c, claimed, step, out); len(claimed) == 0 {
 			return
@@ -705,10 +757,12 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 					continue
 				}
 			}
-			ok := h.runClaimedItem(ctx, fnCtx, &noRenew, b, fn, out, step, savepoints)
+			ok := h.runClaimedItem(ctx, fnCtx, noRenew, b, fn, out, step, savepoints)
 			finished++
 			switch {
 			case !ok:
+			case step == nil && out.single:
+				h.completeNow(ctx, b, out)
 			case step == nil:
 				c.add(b)
 			default:
@@ -733,7 +787,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 				out.set(b.i, ItemResult{Result: h.count(Result{Outcome: Panicked}), Err: errGoexit})
 			}
 		}()
-		if h.runClaimedItem(ctx, fnCtx, &noRenew, b, fn, out, nil, false) {
+		if h.runClaimedItem(ctx, fnCtx, noRenew, b, fn, out, nil, false) {
 			c.add(b)
 		}
 		ran = true
@@ -748,8 +802,16 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 // (savepoint, with its marker deleted), or, when it is the transaction's only item,
 // by rolling the transaction back.
 func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Bool, b *batchItem, fn func(context.Context, int) error, out *batchOut, step runStep, savepoint bool) bool {
+	run := out.oneFn(fn, b.i)
+	if out.single { // fnCtx is the caller's: as fnContext makes the batch's
+		fnCtx = noWait(fnCtx)
+	}
 	fctx, cancel := context.WithCancelCause(fnCtx)
 	defer cancel(nil) // deferred, as the others: fn may end its goroutine (runtime.Goexit)
+	if out.single {
+		stop := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
+		defer stop()
+	}
 	// Its lease is gone, or may be: a starved process can reach an item after the
 	// heartbeat fell behind. The item has not run, so a claim that still holds its
 	// token is as good as a new one; otherwise it is given up, and given back.
@@ -774,7 +836,7 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Boo
 	var panicked bool
 	var ferr error
 	if fctx.Err() == nil { // a cancelled batch leaves the remaining items unrun
-		panicked, ferr = h.invoke(withStep(fctx, step), func(c context.Context) error { return fn(c, b.i) })
+		panicked, ferr = h.invoke(withStep(fctx, step), run)
 	} else {
 		ferr = fctx.Err()
 	}
@@ -795,6 +857,27 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Boo
 	res, err := h.failed(b.k, panicked, ferr, cause)
 	out.set(b.i, ItemResult{Result: res, Err: err})
 	return false
+}
+
+// oneFn is the fn to run for item i: fn's, or a batch of one's own.
+func (o *batchOut) oneFn(fn func(context.Context, int) error, i int) func(context.Context) error {
+	if o.single {
+		return o.one.fn
+	}
+	return func(c context.Context) error { return fn(c, i) }
+}
+
+// completeNow completes the claim of a batch of one (batchOut.single) whose fn
+// succeeded, on the caller's goroutine: the caller waits for nothing else, and the
+// completion is bounded by its deadline (settleCtx).
+func (h *Handler) completeNow(ctx context.Context, b *batchItem, out *batchOut) {
+	h.leases.forget(b)
+	bg, done := h.settleCtx(ctx, h.cfg.lease)
+	defer done()
+	c := b.claimed()
+	res, err := h.completed(c, h.complete(bg, c))
+	b.f.processed.Store(res.Outcome == Processed)
+	out.set(b.i, ItemResult{Result: res, Err: err})
 }
 
 // undo takes an item that will not run, or whose fn failed, out of a transactional
@@ -860,6 +943,10 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, c *completer, claimed [
 			h.leases.forget(b)
 			res, rerr := h.stepAnswered(ctx, b.claimed(), found[j], nil, nil, true)
 			out.set(b.i, ItemResult{Result: res, Err: rerr})
+		case out.single:
+			h.leases.forget(b)
+			res, rerr := h.stepAnswered(ctx, b.claimed(), found[j], nil, nil, true) // completed inline
+			out.set(b.i, ItemResult{Result: res, Err: rerr})
 		default:
 			c.addAs(b, completedEarlier)
 		}
@@ -886,6 +973,13 @@ func (h *Handler) commitBatch(ctx context.Context, c *completer, held []*batchIt
 			res, err := h.committed(b.claimed(), nil)
 			b.f.processed.Store(true)
 			out.setAndLeave(b.i, ItemResult{Result: res, Err: err}, false) // left once its completion lands
+			if out.single {
+				// nobody waits for its completion: it waits up to lazyDelay for company
+				h.leases.forget(b)
+				b.left.Store(true) // the completion leaves the flight
+				h.completeCommitted(ctx, b.claimed())
+				continue
+			}
 			c.addAs(b, committedNow)
 			continue
 		}
@@ -947,7 +1041,7 @@ func (b *batchItem) completionAnswered(cerr error) {
 	switch b.how {
 	case committedNow:
 		h.notCompleted(b.claimed(), cerr)
-		c.out.leave(b) // its result is out already (commitBatch)
+		c.out.leaveItem(b) // its result is out already (commitBatch)
 		return
 	case completedEarlier:
 		res, err = h.repaired(b.claimed(), cerr)

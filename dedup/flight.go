@@ -36,11 +36,6 @@ type flight struct {
 	// processed is set by the leader, before it leaves, when its run of fn ended
 	// Processed: a call for the key then answers Duplicate
 	processed atomic.Bool
-	// completing is set by a leader whose completion goes out after the run (a
-	// committed transactional run's): the completion leaves the flight once it has
-	// landed, so that a call for the key meanwhile waits for it here, instead of
-	// finding the claim still IN PROGRESS in the store
-	completing bool
 	// reply is what the flight knows of the key's stored reply (WithReplies), when
 	// replyKnown: set by the leader before ready fires (its claim's answer) or before
 	// processed is set (the reply its run stored, or none). A Mark's answer, or the
@@ -118,12 +113,6 @@ func (f *flight) knowReply(reply string, has bool) {
 func (f *flight) duplicate(r *replyRun) Result {
 	r.dup(f.reply, f.hasReply)
 	return Result{Outcome: Duplicate, Tier: TierLocal}
-}
-
-// ran notes the result of the leader's run of fn (processed), and returns it.
-func (f *flight) ran(res Result, err error) (Result, error) {
-	f.processed.Store(res.Outcome == Processed)
-	return res, err
 }
 
 // leave removes the flight; the leader calls it once it is done with the key.

@@ -561,7 +561,9 @@ func wait(ctx context.Context, ch <-chan struct{}) error {
 
 // do runs fn once for key (Do, HandleKey in ModeDo, and the transactional runs: step
 // is their transaction around fn, nil for a plain run). r is a reply form's run (fn
-// is r.call), nil otherwise.
+// is r.call), nil otherwise. Once the local tier and the in-flight table (check) have
+// not answered, the key is a batch of one: it takes the batch's lifecycle (claimBatch),
+// with its completion sent inline, since the caller waits for nothing else.
 func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Context) error, step runStep, r *replyRun) (Result, error) {
 	k := keys.Normalize(key)
 	lk := localKey(k, fp)
@@ -569,46 +571,29 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	if f == nil {
 		return res, err
 	}
-	defer h.leaveFlight(k, f)
+	one := &oneRun{b: batchItem{k: k, lk: lk, fp: fp, rk: h.keyHead + k, token: newToken(), f: f}, fn: fn}
+	b, out := &one.b, &one.out
+	one.lead[0], one.items[0] = b, b
+	*out = batchOut{r: one.r[:], lead: one.lead[:], isSet: one.isSet[:], h: h, single: true}
+	defer out.leaveItem(b) // also when fn ends this goroutine (runtime.Goexit)
 	if !h.d.enter() {
-		return h.lead(f, Result{Outcome: Cancelled}, ErrClosed)
+		h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
+		return out.r[0].Result, out.r[0].Err
 	}
 	defer h.d.running.Done()
-
-	rk := h.keyHead + k
-	token := newToken()
-	sent := time.Now()
-	ans, err := h.store.Claim(ctx, rk, token, fp, h.cfg.lease)
-	if err != nil {
-		h.releaseUnanswered(ctx, k, rk, token, err)
-		return h.storeFailed(ctx, f, k, lk, fp, err, fn, step)
+	var run func(context.Context, int) error // unused: runClaimedItem runs one.fn
+	if r != nil {
+		out.replies = &batchReplies{fn: func(ctx context.Context, _ int) ([]byte, error) { return r.fn(ctx) }, items: make([]replyRun, 1)}
+		run = out.replies.call
+		one.fn = func(ctx context.Context) error { return run(ctx, 0) }
 	}
-	switch ans.Status {
-	case StatusDuplicate:
-		h.rememberFor(f, lk, ans.TTL)
-		if ans.HasReply {
-			h.rememberReply(f, lk, ans.Reply, ans.TTL)
-		}
-		f.knowReply(ans.Reply, ans.HasReply)
-		r.dup(ans.Reply, ans.HasReply)
-		return h.lead(f, Result{Outcome: Duplicate, Tier: TierStore}, nil)
-	case StatusConflict:
-		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
-		return h.lead(f, Result{Outcome: KeyReuse}, nil)
-	case StatusInProgress:
-		return h.lead(f, Result{Outcome: InProgress, Tier: TierStore, RetryAfter: ans.TTL}, nil)
+	out.one = one
+	h.claimBatch(ctx, one.items[:], 1, run, out, step)
+	if r != nil {
+		got := out.replies.items[0]
+		r.reply, r.has, r.ran = got.reply, got.has, got.ran
 	}
-	f.leaseEnd.Store(sent.Add(h.cfg.lease).UnixNano())
-	f.answer(Result{}, nil, true)
-	return f.ran(h.runLeased(ctx, f, claimed{k: k, lk: lk, rk: rk, fp: fp, token: token, f: f, run: r}, fn, step))
-}
-
-// leaveFlight leaves the flight of a run, unless its completion, still out, leaves it
-// when it lands (completeCommitted).
-func (h *Handler) leaveFlight(k string, f *flight) {
-	if !f.completing {
-		h.flights.leave(k, f)
-	}
+	return out.r[0].Result, out.r[0].Err
 }
 
 // claimed names a run's key in its forms (normalized, local-tier, record), with its
@@ -619,7 +604,6 @@ func (h *Handler) leaveFlight(k string, f *flight) {
 type claimed struct {
 	k, lk, rk, fp, token string
 	f                    *flight
-	run                  *replyRun // a reply form's run (Do's path), nil otherwise
 
 	reply    string // fn's reply, when replied
 	replied  bool
@@ -703,97 +687,23 @@ func (h *Handler) storeWarn(err error, msg string, args ...any) {
 // releaseTimeout bounds a best-effort release.
 const releaseTimeout = 2 * time.Second
 
-func (h *Handler) storeFailed(ctx context.Context, f *flight, k, lk, fp string, err error, fn func(context.Context) error, step runStep) (Result, error) {
+// markFailed is the result of a Mark the store did not answer (err), for the leader
+// of flight f: Cancelled when the caller's context or Close cut it, First unguarded
+// under FailOpen, StoreUnavailable otherwise.
+func (h *Handler) markFailed(ctx context.Context, f *flight, k string, err error) (Result, error) {
 	if cerr := cutShort(ctx, err); cerr != nil {
 		return h.lead(f, Result{Outcome: Cancelled}, cerr)
 	}
 	if !errors.Is(err, ErrStoreUnavailable) {
 		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
-	if step != nil && h.cfg.storeFailure != FailClosed {
-		// DatabaseOnly, or FailOpen: a transactional run keeps its marker either way,
-		// and stays exactly once
-		h.storeWarn(err, "dedup: store unavailable, running on the database marker alone", "key_hash", keyHash(k), "err", err)
-		f.answer(Result{}, nil, true) // concurrent calls for this key wait on this run
-		return f.ran(h.runOnMarker(ctx, claimed{k: k, lk: lk, rk: h.keyHead + k, fp: fp, token: newToken(), f: f}, fn, step))
-	}
 	if h.cfg.storeFailure == FailOpen {
 		h.met.failOpen()
 		h.storeWarn(err, "dedup: store unavailable, running without dedup", "key_hash", keyHash(k), "err", err)
-		if fn == nil { // Mark
-			return h.lead(f, Result{Outcome: First, Unguarded: true}, nil)
-		}
-		f.answer(Result{}, nil, true) // concurrent calls for this key wait on this run
-		return h.run(ctx, fn, true, false, nil)
+		return h.lead(f, Result{Outcome: First, Unguarded: true}, nil)
 	}
 	h.storeWarn(err, "dedup: store unavailable, failing closed", "key_hash", keyHash(k), "err", err)
 	return h.lead(f, Result{Outcome: StoreUnavailable}, err)
-}
-
-// runLeased runs fn under the claim c (valid until f.leaseEnd as far as this process
-// knows), inside step's transaction when there is one, then completes or releases the
-// claim. The lease table extends it until the transaction has committed.
-func (h *Handler) runLeased(ctx context.Context, f *flight, c claimed, fn func(context.Context) error, step runStep) (Result, error) {
-	fctx, cancel := context.WithCancelCause(ctx)
-	stopOnClose := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
-	b := &batchItem{k: c.k, lk: c.lk, fp: c.fp, rk: c.rk, token: c.token, f: f}
-	h.leases.add(b)
-	if !h.leases.setRunning(b, cancel) { // the claim's answer came after its lease's end
-		h.stats.leaseLost.Add(1)
-		cancel(ErrLeaseLost)
-	}
-	end := func() error { // takes the claim out of the lease table, ends fn's context; returns its cause
-		h.leases.forget(b)
-		stopOnClose()
-		cause := context.Cause(fctx)
-		cancel(nil)
-		return cause
-	}
-	returned := false
-	defer func() {
-		if returned {
-			return
-		}
-		// fn called runtime.Goexit: stop the heartbeat and give the key back
-		end()
-		bg, done := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
-		defer done()
-		stepRollback(bg, step)
-		h.release(bg, c.k, c.rk, c.token)
-	}()
-	if step != nil {
-		found, err := h.beginStep(fctx, step, c)
-		if err != nil || found.Found {
-			returned = true
-			cause := end()
-			return h.stepAnswered(ctx, c, found, err, cause, true)
-		}
-	}
-	panicked, err := h.invoke(withStep(fctx, step), fn)
-	returned = true
-
-	bg, done := h.settleCtx(ctx, h.cfg.lease)
-	defer done()
-	if err != nil {
-		cause := end()
-		stepRollback(bg, step)
-		h.release(bg, c.k, c.rk, c.token)
-		return h.failed(c.k, panicked, err, cause)
-	}
-	if c.run != nil && c.run.ran {
-		h.setReply(&c, c.run.reply)
-	}
-	if step != nil {
-		cerr := step.commit(bg)
-		end()
-		if cerr != nil {
-			return h.commitFailed(bg, c, cerr, true)
-		}
-		h.completeCommitted(ctx, c)
-		return h.committed(c, nil)
-	}
-	end()
-	return h.completed(c, h.complete(bg, c))
 }
 
 // failed classifies fn's error once its claim is released: a panic, a lost lease,
@@ -856,7 +766,7 @@ func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 	defer h.flights.leave(k, f)
 	ans, err := h.store.Mark(ctx, h.keyHead+k, newToken(), fp, h.cfg.retention)
 	if err != nil {
-		return h.storeFailed(ctx, f, k, lk, fp, err, nil, nil)
+		return h.markFailed(ctx, f, k, err)
 	}
 	return h.lead(f, h.marked(f, k, lk, ans), nil)
 }

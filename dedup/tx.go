@@ -377,10 +377,10 @@ func (h *Handler) notCompleted(c claimed, cerr error) {
 // with the handler's other completions: the run is Processed whatever the store
 // answers (the marker answers a redelivery), so its caller (the ack) need not wait a
 // round trip for it. Close waits for it.
-// The run's flight is left when the completion has landed (see flight.completing).
+// The run's flight is left when the completion has landed, so that a call for the
+// key meanwhile waits for it, instead of finding the claim still IN PROGRESS.
 func (h *Handler) completeCommitted(ctx context.Context, c claimed) {
 	h.d.running.Add(1)
-	c.f.completing = true
 	h.completions.add(pendingFor(ctx, &c, true, &committedRun{h: h, c: c}))
 }
 
