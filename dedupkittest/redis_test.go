@@ -1,4 +1,4 @@
-package embedded
+package dedupkittest
 
 import (
 	"context"
@@ -30,7 +30,7 @@ func TestStartRedisExpiresKeysOnTheClock(t *testing.T) {
 }
 
 // Close stops the clock goroutine (goleak in TestMain checks) and may be repeated.
-func TestStartRedisCloseTwice(t *testing.T) {
+func TestRedisCloseMayBeRepeated(t *testing.T) {
 	m, err := StartRedis()
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +40,7 @@ func TestStartRedisCloseTwice(t *testing.T) {
 }
 
 // A key is never more than about one tick early: a 300ms key is still there 200ms on.
-func TestStartRedisDoesNotExpireEarly(t *testing.T) {
+func TestStartRedisNeverExpiresAKeyMoreThanATickEarly(t *testing.T) {
 	c := startRedisClient(t)
 	ctx := context.Background()
 	if err := c.Set(ctx, "lease", "owner", 300*time.Millisecond).Err(); err != nil {

@@ -1,0 +1,82 @@
+package dedupkittest
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+)
+
+// Redis is miniredis on a free loopback port whose TTLs run on the wall clock, as a
+// real Redis's do. (Left to itself miniredis never expires a key, so a lease whose
+// owner died would hold its message for ever.) Its methods are miniredis's.
+type Redis struct {
+	*miniredis.Miniredis
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+// ttlTick is how often the TTLs move on, at least. A key may go up to one interval
+// early; under a starved process keys go late rather than early.
+const ttlTick = 20 * time.Millisecond
+
+// StartRedis starts miniredis and a goroutine that moves its TTLs on by the time
+// really passed, until Close.
+func StartRedis() (*Redis, error) {
+	m, err := miniredis.Run()
+	if err != nil {
+		return nil, err
+	}
+	r := &Redis{Miniredis: m, stop: make(chan struct{}), done: make(chan struct{})}
+	go r.tick()
+	return r, nil
+}
+
+// tick moves the TTLs on. A move walks every key under miniredis's lock, so the
+// interval grows to ten times what a move takes (interval).
+func (r *Redis) tick() {
+	defer close(r.done)
+	every := ttlTick
+	t := time.NewTimer(every)
+	defer t.Stop()
+	last := time.Now()
+	took := []time.Duration{0} // the last moves' times, the latest last
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		if d := min(now.Sub(last), every); d > 0 {
+			r.FastForward(d)
+		}
+		last = now
+		took = append(took, time.Since(now))
+		if len(took) > movesTimed {
+			took = took[1:]
+		}
+		every = interval(took)
+		t.Reset(every)
+	}
+}
+
+// movesTimed is how many of the last moves interval looks at.
+const movesTimed = 5
+
+// interval is the time to the next move: ten times the least of the last moves'
+// times, and at least ttlTick. The least, because one move stretched by a stall (a
+// preempted goroutine, a GC pause) would otherwise let keys go that much early; a
+// real cost, many keys, shows in every move.
+func interval(took []time.Duration) time.Duration {
+	return max(ttlTick, 10*slices.Min(took))
+}
+
+// Close stops the clock and the server. It is safe to call more than once.
+func (r *Redis) Close() {
+	r.once.Do(func() { close(r.stop) })
+	<-r.done
+	r.Miniredis.Close()
+}
