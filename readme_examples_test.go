@@ -27,7 +27,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/dedupkit/dedupkit/dedup"
-	"github.com/dedupkit/dedupkit/internal/embedded"
+	"github.com/dedupkit/dedupkit/dedupkittest"
 	dnats "github.com/dedupkit/dedupkit/nats"
 	"github.com/dedupkit/dedupkit/sqltx"
 )
@@ -179,7 +179,7 @@ func startJetStream(consumers []string, orders ...string) (js jetstream.JetStrea
 	if err != nil {
 		return nil, nil, err
 	}
-	srv, err := embedded.StartNATS(dir)
+	srv, err := dedupkittest.StartNATS(dir)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -309,7 +309,7 @@ func Example_jetStreamTransactional() {
 func Example_requestReply() {
 	dir, _ := os.MkdirTemp("", "readme")
 	defer os.RemoveAll(dir)
-	srv, _ := embedded.StartNATS(dir)
+	srv, _ := dedupkittest.StartNATS(dir)
 	defer srv.Close()
 	nc, _ := nats.Connect(srv.URL())
 	defer nc.Close()
