@@ -205,9 +205,9 @@ func (b *bench) txOp(variant string, km keyMaker) op {
 			for j := range items {
 				items[j] = dedup.Item{Key: km.key(w, i*txBatch+j)}
 			}
-			for j, r := range dedup.HandleBatchTx(ctx, st.h, items, st.tr, func(ctx context.Context, tx pgx.Tx, j int) error {
+			for j, r := range dedup.RunTx(ctx, st.h, items, st.tr, func(ctx context.Context, tx pgx.Tx, j int) error {
 				return b.insertEffect(ctx, tx, items[j].Key)
-			}, nil) {
+			}) {
 				if r.Err != nil || r.Outcome != dedup.Processed {
 					return fmt.Errorf("batch item %d: %v %v", j, r.Outcome, r.Err)
 				}

@@ -282,7 +282,7 @@ func TestACLDeduper(t *testing.T) {
 	res, err = metrics.Mark(ctx, "k1")
 	want(t, res, err, Duplicate)
 	items := []Item{{Key: "k1"}, {Key: "k2"}, {Key: "k3"}}
-	for i, r := range orders.HandleBatch(ctx, items, func(context.Context, int) error { return nil }) {
+	for i, r := range orders.Run(ctx, items, func(context.Context, int) error { return nil }) {
 		wantO := map[int]Outcome{0: Duplicate, 1: Processed, 2: Processed}[i]
 		want(t, r.Result, r.Err, wantO)
 	}

@@ -27,74 +27,78 @@ type ItemResult struct {
 	HasReply bool
 }
 
-// HandleBatch guards fn for every item by the handler's mode with one store round trip
-// for the checks (ClaimMany or MarkMany) instead of one per item (in ModeDo on a single
-// Redis server, a second one for the items whose key holds a record already). fn(ctx, i) runs for
-// item i, one item at a time in order (keyless items, under ProcessMissingKey, last);
-// while they run, one heartbeat extends every claim the batch still holds. In ModeDo
-// each item's claim is completed as soon as its fn returns, while the next item's fn
-// runs: the completion goes out at once (CompleteMany) with those of the handler's
-// other items that are ready, or, when several round trips of completions are out
-// already, with the next. So a crash repeats at most the items whose completion is in
-// flight, never the items that ran earlier in the batch. Items answered by the local
-// tier make no store call. An item whose key appears earlier in the same batch follows
-// that item: Duplicate if it succeeded, InProgress (to be retried) if not. The results
-// are in item order. An fn that calls runtime.Goexit ends the call with its item
-// Panicked; in ModeDo the claims not yet run are given back, and in ModeFilter the
-// items already marked still run, one at a time, on another goroutine.
-//
-// The fns of a batch share one context, derived from ctx and cancelled with cause
-// ErrClosed when the Deduper closes; it ends when the batch does, not when each fn
-// returns. In ModeDo each fn has its own under it, which a lost lease cancels.
-func (h *Handler) HandleBatch(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error) []ItemResult {
-	if err := h.checkInput(ctx, fn == nil); err != nil {
-		return badBatch(items, nil, err)
+// Run guards fn for every item, by the handler's mode, with one store round trip for
+// all their checks (ClaimMany or MarkMany), and returns their results in item order.
+// fn(ctx, i) runs for item i: one at a time in order, or up to Parallel(n) at once. In
+// ModeDo each success is completed as soon as its fn returns, coalesced with the
+// handler's other ready completions, so a crash repeats at most the items whose
+// completion is in flight. An item whose key appears earlier in the batch follows that
+// item; keyless items follow the missing-key policy, last. OnResult hands out each
+// result as soon as it is final. The lifecycle, and what a lost lease, a Goexit or
+// Close does to the batch: docs/design.md §5.
+func (h *Handler) Run(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error, opts ...RunOption) []ItemResult {
+	rc, err := runOptions(opts)
+	if err == nil {
+		err = h.checkInput(ctx, fn == nil)
 	}
-	return h.handleBatch(ctx, items, 1, fn, nil, nil, nil)
+	if err != nil {
+		return badBatch(items, rc.done, err)
+	}
+	return h.handleBatch(ctx, items, rc.parallel, fn, rc.done, nil, nil)
 }
 
-// HandleBatchParallel is HandleBatch for handlers whose fn may run for several items
-// at once. Once the store round trip for the checks (MarkMany or ClaimMany; see HandleBatch) has
-// answered, fn runs for up to parallel of the batch's own items at a time: the
-// caller's goroutine runs them in turn, and if it is not done within a millisecond
-// (spawnAfter), other goroutines join it, so that fast fns cost no goroutine each and
-// slow ones run side by side. It returns when all have run. In ModeDo one heartbeat
-// extends every claim still running, and the claim of each fn that succeeds is
-// completed as soon as it returns (as in HandleBatch: coalesced with the other
-// completions ready at once, CompleteMany), while the other fns run. parallel < 1
-// counts as 1, and is then HandleBatch.
-//
-// An item whose key another call in this process holds waits for that call's store
-// answer, as Do does; in ModeDo, under WaitForRunning, it also waits for that call's
-// run of the key to end, and then claims the key itself if it is free again: its fn
-// then runs on a goroutine of its own, besides the parallel ones.
-//
-// An fn that calls runtime.Goexit ends its item as Panicked (ErrPanic), its claim
-// given back. On the caller's goroutine it also ends the call, as in HandleBatch,
-// and the batch's other items still get their results through done: the fns of its
-// own items not reached yet run on other goroutines; the items that ran after the
-// claimed ones in HandleBatch (unguarded under FailOpen, keyless under
-// ProcessMissingKey) are Panicked unrun.
-//
-// done, when not nil, is called once per item as soon as its result is final (from
-// the goroutine that made it, so several at once), before HandleBatchParallel
-// returns: a caller can acknowledge each message without waiting for the batch's
-// slowest fn. In ModeDo a Processed item's result is final once its completion has
-// been answered, so its acknowledgement follows its own DONE write.
-func (h *Handler) HandleBatchParallel(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(i int, r ItemResult)) []ItemResult {
-	if err := h.checkInput(ctx, fn == nil); err != nil {
-		return badBatch(items, done, err)
-	}
-	return h.handleBatch(ctx, items, max(parallel, 1), fn, done, nil, nil)
+// RunOption configures Run and RunTx.
+type RunOption func(*runConfig) error
+
+type runConfig struct {
+	parallel int
+	done     func(i int, r ItemResult)
 }
 
-// HandleBatchReply is HandleBatchParallel for fn that returns a reply, for a handler
+// Parallel lets Run run fn for up to n items at once (default 1: in item order). The
+// caller's goroutine runs them in turn, and others join it after a millisecond, so
+// that fast fns cost no goroutine each. RunTx takes no Parallel: its items share one
+// transaction.
+func Parallel(n int) RunOption {
+	return func(c *runConfig) error {
+		if n < 1 {
+			return fmt.Errorf("%w: Parallel(%d), want at least 1", ErrInvalidOption, n)
+		}
+		c.parallel = n
+		return nil
+	}
+}
+
+// OnResult has Run and RunTx call f once per item as soon as its result is final,
+// from the goroutine that made it (so several at once), before they return: a caller
+// can acknowledge each message without waiting for the slowest fn.
+func OnResult(f func(i int, r ItemResult)) RunOption {
+	return func(c *runConfig) error {
+		c.done = f
+		return nil
+	}
+}
+
+func runOptions(opts []RunOption) (runConfig, error) {
+	rc := runConfig{parallel: 1}
+	for _, o := range opts {
+		if o == nil {
+			return rc, fmt.Errorf("%w: nil RunOption", ErrInvalidOption)
+		}
+		if err := o(&rc); err != nil {
+			return rc, err
+		}
+	}
+	return rc, nil
+}
+
+// HandleBatchReply is Run with Parallel(parallel) and OnResult(done) for fn that returns a reply, for a handler
 // WithReplies, as DoReply is Do's: each item's reply is stored with its DONE record
 // (carried by its claim to its completion, which goes out with the handler's other
 // completions, CompleteMany), and every duplicate gets it back in its ItemResult
 // (Reply, HasReply), from the local tier or the store, byte for byte. An item whose
 // key appears earlier in the batch gets that item's stored reply. The items claim
-// whatever the handler's mode. Results, errors and done are HandleBatchParallel's,
+// whatever the handler's mode. Results, errors and done are Run's,
 // with DoReply's additions (ErrReplyTooLarge). On a handler without WithReplies every
 // item's error wraps ErrInvalidOption, and nothing runs.
 func (h *Handler) HandleBatchReply(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) ([]byte, error), done func(i int, r ItemResult)) []ItemResult {
@@ -142,7 +146,7 @@ func (rb *batchReplies) of(i int) *replyRun {
 
 type whenCheckedKey struct{}
 
-// WhenChecked returns a context under which HandleBatch and HandleBatchParallel call
+// WhenChecked returns a context under which Run calls
 // f once, as soon as the store has answered the batch's own checks: before its fns
 // run, and before its items that wait for other calls (holding their keys) have
 // answers. A caller that bounds how many batches it has being checked at once can
@@ -276,8 +280,8 @@ func (o *batchOut) sweep(h *Handler) {
 	o.flush()
 }
 
-// handleBatch is HandleBatchParallel; step is a transactional batch's transaction
-// (HandleBatchTx, parallel 1), in which the claimed items' fns run, nil otherwise;
+// handleBatch is Run; step is a transactional batch's transaction
+// (RunTx, parallel 1), in which the claimed items' fns run, nil otherwise;
 // rb is a reply batch's replies (HandleBatchReply: fn is rb.call), nil otherwise.
 func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(int, ItemResult), step runStep, rb *batchReplies) []ItemResult {
 	checked, _ := ctx.Value(whenCheckedKey{}).(func())
@@ -624,7 +628,7 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 }
 
 // errGoexit is the error of an item whose fn, run on a goroutine of its own
-// (HandleBatchParallel), ended that goroutine with runtime.Goexit.
+// (Run with Parallel), ended that goroutine with runtime.Goexit.
 var errGoexit = fmt.Errorf("%w: fn called runtime.Goexit", ErrPanic)
 
 func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {

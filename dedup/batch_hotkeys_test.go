@@ -89,7 +89,7 @@ func hotKeys(t *testing.T, fpOn bool, lc int) {
 					h.HandleKey(ctx, k, []byte("p"), func(context.Context) error { return body(k) })
 					continue
 				}
-				h.HandleBatchParallel(ctx, items, 1+rand.IntN(4), func(_ context.Context, i int) error { return body(items[i].Key) }, nil)
+				h.Run(ctx, items, func(_ context.Context, i int) error { return body(items[i].Key) }, Parallel(1+rand.IntN(4)))
 			}
 		}()
 	}
@@ -114,5 +114,5 @@ func hotBatch(ctx context.Context, h *Handler, it int, body func(string) error) 
 	for i := range items {
 		items[i] = Item{Key: fmt.Sprint("k", rand.IntN(12), "-", it/30), Payload: []byte("p")}
 	}
-	h.HandleBatchParallel(ctx, items, 1+rand.IntN(4), func(_ context.Context, i int) error { return body(items[i].Key) }, nil)
+	h.Run(ctx, items, func(_ context.Context, i int) error { return body(items[i].Key) }, Parallel(1+rand.IntN(4)))
 }

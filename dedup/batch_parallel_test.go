@@ -39,7 +39,7 @@ func testHandleBatchParallelRunsItemsAtOnce(t *testing.T, mode Mode) {
 	ran := map[int]int{}
 	done := make(chan []ItemResult, 1)
 	go func() {
-		done <- h.HandleBatchParallel(context.Background(), items, n, func(ctx context.Context, i int) error {
+		done <- h.Run(context.Background(), items, func(ctx context.Context, i int) error {
 			mu.Lock()
 			ran[i]++
 			mu.Unlock()
@@ -50,7 +50,7 @@ func testHandleBatchParallelRunsItemsAtOnce(t *testing.T, mode Mode) {
 			case <-time.After(10 * time.Second):
 				return errors.New("the other fns never started")
 			}
-		}, nil)
+		}, Parallel(n))
 	}()
 	var res []ItemResult
 	select {
@@ -147,17 +147,17 @@ func testHandleBatchParallelReportsEachItemWhenDone(t *testing.T, mode Mode) {
 	h := newDeduperOver(t, mem).mustRegister(t, "par-done", WithMode(mode))
 	release := make(chan struct{})
 	reported := make(chan int, 2)
-	go h.HandleBatchParallel(context.Background(), []Item{{Key: "slow"}, {Key: "fast"}}, 2, func(ctx context.Context, i int) error {
+	go h.Run(context.Background(), []Item{{Key: "slow"}, {Key: "fast"}}, func(ctx context.Context, i int) error {
 		if i == 0 {
 			<-release
 		}
 		return nil
-	}, func(i int, r ItemResult) {
+	}, Parallel(2), OnResult(func(i int, r ItemResult) {
 		if r.Outcome != Processed {
 			t.Errorf("item %d: %v, %v; want Processed", i, r.Outcome, r.Err)
 		}
 		reported <- i
-	})
+	}))
 	select {
 	case i := <-reported:
 		if i != 1 {
@@ -203,10 +203,10 @@ func TestBatchItemWaitsForAnotherCallsMark(t *testing.T) {
 	<-sm.entered // the Mark is out
 	time.AfterFunc(100*time.Millisecond, func() { close(sm.release) })
 	ran := false
-	res := h.HandleBatchParallel(context.Background(), []Item{{Key: "x"}}, 2, func(context.Context, int) error {
+	res := h.Run(context.Background(), []Item{{Key: "x"}}, func(context.Context, int) error {
 		ran = true
 		return nil
-	}, nil)
+	}, Parallel(2))
 	if r := <-first; r.Outcome != First {
 		t.Fatalf("the lone Mark: %v, want First", r.Outcome)
 	}
@@ -258,12 +258,11 @@ func TestHandleBatchParallelHoldsEarlyResults(t *testing.T) {
 		t.Fatalf("mark: %v, %v", r.Outcome, err)
 	}
 	var batchesAtDone int64 = -1
-	h.HandleBatchParallel(context.Background(), []Item{{Key: "seen"}, {Key: "new"}}, 2, func(context.Context, int) error { return nil },
-		func(i int, r ItemResult) {
-			if i == 0 {
-				batchesAtDone = hs.batches.Load()
-			}
-		})
+	h.Run(context.Background(), []Item{{Key: "seen"}, {Key: "new"}}, func(context.Context, int) error { return nil }, Parallel(2), OnResult(func(i int, r ItemResult) {
+		if i == 0 {
+			batchesAtDone = hs.batches.Load()
+		}
+	}))
 	if batchesAtDone != 1 {
 		t.Fatalf("done for the local hit came with %d MarkMany calls made, want after the one", batchesAtDone)
 	}
@@ -283,12 +282,12 @@ func TestHandleBatchParallelFastFnsStayOnTheCaller(t *testing.T) {
 	}
 	caller := goid()
 	others := 0
-	h.HandleBatchParallel(context.Background(), items, len(items), func(ctx context.Context, i int) error {
+	h.Run(context.Background(), items, func(ctx context.Context, i int) error {
 		if goid() != caller {
 			others++ // only the caller's goroutine runs them: no race
 		}
 		return nil
-	}, nil)
+	}, Parallel(len(items)))
 	if others != 0 {
 		t.Errorf("%d of %d fast fns ran off the caller's goroutine", others, len(items))
 	}
@@ -305,7 +304,7 @@ func TestHandleBatchParallelLeaseLostCancelsItsItemOnly(t *testing.T) {
 	started.Add(2)
 	stolen := make(chan struct{})
 	var got [2]ItemResult
-	res := h.HandleBatchParallel(context.Background(), []Item{{Key: "lost"}, {Key: "kept"}}, 2, func(ctx context.Context, i int) error {
+	res := h.Run(context.Background(), []Item{{Key: "lost"}, {Key: "kept"}}, func(ctx context.Context, i int) error {
 		started.Done()
 		if i == 0 {
 			started.Wait()
@@ -324,7 +323,7 @@ func TestHandleBatchParallelLeaseLostCancelsItsItemOnly(t *testing.T) {
 		<-stolen
 		time.Sleep(2 * lease) // through several beats, past the other's loss
 		return ctx.Err()
-	}, func(i int, r ItemResult) { got[i] = r })
+	}, Parallel(2), OnResult(func(i int, r ItemResult) { got[i] = r }))
 	if res[0].Outcome != LeaseLost || !errors.Is(res[0].Err, ErrLeaseLost) {
 		t.Errorf("the item whose lease was taken: %v, %v; want LeaseLost", res[0].Outcome, res[0].Err)
 	}
@@ -378,11 +377,11 @@ func batchOnItsOwn(h *Handler, items []Item, parallel int, fn func(ctx context.C
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		h.HandleBatchParallel(context.Background(), items, parallel, fn, func(i int, r ItemResult) {
+		h.Run(context.Background(), items, fn, Parallel(parallel), OnResult(func(i int, r ItemResult) {
 			mu.Lock()
 			got[i] = r
 			mu.Unlock()
-		})
+		}))
 		returned = true
 	}()
 	<-finished

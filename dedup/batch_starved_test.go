@@ -42,7 +42,7 @@ func starvedBatch(t *testing.T, store Store) (*Handler, []ItemResult, []int) {
 	}
 	var mu sync.Mutex
 	var ran []int
-	res := h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, func(ctx context.Context, i int) error {
+	res := h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, func(ctx context.Context, i int) error {
 		mu.Lock()
 		ran = append(ran, i)
 		mu.Unlock()
@@ -146,7 +146,7 @@ func TestBatchDoesNotRenewWhileClosing(t *testing.T) {
 	d, _ = New(store, WithLogger(quiet))
 	h, _ := d.Register("closing", WithLease(300*time.Millisecond))
 	ran := 0
-	res := h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(context.Context, int) error {
+	res := h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(context.Context, int) error {
 		ran++
 		return nil
 	})

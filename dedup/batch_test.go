@@ -29,7 +29,7 @@ func TestHandleBatchOutcomes(t *testing.T) {
 	f.store.claims.Store(0)
 	f.store.completes.Store(0)
 	f.store.batches.Store(0)
-	got := h.HandleBatch(ctx, items, func(_ context.Context, i int) error {
+	got := h.Run(ctx, items, func(_ context.Context, i int) error {
 		ran = append(ran, i)
 		switch items[i].Key {
 		case "fails":
@@ -74,14 +74,14 @@ func TestHandleBatchFilterMode(t *testing.T) {
 	ctx := context.Background()
 	items := []Item{{Key: "x"}, {Key: "y"}, {Key: "x"}}
 	runs := 0
-	got := h.HandleBatch(ctx, items, func(context.Context, int) error { runs++; return nil })
+	got := h.Run(ctx, items, func(context.Context, int) error { runs++; return nil })
 	if got[0].Outcome != Processed || got[1].Outcome != Processed || got[2].Outcome != Duplicate || runs != 2 {
 		t.Fatalf("%v %v %v, runs %d", got[0].Outcome, got[1].Outcome, got[2].Outcome, runs)
 	}
 	if f.store.batches.Load() != 1 || f.store.marks.Load() != 0 {
 		t.Fatalf("batches %d marks %d, want one MarkMany", f.store.batches.Load(), f.store.marks.Load())
 	}
-	got = h.HandleBatch(ctx, items, func(context.Context, int) error { runs++; return nil })
+	got = h.Run(ctx, items, func(context.Context, int) error { runs++; return nil })
 	for _, r := range got {
 		if r.Outcome != Duplicate || r.Tier != TierLocal {
 			t.Fatalf("second batch: %v %v", r.Outcome, r.Tier)
@@ -96,7 +96,7 @@ func TestHandleBatchStoreDown(t *testing.T) {
 		f.store.onFail(func(string) error { return down })
 		h := f.handler("orders", WithStoreFailure(policy))
 		runs := 0
-		got := h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(context.Context, int) error { runs++; return nil })
+		got := h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(context.Context, int) error { runs++; return nil })
 		for _, r := range got {
 			wantO, wantRuns := StoreUnavailable, 0
 			if policy == FailOpen {
@@ -117,7 +117,7 @@ func TestHandleBatchHeartbeat(t *testing.T) {
 	rival := newDeduperOver(t, f.store).mustRegister(t, "slow", WithLease(lease))
 	var rivalRuns atomic.Int64
 	items := []Item{{Key: "1"}, {Key: "2"}, {Key: "3"}}
-	got := h.HandleBatch(context.Background(), items, func(ctx context.Context, i int) error {
+	got := h.Run(context.Background(), items, func(ctx context.Context, i int) error {
 		time.Sleep(2 * lease)
 		// the last item has waited 4 leases for its turn; nobody may take it
 		rival.Do(ctx, items[len(items)-1].Key, func(context.Context) error { rivalRuns.Add(1); return nil })
@@ -144,13 +144,13 @@ func TestHandleBatchRedisRoundTrips(t *testing.T) {
 			defer d.Close()
 			h, _ := d.Register("orders")
 			ctx := context.Background()
-			h.HandleBatch(ctx, []Item{{Key: "warm"}}, func(context.Context, int) error { return nil }) // load the scripts
+			h.Run(ctx, []Item{{Key: "warm"}}, func(context.Context, int) error { return nil }) // load the scripts
 			items := make([]Item, 64)
 			for i := range items {
 				items[i] = Item{Key: fmt.Sprint("order-", i)}
 			}
 			tc.Reset()
-			for i, r := range h.HandleBatch(ctx, items, func(context.Context, int) error { return nil }) {
+			for i, r := range h.Run(ctx, items, func(context.Context, int) error { return nil }) {
 				if r.Outcome != Processed {
 					t.Fatalf("item %d: %v %v", i, r.Outcome, r.Err)
 				}

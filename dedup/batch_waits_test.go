@@ -59,13 +59,13 @@ func TestBatchCompletionIsNotHeldBehindAnother(t *testing.T) {
 			var mu sync.Mutex
 			var order []int
 			bDone := make(chan struct{})
-			res := h.HandleBatchParallel(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, parallel, func(ctx context.Context, i int) error {
+			res := h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
 				if i == 1 {
 					time.Sleep(20 * time.Millisecond)
 					runs.Add(1)
 				}
 				return nil
-			}, func(i int, r ItemResult) {
+			}, Parallel(parallel), OnResult(func(i int, r ItemResult) {
 				mu.Lock()
 				order = append(order, i)
 				mu.Unlock()
@@ -76,7 +76,7 @@ func TestBatchCompletionIsNotHeldBehindAnother(t *testing.T) {
 						t.Errorf("another process's copy of b: %v, want Duplicate", r.Outcome)
 					}
 				}
-			})
+			}))
 			t.Logf("a: %v %v; b: %v; results in order %v; b's fn ran %d times", res[0].Outcome, res[0].Err, res[1].Outcome, order, runs.Load())
 			if res[1].Outcome != Processed || runs.Load() != 1 {
 				t.Errorf("b: %v, its fn ran %d times; want Processed, once", res[1].Outcome, runs.Load())
@@ -108,12 +108,12 @@ func TestBatchesWithCrossedKeysDoNotWaitForEachOther(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			ra = h.HandleBatchParallel(ctx, []Item{{Key: x}, {Key: y}}, 2, fn, nil)
+			ra = h.Run(ctx, []Item{{Key: x}, {Key: y}}, fn, Parallel(2))
 		}()
 		go func() {
 			defer wg.Done()
 			<-start
-			rb = h.HandleBatchParallel(ctx, []Item{{Key: y}, {Key: x}}, 2, fn, nil)
+			rb = h.Run(ctx, []Item{{Key: y}, {Key: x}}, fn, Parallel(2))
 		}()
 		close(start)
 		wg.Wait()
@@ -133,19 +133,19 @@ func TestBatchesWithCrossedKeysAndFingerprintsEnd(t *testing.T) {
 	fn := func(context.Context, int) error { return nil }
 	for it := range 200 {
 		x, y := "x"+time.Now().String(), "y"+time.Now().String()
-		h.HandleBatch(ctx, []Item{{Key: x, Payload: []byte("p1")}, {Key: y, Payload: []byte("q1")}}, fn)
+		h.Run(ctx, []Item{{Key: x, Payload: []byte("p1")}, {Key: y, Payload: []byte("q1")}}, fn)
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			<-start
-			h.HandleBatchParallel(ctx, []Item{{Key: x, Payload: []byte("p1")}, {Key: y, Payload: []byte("q2")}}, 2, fn, nil)
+			h.Run(ctx, []Item{{Key: x, Payload: []byte("p1")}, {Key: y, Payload: []byte("q2")}}, fn, Parallel(2))
 		}()
 		go func() {
 			defer wg.Done()
 			<-start
-			h.HandleBatchParallel(ctx, []Item{{Key: y, Payload: []byte("q1")}, {Key: x, Payload: []byte("p2")}}, 2, fn, nil)
+			h.Run(ctx, []Item{{Key: y, Payload: []byte("q1")}, {Key: x, Payload: []byte("p2")}}, fn, Parallel(2))
 		}()
 		close(start)
 		ch := make(chan struct{})
@@ -164,17 +164,17 @@ func TestBatchJoinerWaitsForTheRunOnly(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	h := newDeduperOver(t, mem).mustRegister(t, "w", WithLease(time.Second))
 	ctx := WaitForRunning(context.Background())
-	go h.HandleBatchParallel(ctx, []Item{{Key: "x"}, {Key: "z"}}, 2, func(ctx context.Context, i int) error {
+	go h.Run(ctx, []Item{{Key: "x"}, {Key: "z"}}, func(ctx context.Context, i int) error {
 		if i == 0 {
 			time.Sleep(50 * time.Millisecond)
 		} else {
 			time.Sleep(3 * time.Second)
 		}
 		return nil
-	}, nil)
+	}, Parallel(2))
 	time.Sleep(10 * time.Millisecond)
 	t0 := time.Now()
-	res := h.HandleBatchParallel(ctx, []Item{{Key: "x"}, {Key: "u"}}, 2, func(context.Context, int) error { return nil }, nil)
+	res := h.Run(ctx, []Item{{Key: "x"}, {Key: "u"}}, func(context.Context, int) error { return nil }, Parallel(2))
 	waited := time.Since(t0)
 	t.Logf("x: %v after %v (x's run ended after 50ms)", res[0].Outcome, waited)
 	if res[0].Outcome != Duplicate || waited > 2*time.Second {
@@ -194,13 +194,13 @@ func TestBatchParallelRenewals(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	h := newDeduperOver(t, failExtend{mem}).mustRegister(t, "r", WithLease(300*time.Millisecond))
 	items := []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}, {Key: "d"}}
-	res := h.HandleBatchParallel(context.Background(), items, 2, func(ctx context.Context, i int) error {
+	res := h.Run(context.Background(), items, func(ctx context.Context, i int) error {
 		if i < 2 {
 			<-ctx.Done()
 			return ctx.Err()
 		}
 		return nil
-	}, nil)
+	}, Parallel(2))
 	for i, r := range res[:2] { // their leases ran out with Extend down
 		if r.Outcome != LeaseLost {
 			t.Errorf("item %d: %v, %v; want LeaseLost", i, r.Outcome, r.Err)
@@ -224,7 +224,7 @@ func TestBatchGoexitReleasesBeforeWaitersGoOn(t *testing.T) {
 	h := newDeduperOver(t, slowRelease{mem}).mustRegister(t, "g", WithLease(5*time.Second))
 	ctx := WaitForRunning(context.Background())
 	started := make(chan struct{})
-	go h.HandleBatchParallel(ctx, []Item{{Key: "a"}, {Key: "b"}}, 2, func(_ context.Context, i int) error {
+	go h.Run(ctx, []Item{{Key: "a"}, {Key: "b"}}, func(_ context.Context, i int) error {
 		if i == 0 {
 			time.Sleep(300 * time.Millisecond) // keeps the caller's goroutine: b runs on another
 			return nil
@@ -233,7 +233,7 @@ func TestBatchGoexitReleasesBeforeWaitersGoOn(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		runtime.Goexit()
 		return nil
-	}, nil)
+	}, Parallel(2))
 	<-started
 	ran := false
 	res, err := h.Do(ctx, "b", func(context.Context) error { ran = true; return nil })
@@ -257,13 +257,13 @@ func TestWhenCheckedBeforeUnguardedFns(t *testing.T) {
 	var called, calls atomic.Int64
 	ctx := WhenChecked(context.Background(), func() { calls.Add(1) })
 	var before atomic.Int64
-	res := h.HandleBatchParallel(ctx, []Item{{Key: "a"}, {Key: "b"}}, 4, func(context.Context, int) error {
+	res := h.Run(ctx, []Item{{Key: "a"}, {Key: "b"}}, func(context.Context, int) error {
 		if calls.Load() == 0 {
 			before.Add(1)
 		}
 		called.Add(1)
 		return nil
-	}, nil)
+	}, Parallel(4))
 	if before.Load() > 0 || calls.Load() != 1 || called.Load() != 2 {
 		t.Errorf("%d of %d fns ran before f, f called %d times; want none before, once", before.Load(), called.Load(), calls.Load())
 	}

@@ -74,19 +74,19 @@ func TestEveryCallReturnsByItsDeadlineAgainstASilentRedis(t *testing.T) {
 					_, _ = hs.replies.DoReply(ctx, "k5", func(context.Context) ([]byte, error) { return nil, nil })
 				}},
 				{"HandleBatch", func(ctx context.Context, hs handlers) {
-					_ = hs.h.HandleBatch(ctx, items, func(context.Context, int) error { return nil })
+					_ = hs.h.Run(ctx, items, func(context.Context, int) error { return nil })
 				}},
 				{"HandleBatchParallel", func(ctx context.Context, hs handlers) {
-					_ = hs.h.HandleBatchParallel(ctx, items, 4, func(context.Context, int) error { return nil }, nil)
+					_ = hs.h.Run(ctx, items, func(context.Context, int) error { return nil }, Parallel(4))
 				}},
 				{"HandleBatch, filter", func(ctx context.Context, hs handlers) {
-					_ = hs.filter.HandleBatch(ctx, items, func(context.Context, int) error { return nil })
+					_ = hs.filter.Run(ctx, items, func(context.Context, int) error { return nil })
 				}},
 				{"DoTx", func(ctx context.Context, hs handlers) {
 					_, _ = DoTx(ctx, hs.h, "k6", Transactor[*fakeTx](db), func(context.Context, *fakeTx) error { return nil })
 				}},
 				{"HandleBatchTx", func(ctx context.Context, hs handlers) {
-					_ = HandleBatchTx(ctx, hs.h, items, Transactor[*fakeTx](db), func(context.Context, *fakeTx, int) error { return nil }, nil)
+					_ = RunTx(ctx, hs.h, items, Transactor[*fakeTx](db), func(context.Context, *fakeTx, int) error { return nil })
 				}},
 				{"Lookup", func(ctx context.Context, hs handlers) { _, _ = hs.h.Lookup(ctx, "k1") }},
 				{"Forget", func(ctx context.Context, hs handlers) { _, _ = hs.h.Forget(ctx, "k1") }},

@@ -87,7 +87,7 @@ func TestFilterBatchFnSeesClose(t *testing.T) {
 	causes := make([]error, 2)
 	done := make(chan []ItemResult)
 	go func() {
-		done <- h.HandleBatchParallel(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, 2, func(ctx context.Context, i int) error {
+		done <- h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
 			started <- struct{}{}
 			select {
 			case <-ctx.Done():
@@ -96,7 +96,7 @@ func TestFilterBatchFnSeesClose(t *testing.T) {
 				causes[i] = errors.New("never cancelled")
 			}
 			return ctx.Err()
-		}, nil)
+		}, Parallel(2))
 	}()
 	<-started
 	<-started
@@ -133,7 +133,7 @@ func TestFilterBatchAllocationsPerItem(t *testing.T) {
 			items[j] = Item{Key: keys[next]}
 			next++
 		}
-		h.HandleBatchParallel(context.Background(), items, 1, fn, nil)
+		h.Run(context.Background(), items, fn, Parallel(1))
 	})
 	if per := perBatch / n; per > 8 {
 		t.Fatalf("%.1f allocations per item, want at most 8", per)

@@ -79,13 +79,13 @@ func TestFormerNamesDuplicate(t *testing.T) {
 	}
 	batch := func(parallel int) func(ctx context.Context, h *Handler, key string, fn func(context.Context) error) Outcome {
 		return func(ctx context.Context, h *Handler, key string, fn func(context.Context) error) Outcome {
-			rs := h.HandleBatchParallel(ctx, []Item{{Key: key, Payload: []byte("p")}, {Key: key + "-other", Payload: []byte("p")}}, parallel,
+			rs := h.Run(ctx, []Item{{Key: key, Payload: []byte("p")}, {Key: key + "-other", Payload: []byte("p")}},
 				func(ctx context.Context, i int) error {
 					if i == 0 {
 						return fn(ctx)
 					}
 					return nil
-				}, nil)
+				}, Parallel(parallel))
 			return rs[0].Outcome
 		}
 	}
@@ -242,7 +242,7 @@ func TestFormerNamesOneMoreRoundTrip(t *testing.T) {
 		res, err := h.Do(ctx, key(), ok)
 		want(t, res, err, Processed)
 	}
-	plain.HandleBatch(ctx, []Item{{Key: key()}}, func(context.Context, int) error { return nil })
+	plain.Run(ctx, []Item{{Key: key()}}, func(context.Context, int) error { return nil })
 	// A batch's completions go out as its fns return, coalesced as they come: its
 	// checks are the round trips made before its first fn runs.
 	batchChecks := func(h *Handler) int64 {
@@ -253,7 +253,7 @@ func TestFormerNamesOneMoreRoundTrip(t *testing.T) {
 		var first atomic.Bool
 		var before int64
 		tc.Reset()
-		h.HandleBatch(ctx, items, func(context.Context, int) error {
+		h.Run(ctx, items, func(context.Context, int) error {
 			if first.CompareAndSwap(false, true) {
 				before = tc.Trips()
 			}

@@ -86,7 +86,7 @@ func BenchmarkHandleBatch(b *testing.B) {
 					seq++
 					items[j] = Item{Key: "m-" + strconv.Itoa(seq), Payload: payload}
 				}
-				for _, r := range h.HandleBatchParallel(ctx, items, 128, fn, nil) {
+				for _, r := range h.Run(ctx, items, fn, Parallel(128)) {
 					if r.Err != nil || (r.Outcome != First && r.Outcome != Processed) {
 						b.Fatal(r.Outcome, r.Err)
 					}

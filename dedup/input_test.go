@@ -79,13 +79,18 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 		},
 		"Do, a zero Handler":       func() error { _, err := (&Handler{}).Do(ctx, "k", fn); return err },
 		"Register, a zero Deduper": func() error { _, err := (&Deduper{}).Register("x"); return err },
-		"HandleBatch, nil fn":      func() error { return batchErr(h.HandleBatch(ctx, items, nil)) },
+		"HandleBatch, nil fn":      func() error { return batchErr(h.Run(ctx, items, nil)) },
 		"HandleBatchParallel, nil ctx": func() error {
-			return batchErr(h.HandleBatchParallel(nilCtx, items, 2, bfn, nil))
+			return batchErr(h.Run(nilCtx, items, bfn, Parallel(2)))
 		},
 		"HandleBatchReply, nil fn": func() error { return batchErr(replies.HandleBatchReply(ctx, items, 2, nil, nil)) },
+		"Run, Parallel(0)":         func() error { return batchErr(h.Run(ctx, items, bfn, Parallel(0))) },
+		"Run, nil RunOption":       func() error { return batchErr(h.Run(ctx, items, bfn, nil)) },
+		"RunTx, Parallel(2)": func() error {
+			return batchErr(RunTx[*fakeTx](ctx, h, items, db, func(context.Context, *fakeTx, int) error { return nil }, Parallel(2)))
+		},
 		"HandleBatchTx, nil transactor": func() error {
-			return batchErr(HandleBatchTx[*fakeTx](ctx, h, items, nil, func(context.Context, *fakeTx, int) error { return nil }, nil))
+			return batchErr(RunTx[*fakeTx](ctx, h, items, nil, func(context.Context, *fakeTx, int) error { return nil }, nil))
 		},
 	}
 	for name, call := range calls {

@@ -48,7 +48,7 @@ func TestOneGoroutineExtendsEveryClaimOfAHandler(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		items := []Item{{Key: "b1"}, {Key: "b2"}}
-		rs := h.HandleBatchParallel(context.Background(), items, 2, func(ctx context.Context, _ int) error { return slow(ctx) }, nil)
+		rs := h.Run(context.Background(), items, func(ctx context.Context, _ int) error { return slow(ctx) }, Parallel(2))
 		results[10] = rs[0].Outcome
 		if rs[1].Outcome != Processed {
 			results[10] = rs[1].Outcome

@@ -55,14 +55,14 @@ func TestLogsHoldNoKeyOrPayload(t *testing.T) {
 		return nil
 	}
 	batch := func(ctx context.Context, h *Handler, key string) error {
-		h.HandleBatch(ctx, []Item{{Key: key, Payload: []byte(secretPayloadA)}}, func(context.Context, int) error { return nil })
+		h.Run(ctx, []Item{{Key: key, Payload: []byte(secretPayloadA)}}, func(context.Context, int) error { return nil })
 		return nil
 	}
 	batchReuse := func(ctx context.Context, h *Handler, key string) error {
 		if _, err := h.HandleKey(ctx, key, []byte(secretPayloadA), ok); err != nil {
 			return err
 		}
-		r := h.HandleBatch(ctx, []Item{{Key: key, Payload: []byte(secretPayloadB)}}, func(context.Context, int) error { return nil })
+		r := h.Run(ctx, []Item{{Key: key, Payload: []byte(secretPayloadB)}}, func(context.Context, int) error { return nil })
 		if r[0].Outcome != KeyReuse {
 			return fmt.Errorf("outcome %v, want KeyReuse", r[0].Outcome)
 		}

@@ -113,7 +113,7 @@ func recordMemory(b *testing.B, c *redis.Client, name string, fp bool, key func(
 		if replySize > 0 {
 			rs = h.HandleBatchReply(ctx, items, 1, func(context.Context, int) ([]byte, error) { return reply, nil }, nil)
 		} else {
-			rs = h.HandleBatch(ctx, items, func(context.Context, int) error { return nil })
+			rs = h.Run(ctx, items, func(context.Context, int) error { return nil })
 		}
 		for i, r := range rs {
 			if r.Outcome != Processed {

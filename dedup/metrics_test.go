@@ -162,7 +162,7 @@ func TestMetrics(t *testing.T) {
 	want(t, res, err, KeyReuse)
 	res, err = filter.Mark(ctx, "m1")
 	want(t, res, err, First)
-	for i, r := range nolocal.HandleBatch(ctx, []Item{{Key: "b1"}, {Key: "b2"}}, func(context.Context, int) error { return nil }) {
+	for i, r := range nolocal.Run(ctx, []Item{{Key: "b1"}, {Key: "b2"}}, func(context.Context, int) error { return nil }) {
 		if r.Outcome != Processed {
 			t.Fatalf("batch item %d: %v %v", i, r.Outcome, r.Err)
 		}
@@ -177,7 +177,7 @@ func TestMetrics(t *testing.T) {
 	want(t, res, err, StoreUnavailable)
 
 	failOn(map[string]error{"claim-many": unavailable})
-	for _, r := range open.HandleBatch(ctx, []Item{{Key: "b1"}}, func(context.Context, int) error { runs["open"]++; return nil }) {
+	for _, r := range open.Run(ctx, []Item{{Key: "b1"}}, func(context.Context, int) error { runs["open"]++; return nil }) {
 		if r.Outcome != Processed || !r.Unguarded {
 			t.Fatalf("fail open, batch: %+v %v", r.Result, r.Err)
 		}
@@ -189,7 +189,7 @@ func TestMetrics(t *testing.T) {
 	untilLost := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
 	res, err = lease.Do(ctx, "k1", untilLost)
 	want(t, res, err, LeaseLost)
-	for _, r := range lease.HandleBatch(ctx, []Item{{Key: "b1"}}, func(ctx context.Context, _ int) error { return untilLost(ctx) }) {
+	for _, r := range lease.Run(ctx, []Item{{Key: "b1"}}, func(ctx context.Context, _ int) error { return untilLost(ctx) }) {
 		want(t, r.Result, r.Err, LeaseLost)
 	}
 	failOn(map[string]error{"complete": ErrLeaseLost})
@@ -306,7 +306,7 @@ func TestMetricsStoreErrors(t *testing.T) {
 		}
 		return nil
 	})
-	for _, r := range h.HandleBatch(ctx, []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, func(context.Context, int) error { return nil }) {
+	for _, r := range h.Run(ctx, []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, func(context.Context, int) error { return nil }) {
 		want(t, r.Result, r.Err, StoreUnavailable)
 	}
 	m.store.onFail(func(string) error { return nil })

@@ -93,7 +93,7 @@ const (
 	FailClosed StoreFailurePolicy = iota
 	// FailOpen runs fn without dedup; the result is marked Unguarded and counted.
 	FailOpen
-	// DatabaseOnly is for transactional runs (DoTx, HandleTx, HandleBatchTx): when
+	// DatabaseOnly is for transactional runs (DoTx, HandleTx, RunTx): when
 	// the store fails, the run goes on with its database marker alone, still exactly
 	// once (a concurrent copy waits on the marker's row, then finds it committed), but
 	// with no lease and no local-tier shortcut for its key. A run without a

@@ -23,7 +23,7 @@ func TestBatchGoexitCompletesFinishedItems(t *testing.T) {
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)
-		h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+		h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
 			runs[i].Add(1)
 			if i == 1 {
 				runtime.Goexit()
@@ -68,7 +68,7 @@ func TestBatchFailOpenItemRunsAfterClaimedOnes(t *testing.T) {
 	h, _ := d.Register("fo", WithLease(lease), WithStoreFailure(FailOpen))
 	var concurrent, bRuns atomic.Int32
 	var otherRes Result
-	res := h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+	res := h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
 		if i == 0 {
 			time.Sleep(2 * lease) // were b's claim not heartbeated now, it would expire
 			otherRes, _ = h0.Do(context.Background(), "b", func(context.Context) error {

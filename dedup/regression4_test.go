@@ -32,7 +32,7 @@ func TestBatchGoexitLeavesFailOpenItemsUnrun(t *testing.T) {
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)
-		h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+		h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
 			if i == 1 {
 				runtime.Goexit()
 			}
@@ -53,7 +53,7 @@ func TestBatchFailOpenFlightAnswersWaiters(t *testing.T) {
 	defer d.Close()
 	var got Result
 	var took time.Duration
-	h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+	h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
 		if i == 1 {
 			c, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
@@ -74,7 +74,7 @@ func TestBatchFailOpenItemNotRunAfterClose(t *testing.T) {
 	d, h, _ := failOpenPair(t, time.Second)
 	var aAfterClose atomic.Bool
 	closed := make(chan struct{})
-	h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, func(ctx context.Context, i int) error {
+	h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, func(ctx context.Context, i int) error {
 		switch i {
 		case 1:
 			go func() { d.Close(); close(closed) }()
@@ -112,7 +112,7 @@ func TestBatchGoexitReleasesContexts(t *testing.T) {
 		ch := make(chan struct{})
 		go func() {
 			defer close(ch)
-			h.HandleBatch(parent, []Item{{Key: "k" + string(rune('A'+n))}}, func(ctx context.Context, i int) error { runtime.Goexit(); return nil })
+			h.Run(parent, []Item{{Key: "k" + string(rune('A'+n))}}, func(ctx context.Context, i int) error { runtime.Goexit(); return nil })
 		}()
 		<-ch
 	}
@@ -127,7 +127,7 @@ func TestBatchNestedGoexitInFailOpenRun(t *testing.T) {
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)
-		h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+		h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
 			runtime.Goexit()
 			return nil
 		})
@@ -156,7 +156,7 @@ func TestBatchFilterAnswersEveryFlightFirst(t *testing.T) {
 	f := newFixture(t, false)
 	h := f.handler("views", WithMode(ModeFilter))
 	var inner Result
-	got := h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+	got := h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
 		if i == 0 {
 			ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()

@@ -20,7 +20,7 @@ func TestBatchGoexitReleasesAndCloses(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
+		h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}}, func(ctx context.Context, i int) error {
 			runtime.Goexit()
 			return nil
 		})
@@ -46,7 +46,7 @@ func TestBatchRunsItemsInOrder(t *testing.T) {
 	f := newFixture(t, true)
 	h := f.handler("ord", WithMissingKey(ProcessMissingKey))
 	var order []int
-	h.HandleBatch(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: ""}}, func(ctx context.Context, i int) error {
+	h.Run(context.Background(), []Item{{Key: "a"}, {Key: "b"}, {Key: ""}}, func(ctx context.Context, i int) error {
 		order = append(order, i)
 		return nil
 	})
@@ -84,7 +84,7 @@ func TestBatchHeartbeatCancelsRunningItemInTime(t *testing.T) {
 	var cancelAt time.Duration
 	start := time.Now()
 	var wg sync.WaitGroup
-	h.HandleBatch(context.Background(), items, func(ctx context.Context, i int) error {
+	h.Run(context.Background(), items, func(ctx context.Context, i int) error {
 		if i != 0 {
 			return nil
 		}

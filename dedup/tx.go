@@ -51,7 +51,7 @@ type MarkerState struct {
 
 // Transactor runs a transactional handler's fns in transactions of one database,
 // each with its run's marker. T is the transaction fn receives (*sql.Tx, pgx.Tx).
-// Packages sqltx and pgxtx implement it; DoTx, HandleTx and HandleBatchTx use it.
+// Packages sqltx and pgxtx implement it; DoTx, HandleTx and RunTx use it.
 type Transactor[T any] interface {
 	// Begin opens a transaction and writes markers in it, with one statement: each
 	// marker is inserted, or takes the place of an expired one (by the database's
@@ -134,28 +134,31 @@ func doTx[T any](ctx context.Context, h *Handler, key, fp string, t Transactor[T
 	return h.do(ctx, key, fp, run, r, nil)
 }
 
-// MaxTxBatch is the most items HandleBatchTx runs in one transaction; a longer batch
+// MaxTxBatch is the most items RunTx runs in one transaction; a longer batch
 // runs as several transactions, one after the other. Each item of a transaction
 // runs behind a savepoint of its own, and PostgreSQL keeps the subtransactions of
 // one transaction in a per-connection cache of 64: beyond it every other session's
 // snapshots slow down while the transaction is open.
 const MaxTxBatch = 64
 
-// HandleBatchTx is HandleBatch for transactional fns: the items the local tier and
-// the store (one ClaimMany) do not answer run in one transaction t opens with all of
-// their markers in one statement; fn(ctx, tx, i) runs for each item whose marker is
-// new, one at a time, each behind a savepoint when there are several (a failed or
-// panicked fn's work and marker are rolled back to it, and its claim released); then
-// one COMMIT, after which the successes are completed together (Processed) and done,
-// when not nil, is called for each item as its result is final (see
-// HandleBatchParallel). An item whose marker is found answers Duplicate (TierDatabase)
-// and its claim is completed. A failed COMMIT fails every item it held (Failed, claims
-// released); an unknown one answers CommitUnknown for them (claims kept). Keyless
-// items (ProcessMissingKey), and items whose claim failed under DatabaseOnly or
-// FailOpen, run each in a transaction of its own. At most MaxTxBatch items go in one
-// transaction.
-func HandleBatchTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T], fn func(ctx context.Context, tx T, i int) error, done func(i int, r ItemResult)) []ItemResult {
-	if err := checkTx(ctx, h, t, fn == nil); err != nil {
+// RunTx is Run for fns that write to a database through t: the claimed items' fns run
+// one after another in one transaction (at most MaxTxBatch items per transaction), each
+// behind a savepoint, with their markers; a failed item is rolled back to its savepoint
+// alone. An item whose marker is found answers Duplicate (TierDatabase). A failed
+// COMMIT fails the items it held (claims released); an unknown one answers
+// CommitUnknown (claims kept). Keyless items, and items whose claim failed under
+// DatabaseOnly or FailOpen, run each in a transaction of its own. It takes OnResult;
+// Parallel is an error.
+func RunTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T], fn func(ctx context.Context, tx T, i int) error, opts ...RunOption) []ItemResult {
+	rc, err := runOptions(opts)
+	if err == nil && rc.parallel != 1 {
+		err = fmt.Errorf("%w: RunTx takes no Parallel: its items share one transaction", ErrInvalidOption)
+	}
+	if err == nil {
+		err = checkTx(ctx, h, t, fn == nil)
+	}
+	done := rc.done
+	if err != nil {
 		return badBatch(items, done, err)
 	}
 	out := make([]ItemResult, 0, len(items))

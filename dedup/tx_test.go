@@ -362,7 +362,7 @@ func TestHandleBatchTx(t *testing.T) {
 	b0, c0, _, _ := db.counts()
 	items := []Item{{Key: "a"}, {Key: "known"}, {Key: "fails"}, {Key: "local"}, {Key: "panics"}, {Key: "b"}, {Key: "a"}}
 	var ran []int
-	got := HandleBatchTx(ctx, h, items, db, func(_ context.Context, tx *fakeTx, i int) error {
+	got := RunTx(ctx, h, items, db, func(_ context.Context, tx *fakeTx, i int) error {
 		ran = append(ran, i)
 		tx.write(items[i].Key)
 		switch items[i].Key {
@@ -372,7 +372,7 @@ func TestHandleBatchTx(t *testing.T) {
 			panic("kaboom")
 		}
 		return nil
-	}, nil)
+	})
 	want := []Outcome{Processed, Duplicate, Failed, Duplicate, Panicked, Processed, Duplicate}
 	for i, r := range got {
 		if r.Outcome != want[i] {
@@ -424,10 +424,10 @@ func TestHandleBatchTxCommitFails(t *testing.T) {
 				}
 			})
 			ctx := context.Background()
-			got := HandleBatchTx(ctx, h, []Item{{Key: "a"}, {Key: "b"}}, db, func(_ context.Context, tx *fakeTx, i int) error {
+			got := RunTx(ctx, h, []Item{{Key: "a"}, {Key: "b"}}, db, func(_ context.Context, tx *fakeTx, i int) error {
 				tx.write(fmt.Sprint(i))
 				return nil
-			}, nil)
+			})
 			want, wantStatus := Failed, StatusAcquired
 			if unknown {
 				want, wantStatus = CommitUnknown, StatusInProgress
@@ -456,13 +456,13 @@ func TestHandleBatchTxGoexit(t *testing.T) {
 	done := make(chan []ItemResult, 1)
 	go func() {
 		defer func() { done <- nil }()
-		HandleBatchTx(ctx, h, []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, db, func(_ context.Context, tx *fakeTx, i int) error {
+		RunTx(ctx, h, []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}}, db, func(_ context.Context, tx *fakeTx, i int) error {
 			tx.write(fmt.Sprint(i))
 			if i == 1 {
 				runtime.Goexit()
 			}
 			return nil
-		}, nil)
+		})
 	}()
 	<-done
 	if db.effectsOf("0") != 0 || db.openTxs() != 0 {
@@ -484,11 +484,11 @@ func TestHandleBatchTxChunks(t *testing.T) {
 		items[i] = Item{Key: fmt.Sprint("k-", i)}
 	}
 	var idx []int
-	got := HandleBatchTx(context.Background(), h, items, db, func(_ context.Context, tx *fakeTx, i int) error {
+	got := RunTx(context.Background(), h, items, db, func(_ context.Context, tx *fakeTx, i int) error {
 		idx = append(idx, i)
 		tx.write(items[i].Key)
 		return nil
-	}, nil)
+	})
 	for i, r := range got {
 		if r.Outcome != Processed || idx[i] != i {
 			t.Fatalf("item %d: %v, fn's index %d", i, r.Outcome, idx[i])

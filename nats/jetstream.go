@@ -279,14 +279,14 @@ func drain(batch jetstream.MessageBatch) []jetstream.Msg {
 	return msgs
 }
 
-// handleMsgs handles msgs as one batch (dedup.Handler.HandleBatchParallel, fn for up
+// handleMsgs handles msgs as one batch (dedup.Handler.Run, fn for up
 // to parallel of them at once), keeping them in progress meanwhile, and
 // acknowledges each as soon as its result is final; then it calls settled(i), if not
 // nil. A message left without a result because an fn ended the goroutine
 // (runtime.Goexit) is Nak'ed, as after a panic.
 func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parallel int, fn Func, settled func(i int)) []dedup.ItemResult {
 	return j.settleBatch(ctx, msgs, settled, func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult {
-		return j.h.HandleBatchParallel(ctx, items, parallel, func(ctx context.Context, i int) error { return fn(ctx, views[i]) }, done)
+		return j.h.Run(ctx, items, func(ctx context.Context, i int) error { return fn(ctx, views[i]) }, dedup.Parallel(max(parallel, 1)), dedup.OnResult(done))
 	}, func(ctx context.Context, it dedup.Item, m *Msg) (dedup.Result, error) {
 		return j.h.HandleKey(ctx, it.Key, it.Payload, func(ctx context.Context) error { return fn(ctx, m) })
 	})

@@ -87,7 +87,7 @@ func HandleBatchTx[T any](ctx context.Context, j *JetStream, batch jetstream.Mes
 		return out, ErrBadInput
 	}
 	return j.settleBatch(ctx, msgs, nil, func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult {
-		return dedup.HandleBatchTx(ctx, j.h, items, t, func(ctx context.Context, tx T, i int) error { return fn(ctx, views[i], tx) }, done)
+		return dedup.RunTx(ctx, j.h, items, t, func(ctx context.Context, tx T, i int) error { return fn(ctx, views[i], tx) }, dedup.OnResult(done))
 	}, func(ctx context.Context, it dedup.Item, m *Msg) (dedup.Result, error) {
 		return dedup.HandleKeyTx(ctx, j.h, it.Key, it.Payload, t, func(ctx context.Context, tx T) error { return fn(ctx, m, tx) })
 	}), batch.Error()
