@@ -18,12 +18,19 @@ type Item struct {
 }
 
 // ItemResult is the outcome of one item of a batch; Err is what Do would return.
-// Reply and HasReply are, for HandleBatchReply, the item's reply, as ReplyResult's
-// are for DoReply; other batches leave them empty.
 type ItemResult struct {
 	Result
-	Err      error
-	Reply    string
+	Err error
+	// Reply is, on a handler WithReplies, the item's reply when HasReply says there is
+	// one: fn's own (SetReply) when fn ran and returned nil (Processed, NotRecorded, or
+	// a LeaseLost found at completion; also when it was too large to store), or, for a
+	// Duplicate, the first run's, stored with its DONE record, byte for byte. Replies
+	// are opaque bytes, held in a string: shared with the local tier without copies.
+	Reply string
+	// HasReply says Reply holds a reply (an empty one is a reply). A Duplicate without
+	// one: its DONE record holds none (the first run's was too large, or set none, or
+	// the record was written by a transactional run or a handler without replies).
+	// Counted in Stats.RepliesMissing.
 	HasReply bool
 }
 
@@ -44,7 +51,17 @@ func (h *Handler) Run(ctx context.Context, items []Item, fn func(ctx context.Con
 	if err != nil {
 		return badBatch(items, rc.done, err)
 	}
-	return h.handleBatch(ctx, items, rc.parallel, fn, rc.done, nil, nil)
+	if h.replyStore == nil {
+		return h.handleBatch(ctx, items, rc.parallel, fn, rc.done, nil, nil)
+	}
+	// a handler WithReplies: each item's reply (SetReply) is stored with its DONE
+	// record, and its duplicates get it back; its items claim whatever the mode
+	if len(items) == 1 && items[0].Key != "" && rc.done == nil && ctx.Value(whenCheckedKey{}) == nil {
+		// one request, answered as a single call: a batch of one
+		return []ItemResult{h.doReply(ctx, items[0].Key, h.fingerprint(items[0].Payload), func(ctx context.Context) error { return fn(ctx, 0) })}
+	}
+	rb := &batchReplies{fn: fn, items: make([]replyRun, len(items))}
+	return h.handleBatch(ctx, items, rc.parallel, rb.call, rc.done, nil, rb)
 }
 
 // RunOption configures Run and RunTx.
@@ -92,54 +109,30 @@ func runOptions(opts []RunOption) (runConfig, error) {
 	return rc, nil
 }
 
-// HandleBatchReply is Run with Parallel(parallel) and OnResult(done) for fn that returns a reply, for a handler
-// WithReplies, as DoReply is Do's: each item's reply is stored with its DONE record
-// (carried by its claim to its completion, which goes out with the handler's other
-// completions, CompleteMany), and every duplicate gets it back in its ItemResult
-// (Reply, HasReply), from the local tier or the store, byte for byte. An item whose
-// key appears earlier in the batch gets that item's stored reply. The items claim
-// whatever the handler's mode. Results, errors and done are Run's,
-// with DoReply's additions (ErrReplyTooLarge). On a handler without WithReplies every
-// item's error wraps ErrInvalidOption, and nothing runs.
-func (h *Handler) HandleBatchReply(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) ([]byte, error), done func(i int, r ItemResult)) []ItemResult {
-	if err := h.checkInput(ctx, fn == nil); err != nil {
-		return badBatch(items, done, err)
-	}
-	if err := h.checkReplies(); err != nil {
-		return badBatch(items, done, err)
-	}
-	rb := &batchReplies{fn: fn, items: make([]replyRun, len(items))}
-	return h.handleBatch(ctx, items, max(parallel, 1), rb.call, done, nil, rb)
-}
-
 // batchReplies holds the replies of a reply batch, by item, as replyRun does for
-// DoReply: an item's is written by the goroutine that runs its fn (or that finds it
+// a single call: an item's is written by the goroutine that runs its fn (or that finds it
 // a duplicate), and read once that has returned (by the same goroutine, or by its
 // completion's, after the completions' lock).
 type batchReplies struct {
-	fn    func(context.Context, int) ([]byte, error)
+	fn    func(context.Context, int) error
 	items []replyRun
 }
 
-// call runs item i's fn, keeping its reply; it is the fn the batch runs.
+// call runs item i's fn with its replyRun in its context (SetReply); it is the fn
+// the batch runs.
 func (rb *batchReplies) call(ctx context.Context, i int) error {
-	b, err := rb.fn(ctx, i)
-	if err == nil {
-		r := &rb.items[i]
-		r.reply, r.has, r.ran = string(b), true, true
-	}
-	return err
+	return rb.of(i).call(ctx)
 }
 
 // of is item i's replyRun (nil for a batch without replies), for the paths a call
-// of DoReply takes: with fn set, it runs item i's fn.
+// takes (Handler.do): with fn set, it runs item i's fn.
 func (rb *batchReplies) of(i int) *replyRun {
 	if rb == nil {
 		return nil
 	}
 	r := &rb.items[i]
 	if r.fn == nil {
-		r.fn = func(ctx context.Context) ([]byte, error) { return rb.fn(ctx, i) }
+		r.fn = func(ctx context.Context) error { return rb.fn(ctx, i) }
 	}
 	return r
 }
@@ -196,7 +189,7 @@ func (o *batchOut) set(i int, r ItemResult) { o.setAndLeave(i, r, true) }
 func (o *batchOut) setAndLeave(i int, r ItemResult, leave bool) {
 	if o.replies != nil && !o.single {
 		rr := &o.replies.items[i]
-		reply := o.h.replied(r.Result, rr.reply, rr.has)
+		reply := o.h.replied(r.Result, r.Err, rr.reply, rr.has)
 		r.Reply, r.HasReply = reply.Reply, reply.HasReply
 	}
 	o.mu.Lock()
@@ -282,7 +275,7 @@ func (o *batchOut) sweep(h *Handler) {
 
 // handleBatch is Run; step is a transactional batch's transaction
 // (RunTx, parallel 1), in which the claimed items' fns run, nil otherwise;
-// rb is a reply batch's replies (HandleBatchReply: fn is rb.call), nil otherwise.
+// rb is a reply batch's replies (a handler WithReplies: fn is rb.call), nil otherwise.
 func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(int, ItemResult), step runStep, rb *batchReplies) []ItemResult {
 	checked, _ := ctx.Value(whenCheckedKey{}).(func())
 	if checked != nil {

@@ -71,7 +71,7 @@ func TestEveryCallReturnsByItsDeadlineAgainstASilentRedis(t *testing.T) {
 				{"Mark", func(ctx context.Context, hs handlers) { _, _ = hs.filter.Mark(ctx, "k3") }},
 				{"HandleKey, filter", func(ctx context.Context, hs handlers) { _, _ = hs.filter.HandleKey(ctx, "k4", nil, noop) }},
 				{"DoReply", func(ctx context.Context, hs handlers) {
-					_, _ = hs.replies.DoReply(ctx, "k5", func(context.Context) ([]byte, error) { return nil, nil })
+					_, _ = runReply(hs.replies, ctx, "k5", nil, func(context.Context) ([]byte, error) { return nil, nil })
 				}},
 				{"HandleBatch", func(ctx context.Context, hs handlers) {
 					_ = hs.h.Run(ctx, items, func(context.Context, int) error { return nil })

@@ -20,17 +20,16 @@
 // are kept for real failures. Mark is the cheaper filter mode: one round trip, no
 // lease, for side effects that are cheap to lose.
 //
-// A handler WithReplies stores a reply with DONE: DoReply (and HandleReply,
-// HandleKeyReply, HandleBatchReply) run fn that returns its reply, and every
-// duplicate gets the first run's reply back (ReplyResult.Reply), from the local tier
-// or the store, where Do's duplicates get nothing. That is what request/reply needs:
-// a client that retries after a timeout must get the answer, not silence. Replies
-// are opaque bytes, bounded per handler, never logged:
+// A handler WithReplies stores a reply with DONE: Run's fn sets it (SetReply), and
+// every duplicate gets the first run's reply back (ItemResult.Reply), from the local
+// tier or the store. That is what request/reply needs: a client that retries after a
+// timeout must get the answer, not silence. Replies are opaque bytes, bounded per
+// handler, never logged:
 //
 //	h, _ := d.Register("create-order", dedup.WithReplies(0)) // replies up to 64 KiB
-//	res, err := h.DoReply(ctx, requestID, func(ctx context.Context) ([]byte, error) {
-//		return json.Marshal(createOrder(ctx, req))
-//	})
+//	res := h.Run(ctx, []dedup.Item{{Key: requestID}}, func(ctx context.Context, _ int) error {
+//		return dedup.SetReply(ctx, createOrder(ctx, req))
+//	})[0]
 //	// res.Reply: this run's reply, or, for a Duplicate, the first run's
 //
 // Owner tokens make every store call safe to retry: a claim or mark whose reply was

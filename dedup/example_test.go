@@ -127,9 +127,10 @@ func ExampleHandler_Handle() {
 	// no-key
 }
 
-// A request retried after a timeout gets the first run's reply, not silence: the
-// reply is stored with DONE, and every duplicate gets it back.
-func ExampleHandler_DoReply() {
+// A request retried after a timeout gets the first run's reply, not silence: on a
+// handler WithReplies, the reply fn sets (SetReply) is stored with DONE, and Run
+// hands it back to every duplicate.
+func ExampleSetReply() {
 	store, _ := dedup.NewMemoryStore()
 	d, _ := dedup.New(store)
 	defer d.Close()
@@ -137,11 +138,11 @@ func ExampleHandler_DoReply() {
 
 	ctx := context.Background()
 	for _, requestID := range []string{"req-1", "req-1"} { // the client retried
-		res, err := create.DoReply(ctx, requestID, func(ctx context.Context) ([]byte, error) {
+		res := create.Run(ctx, []dedup.Item{{Key: requestID}}, func(ctx context.Context, _ int) error {
 			fmt.Println("creating the order")
-			return []byte(`{"order":"o-42"}`), nil
-		})
-		fmt.Println(res.Outcome, res.Reply, err)
+			return dedup.SetReply(ctx, []byte(`{"order":"o-42"}`))
+		})[0]
+		fmt.Println(res.Outcome, res.Reply, res.Err)
 	}
 	// Output:
 	// creating the order

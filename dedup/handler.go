@@ -116,91 +116,35 @@ func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) e
 	if err := h.checkInput(ctx, fn == nil); err != nil {
 		return Result{}, err
 	}
+	if err := h.noReplies(); err != nil {
+		return Result{}, err
+	}
 	if key == "" {
 		return h.noKey(ctx, fn, nil)
 	}
 	return h.do(ctx, key, "", fn, nil, nil)
 }
 
-// DoReply is Do for fn that returns a reply, for a handler WithReplies: the reply is
-// stored with the DONE record, and every duplicate of key gets it back in its
-// ReplyResult (Reply, HasReply), from the local tier or the store, byte for byte,
-// where Do's duplicates get nothing. That is what request/reply needs: a client that
-// retries a request after a timeout gets the first run's answer.
-//
-// The reply rides the one claim → run → complete lifecycle: it is held with the
-// claim from fn's return to the completion that writes it into the DONE record, so
-// that it is stored exactly when DONE is. Outcomes and errors are Do's, and:
-//
-//   - Processed, NotRecorded, and a LeaseLost found at completion carry fn's reply
-//     (the first requester is answered even when the record could not be written).
-//   - A reply larger than the handler's limit is not stored: the result is Processed
-//     with fn's reply and an error wrapping ErrReplyTooLarge; its duplicates answer
-//     Duplicate with HasReply false (Stats.RepliesTooLarge, Stats.RepliesMissing).
-//   - A Duplicate without a reply (HasReply false) is a DONE record written without
-//     one: see ReplyResult.HasReply.
-//   - A concurrent call for key in this process waits for the run's store answer and,
-//     under WaitForRunning, for its run, and is then answered with its reply.
-//
-// DoReply claims whatever the handler's mode. On a handler without WithReplies it
-// does nothing and returns an error wrapping ErrInvalidOption. An empty key follows
-// the missing-key policy (under ProcessMissingKey, fn's reply is returned, not
-// stored).
-func (h *Handler) DoReply(ctx context.Context, key string, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
-	if err := h.checkInput(ctx, fn == nil); err != nil {
-		return ReplyResult{}, err
-	}
-	return h.doReply(ctx, key, "", fn)
-}
-
-// HandleReply is DoReply for a message: the key is read with the handler's key
-// strategy, and the payload fingerprinted when fingerprinting is on (a duplicate
-// with another payload answers KeyReuse, not the stored reply).
-func (h *Handler) HandleReply(ctx context.Context, msg keys.Message, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
-	if err := h.checkInput(ctx, fn == nil); err != nil {
-		return ReplyResult{}, err
-	}
-	key, payload, err := h.readMessage(msg)
-	if err != nil {
-		return ReplyResult{}, err
-	}
-	return h.HandleKeyReply(ctx, key, payload, fn)
-}
-
-// HandleKeyReply is HandleReply for a key the caller has already read from the
-// message (an adapter with its own key strategy).
-func (h *Handler) HandleKeyReply(ctx context.Context, key string, payload []byte, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
-	if err := h.checkInput(ctx, fn == nil); err != nil {
-		return ReplyResult{}, err
-	}
-	return h.doReply(ctx, key, h.fingerprint(payload), fn)
-}
-
-func (h *Handler) doReply(ctx context.Context, key, fp string, fn func(context.Context) ([]byte, error)) (ReplyResult, error) {
-	if err := h.checkReplies(); err != nil {
-		return ReplyResult{}, err
-	}
-	if key != "" && h.replies != nil {
+// doReply is a run of one keyed item on a handler WithReplies (Run): fn's reply
+// (SetReply) is stored with the DONE record, and a duplicate is answered with the
+// stored one, from the local tier or the store.
+func (h *Handler) doReply(ctx context.Context, key, fp string, fn func(context.Context) error) ItemResult {
+	if h.replies != nil {
 		// the local tier's answer, before anything is allocated for a run
 		if v, ok := h.replies.Get(localKey(keys.Normalize(key), fp)); ok {
-			return ReplyResult{Result: h.countLocalHit(), Reply: v, HasReply: true}, nil
+			return ItemResult{Result: h.countLocalHit(), Reply: v, HasReply: true}
 		}
 	}
 	r := &replyRun{fn: fn}
-	var res Result
-	var err error
-	if key == "" {
-		res, err = h.noKey(ctx, r.call, nil)
-	} else {
-		res, err = h.do(ctx, key, fp, r.call, nil, r)
-	}
-	return h.replied(res, r.reply, r.has), err
+	res, err := h.do(ctx, key, fp, r.call, nil, r)
+	return h.replied(res, err, r.reply, r.has)
 }
 
-// checkReplies refuses a reply form on a handler without WithReplies.
-func (h *Handler) checkReplies() error {
-	if h.replyStore == nil {
-		return fmt.Errorf("%w: handler %q does not store replies (WithReplies)", ErrInvalidOption, h.name)
+// noReplies refuses Do, Handle, HandleKey and Mark on a handler WithReplies: only
+// Run's results carry the replies it stores.
+func (h *Handler) noReplies() error {
+	if h.replyStore != nil {
+		return fmt.Errorf("%w: handler %q stores replies (WithReplies): run it with Run, whose results carry them", ErrInvalidOption, h.name)
 	}
 	return nil
 }
@@ -210,19 +154,38 @@ func (h *Handler) checkReplies() error {
 // Duplicate, the stored one as the lifecycle found it (dup): a call either runs fn
 // or is a duplicate, never both.
 type replyRun struct {
-	fn    func(context.Context) ([]byte, error)
+	fn    func(context.Context) error
 	reply string
 	has   bool
 	ran   bool // has is fn's reply, not a duplicate's
 }
 
-// call runs fn, keeping its reply; it is the fn the lifecycle runs.
+type replyKey struct{}
+
+// call runs fn with r in its context, for SetReply; it is the fn the lifecycle runs.
+// A reply set by an fn that then fails is dropped.
 func (r *replyRun) call(ctx context.Context) error {
-	b, err := r.fn(ctx)
-	if err == nil {
-		r.reply, r.has, r.ran = string(b), true, true
+	err := r.fn(context.WithValue(ctx, replyKey{}, r))
+	if err != nil {
+		r.reply, r.has = "", false
+		return err
 	}
-	return err
+	r.ran = r.has
+	return nil
+}
+
+// SetReply sets the reply of the run whose fn was given ctx, on a handler WithReplies
+// (Run): it is stored with the DONE record when fn returns nil, and every duplicate
+// gets it back (ItemResult.Reply). A later call replaces it; an fn that sets none
+// stores DONE without a reply. Call it from fn, before fn returns. Outside such a run
+// it does nothing and returns an error wrapping ErrInvalidOption.
+func SetReply(ctx context.Context, reply []byte) error {
+	r, _ := ctx.Value(replyKey{}).(*replyRun)
+	if r == nil {
+		return fmt.Errorf("%w: SetReply outside the fn of a run on a handler WithReplies", ErrInvalidOption)
+	}
+	r.reply, r.has = string(reply), true
+	return nil
 }
 
 // dup records what a duplicate answer says of the key's stored reply. Safe on nil
@@ -235,14 +198,14 @@ func (r *replyRun) dup(reply string, has bool) {
 
 // replied is a reply form's result: res with the reply it carries, and a Duplicate
 // without a reply counted.
-func (h *Handler) replied(res Result, reply string, has bool) ReplyResult {
+func (h *Handler) replied(res Result, err error, reply string, has bool) ItemResult {
 	if res.Outcome == Duplicate && !has {
 		h.stats.repliesMissing.Add(1)
 	}
 	if !has || (res.Outcome != Duplicate && res.Outcome != Processed && res.Outcome != NotRecorded && res.Outcome != LeaseLost) {
-		return ReplyResult{Result: res}
+		return ItemResult{Result: res, Err: err}
 	}
-	return ReplyResult{Result: res, Reply: reply, HasReply: true}
+	return ItemResult{Result: res, Err: err, Reply: reply, HasReply: true}
 }
 
 // Mark is filter mode: one round trip that records key as DONE and answers First the
@@ -252,6 +215,9 @@ func (h *Handler) replied(res Result, reply string, has bool) ReplyResult {
 // failure answers StoreUnavailable, or First with Unguarded under FailOpen.
 func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 	if err := h.checkInput(ctx, false); err != nil {
+		return Result{}, err
+	}
+	if err := h.noReplies(); err != nil {
 		return Result{}, err
 	}
 	if key == "" {
@@ -291,6 +257,9 @@ func (h *Handler) Handle(ctx context.Context, msg keys.Message, fn func(context.
 // adapter with its own key strategy); payload is fingerprinted when fingerprinting is on.
 func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn func(context.Context) error) (Result, error) {
 	if err := h.checkInput(ctx, fn == nil); err != nil {
+		return Result{}, err
+	}
+	if err := h.noReplies(); err != nil {
 		return Result{}, err
 	}
 	if key == "" {
@@ -583,7 +552,7 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	defer h.d.running.Done()
 	var run func(context.Context, int) error // unused: runClaimedItem runs one.fn
 	if r != nil {
-		out.replies = &batchReplies{fn: func(ctx context.Context, _ int) ([]byte, error) { return r.fn(ctx) }, items: make([]replyRun, 1)}
+		out.replies = &batchReplies{fn: func(ctx context.Context, _ int) error { return r.fn(ctx) }, items: make([]replyRun, 1)}
 		run = out.replies.call
 		one.fn = func(ctx context.Context) error { return run(ctx, 0) }
 	}

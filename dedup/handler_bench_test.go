@@ -142,14 +142,14 @@ func BenchmarkDoReply(b *testing.B) {
 		b.Cleanup(func() { d.Close() })
 		h, _ := d.Register("bench", WithReplies(0), WithLocalCache(2*n, 0), WithLocalReplies(8<<20))
 		for _, k := range trace {
-			h.DoReply(ctx, k, fn)
+			runReply(h, ctx, k, nil, fn)
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			i := 0
 			for pb.Next() {
-				if res, _ := h.DoReply(ctx, trace[i&(n-1)], fn); res.Tier != TierLocal || len(res.Reply) != len(reply) {
+				if res, _ := runReply(h, ctx, trace[i&(n-1)], nil, fn); res.Tier != TierLocal || len(res.Reply) != len(reply) {
 					b.Fatal("miss")
 				}
 				i++
@@ -167,7 +167,7 @@ func BenchmarkDoReply(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				k := strconv.FormatInt(seq.Add(1), 10)
-				if res, _ := h.DoReply(ctx, k, fn); res.Outcome != Processed {
+				if res, _ := runReply(h, ctx, k, nil, fn); res.Outcome != Processed {
 					b.Fatal(res.Outcome)
 				}
 			}

@@ -40,13 +40,15 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 	items := []Item{{Key: "a"}, {Key: "b"}}
 
 	calls := map[string]func() error{
-		"Do, nil fn":           func() error { _, err := h.Do(ctx, "k", nil); return err },
-		"Do, nil ctx":          func() error { _, err := h.Do(nilCtx, "k", fn); return err },
-		"Do, nil handler":      func() error { _, err := none.Do(ctx, "k", fn); return err },
-		"DoReply, nil fn":      func() error { _, err := replies.DoReply(ctx, "k", nil); return err },
-		"HandleReply, nil msg": func() error { _, err := replies.HandleReply(ctx, nil, rfn); return err },
+		"Do, nil fn":             func() error { _, err := h.Do(ctx, "k", nil); return err },
+		"Do, nil ctx":            func() error { _, err := h.Do(nilCtx, "k", fn); return err },
+		"Do, nil handler":        func() error { _, err := none.Do(ctx, "k", fn); return err },
+		"Run on replies, nil fn": func() error { return batchErr(replies.Run(ctx, items[:1], nil)) },
+		"SetReply outside a run": func() error { return SetReply(ctx, []byte("x")) },
+		"Do on replies":          func() error { _, err := replies.Do(ctx, "k", fn); return err },
+		"HandleReply, nil msg":   func() error { _, err := runReplyMsg(replies, ctx, nil, rfn); return err },
 		"HandleKeyReply, nil ctx": func() error {
-			_, err := replies.HandleKeyReply(nilCtx, "k", nil, rfn)
+			_, err := runReply(replies, nilCtx, "k", nil, rfn)
 			return err
 		},
 		"Mark, nil ctx":              func() error { _, err := h.Mark(nilCtx, "k"); return err },
@@ -83,9 +85,9 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 		"HandleBatchParallel, nil ctx": func() error {
 			return batchErr(h.Run(nilCtx, items, bfn, Parallel(2)))
 		},
-		"HandleBatchReply, nil fn": func() error { return batchErr(replies.HandleBatchReply(ctx, items, 2, nil, nil)) },
-		"Run, Parallel(0)":         func() error { return batchErr(h.Run(ctx, items, bfn, Parallel(0))) },
-		"Run, nil RunOption":       func() error { return batchErr(h.Run(ctx, items, bfn, nil)) },
+		"Run on replies, nil fn, Parallel": func() error { return batchErr(replies.Run(ctx, items, nil, Parallel(2))) },
+		"Run, Parallel(0)":                 func() error { return batchErr(h.Run(ctx, items, bfn, Parallel(0))) },
+		"Run, nil RunOption":               func() error { return batchErr(h.Run(ctx, items, bfn, nil)) },
 		"RunTx, Parallel(2)": func() error {
 			return batchErr(RunTx[*fakeTx](ctx, h, items, db, func(context.Context, *fakeTx, int) error { return nil }, Parallel(2)))
 		},

@@ -141,19 +141,20 @@ func TestLogsHoldNoReply(t *testing.T) {
 		run  func(ctx context.Context, h *Handler, key string)
 		want string
 	}{
-		{"too large", nil, nil, func(ctx context.Context, h *Handler, key string) { h.DoReply(ctx, key, reply(64)) }, "reply too large"},
+		{"too large", nil, nil, func(ctx context.Context, h *Handler, key string) { runReply(h, ctx, key, nil, reply(64)) }, "reply too large"},
 		{"too large (batch)", nil, nil, func(ctx context.Context, h *Handler, key string) {
-			h.HandleBatchReply(ctx, []Item{{Key: key}}, 1, func(ctx context.Context, _ int) ([]byte, error) { return reply(64)(ctx) }, nil)
+			h.Run(ctx, []Item{{Key: key}, {Key: key + "-2"}}, replyingEach(func(ctx context.Context, _ int) ([]byte, error) { return reply(64)(ctx) }), Parallel(1))
 		}, "reply too large"},
 		{"not recorded", map[string]error{"complete-reply": unavailable}, nil,
-			func(ctx context.Context, h *Handler, key string) { h.DoReply(ctx, key, reply(0)) }, "DONE not written"},
+			func(ctx context.Context, h *Handler, key string) { runReply(h, ctx, key, nil, reply(0)) }, "DONE not written"},
 		{"lease lost", map[string]error{"complete-reply": ErrLeaseLost}, nil,
-			func(ctx context.Context, h *Handler, key string) { h.DoReply(ctx, key, reply(0)) }, "lease lost before completion"},
+			func(ctx context.Context, h *Handler, key string) { runReply(h, ctx, key, nil, reply(0)) }, "lease lost before completion"},
 		{"not recorded (batch)", map[string]error{"complete-many": unavailable}, nil, func(ctx context.Context, h *Handler, key string) {
-			h.HandleBatchReply(ctx, []Item{{Key: key}}, 1, func(ctx context.Context, _ int) ([]byte, error) { return reply(0)(ctx) }, nil)
+			// two items: a batch of one is a single call, which completes with CompleteReply
+			h.Run(ctx, []Item{{Key: key}, {Key: key + "-2"}}, replyingEach(func(ctx context.Context, _ int) ([]byte, error) { return reply(0)(ctx) }), Parallel(1))
 		}, "DONE not written"},
 		{"fail open", map[string]error{"claim": unavailable}, []HandlerOption{WithStoreFailure(FailOpen)},
-			func(ctx context.Context, h *Handler, key string) { h.DoReply(ctx, key, reply(0)) }, "running without dedup"},
+			func(ctx context.Context, h *Handler, key string) { runReply(h, ctx, key, nil, reply(0)) }, "running without dedup"},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			mem, _ := NewMemoryStore()

@@ -111,7 +111,7 @@ func recordMemory(b *testing.B, c *redis.Client, name string, fp bool, key func(
 		}
 		var rs []ItemResult
 		if replySize > 0 {
-			rs = h.HandleBatchReply(ctx, items, 1, func(context.Context, int) ([]byte, error) { return reply, nil }, nil)
+			rs = h.Run(ctx, items, replyingEach(func(context.Context, int) ([]byte, error) { return reply, nil }), Parallel(1))
 		} else {
 			rs = h.Run(ctx, items, func(context.Context, int) error { return nil })
 		}

@@ -411,13 +411,13 @@ func TestMetricsReplies(t *testing.T) {
 	m.handler("plain")
 	large := func(context.Context) ([]byte, error) { return []byte("12345"), nil }
 	small := func(context.Context) ([]byte, error) { return []byte("1234"), nil }
-	if res, err := h.DoReply(ctx, "k1", large); res.Outcome != Processed || !errors.Is(err, ErrReplyTooLarge) {
+	if res, err := runReply(h, ctx, "k1", nil, large); res.Outcome != Processed || !errors.Is(err, ErrReplyTooLarge) {
 		t.Fatalf("too large: %+v %v", res, err)
 	}
-	if res, _ := h.DoReply(ctx, "k1", large); res.Outcome != Duplicate || res.HasReply {
+	if res, _ := runReply(h, ctx, "k1", nil, large); res.Outcome != Duplicate || res.HasReply {
 		t.Fatalf("duplicate: %+v", res)
 	}
-	if res, err := h.DoReply(ctx, "k2", small); res.Outcome != Processed || err != nil {
+	if res, err := runReply(h, ctx, "k2", nil, small); res.Outcome != Processed || err != nil {
 		t.Fatalf("stored: %+v %v", res, err)
 	}
 	ms := m.collect()

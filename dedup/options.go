@@ -244,10 +244,10 @@ func WithMode(m Mode) HandlerOption {
 	}
 }
 
-// WithReplies turns on stored replies (docs/design.md §10): the reply forms (DoReply,
-// HandleReply, HandleKeyReply, HandleBatchReply) store fn's reply with the DONE
-// record, and a duplicate's ReplyResult carries it back (Reply), from the store or
-// from the local tier. That is what request/reply needs: a client that retries after
+// WithReplies turns on stored replies (docs/design.md §10): Run stores the reply its
+// fn sets (SetReply) with the DONE record, and a duplicate's ItemResult carries it
+// back (Reply), from the store or from the local tier; Run's items then claim
+// whatever the mode, and Do, Handle, HandleKey and Mark are ErrInvalidOption. That is what request/reply needs: a client that retries after
 // a timeout gets the first run's answer, not silence (see the NATS package's
 // Replier).
 //

@@ -110,7 +110,7 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res, err := hr.DoReply(ctx, "up-5", func(context.Context) ([]byte, error) { return []byte("reply 5"), nil }); res.Outcome != Processed || err != nil {
+		if res, err := runReply(hr, ctx, "up-5", nil, func(context.Context) ([]byte, error) { return []byte("reply 5"), nil }); res.Outcome != Processed || err != nil {
 			t.Fatalf("DoReply: %v %v", res.Outcome, err)
 		}
 		if v, _ := rc.Get(ctx, hr.RecordKey("up-5")).Result(); !strings.HasSuffix(v, "reply 5") || v[0] != stateReply {

@@ -37,7 +37,7 @@ var binaryReply = func() string {
 // The first run's reply is stored with DONE and comes back to every duplicate, byte
 // for byte: from the local tier, from the store (another Deduper: another process),
 // and in a batch; fn runs once.
-func TestDoReply(t *testing.T) {
+func TestEveryDuplicateGetsTheStoredReply(t *testing.T) {
 	for _, bf := range replyBackends() {
 		t.Run(bf.name, func(t *testing.T) {
 			t.Parallel()
@@ -49,25 +49,24 @@ func TestDoReply(t *testing.T) {
 				runs.Add(1)
 				return []byte(binaryReply), nil
 			}
-			res, err := h.DoReply(ctx, "order-1", fn)
+			res, err := runReply(h, ctx, "order-1", nil, fn)
 			if err != nil || res.Outcome != Processed || !res.HasReply || res.Reply != binaryReply {
 				t.Fatalf("first: %+v %v", res, err)
 			}
-			res, err = h.DoReply(ctx, "order-1", fn)
+			res, err = runReply(h, ctx, "order-1", nil, fn)
 			if err != nil || res.Outcome != Duplicate || res.Tier != TierLocal || !res.HasReply || res.Reply != binaryReply {
 				t.Fatalf("duplicate, local: %+v %v", res, err)
 			}
 			other := register(t, newDeduper(t, b.store, WithPrefix(b.prefix)), "orders", WithReplies(0))
-			res, err = other.DoReply(ctx, "order-1", fn)
+			res, err = runReply(other, ctx, "order-1", nil, fn)
 			if err != nil || res.Outcome != Duplicate || res.Tier != TierStore || !res.HasReply || res.Reply != binaryReply {
 				t.Fatalf("duplicate, store: %+v %v", res, err)
 			}
-			res, _ = other.DoReply(ctx, "order-1", fn) // the store's answer was kept locally
+			res, _ = runReply(other, ctx, "order-1", nil, fn) // the store's answer was kept locally
 			if res.Tier != TierLocal || res.Reply != binaryReply {
 				t.Fatalf("duplicate, local after the store: %+v", res)
 			}
-			rs := other.HandleBatchReply(ctx, []Item{{Key: "order-1"}, {Key: "order-1"}}, 1,
-				func(context.Context, int) ([]byte, error) { return fn(ctx) }, nil)
+			rs := other.Run(ctx, []Item{{Key: "order-1"}, {Key: "order-1"}}, replyingEach(func(context.Context, int) ([]byte, error) { return fn(ctx) }), Parallel(1))
 			for i, r := range rs {
 				if r.Err != nil || r.Outcome != Duplicate || r.Reply != binaryReply {
 					t.Fatalf("batch item %d: %+v", i, r)
@@ -98,13 +97,13 @@ func TestReplyTooLarge(t *testing.T) {
 			ctx := context.Background()
 			h := register(t, newDeduper(t, b.store, WithPrefix(b.prefix)), "orders", WithReplies(8))
 			big := []byte("123456789")
-			res, err := h.DoReply(ctx, "k", func(context.Context) ([]byte, error) { return big, nil })
+			res, err := runReply(h, ctx, "k", nil, func(context.Context) ([]byte, error) { return big, nil })
 			if !errors.Is(err, ErrReplyTooLarge) || res.Outcome != Processed || !res.HasReply || res.Reply != string(big) {
 				t.Fatalf("first: %+v %v", res, err)
 			}
 			ran := false
 			for _, hh := range []*Handler{h, register(t, newDeduper(t, b.store, WithPrefix(b.prefix)), "orders", WithReplies(8))} {
-				res, err = hh.DoReply(ctx, "k", func(context.Context) ([]byte, error) { ran = true; return nil, nil })
+				res, err = runReply(hh, ctx, "k", nil, func(context.Context) ([]byte, error) { ran = true; return nil, nil })
 				if err != nil || res.Outcome != Duplicate || res.HasReply || res.Reply != "" {
 					t.Fatalf("duplicate: %+v %v", res, err)
 				}
@@ -119,46 +118,52 @@ func TestReplyTooLarge(t *testing.T) {
 				t.Fatalf("lookup: %+v", info)
 			}
 			// at the limit exactly: stored
-			res, err = h.DoReply(ctx, "k2", func(context.Context) ([]byte, error) { return big[:8], nil })
+			res, err = runReply(h, ctx, "k2", nil, func(context.Context) ([]byte, error) { return big[:8], nil })
 			if err != nil || res.Outcome != Processed {
 				t.Fatalf("at the limit: %+v %v", res, err)
 			}
-			if res, _ := h.DoReply(ctx, "k2", notRun(t)); res.Reply != "12345678" {
+			if res, _ := runReply(h, ctx, "k2", nil, notRun(t)); res.Reply != "12345678" {
 				t.Fatalf("at the limit, duplicate: %+v", res)
 			}
 		})
 	}
 }
 
-// An empty reply is a reply; a record written by Do (or a Mark) has none: a reply
-// form's duplicate of it says so instead of answering an empty reply. A key the
-// local tier knows DONE without its reply goes to the store for it.
+// An empty reply is a reply; a record written without one (by a run whose fn set
+// none, or by a Mark of a handler without replies) has none: a duplicate of it says
+// so instead of answering an empty reply. A key the local tier knows DONE without its
+// reply goes to the store for it. Do and Mark on a handler WithReplies are errors:
+// only Run's results carry replies.
 func TestReplyEmptyAndNone(t *testing.T) {
 	ctx := context.Background()
 	mem, _ := NewMemoryStore()
-	h := register(t, newDeduper(t, mem), "orders", WithReplies(0))
-	if _, err := h.DoReply(ctx, "empty", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+	d := newDeduper(t, mem)
+	h := register(t, d, "orders", WithReplies(0))
+	if _, err := runReply(h, ctx, "empty", nil, func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := h.DoReply(ctx, "empty", notRun(t)); res.Outcome != Duplicate || !res.HasReply || res.Reply != "" {
+	if res, _ := runReply(h, ctx, "empty", nil, notRun(t)); res.Outcome != Duplicate || !res.HasReply || res.Reply != "" {
 		t.Fatalf("empty reply: %+v", res)
 	}
-	if _, err := h.Do(ctx, "plain", ok); err != nil {
-		t.Fatal(err)
+	if r := h.Run(ctx, []Item{{Key: "plain"}}, func(context.Context, int) error { return nil }); r[0].Outcome != Processed || r[0].HasReply {
+		t.Fatalf("a run that sets no reply: %+v", r[0])
 	}
-	if _, err := h.Mark(ctx, "marked"); err != nil {
+	plain := register(t, newDeduper(t, mem), "orders") // another process's handler, without replies
+	if _, err := plain.Mark(ctx, "marked"); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"plain", "marked"} {
 		before := h.Stats().StoreDuplicates
-		res, _ := h.DoReply(ctx, k, notRun(t)) // the local tier has the key, not a reply: the store answers
+		res, _ := runReply(h, ctx, k, nil, notRun(t)) // no reply in the local tier: the store answers
 		if res.Outcome != Duplicate || res.HasReply || h.Stats().StoreDuplicates != before+1 {
 			t.Fatalf("%s: %+v, store duplicates %d → %d", k, res, before, h.Stats().StoreDuplicates)
 		}
 	}
-	// and a plain Do's duplicate of a key with a reply is answered locally, as ever
-	if res, _ := h.Do(ctx, "empty", ok); res.Outcome != Duplicate || res.Tier != TierLocal {
-		t.Fatalf("Do after DoReply: %+v", res)
+	if _, err := h.Do(ctx, "empty", ok); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("Do on a handler WithReplies: %v, want ErrInvalidOption", err)
+	}
+	if _, err := h.Mark(ctx, "empty"); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("Mark on a handler WithReplies: %v, want ErrInvalidOption", err)
 	}
 }
 
@@ -171,7 +176,7 @@ func TestLocalRepliesBudget(t *testing.T) {
 	reply := func(i int) string { return fmt.Sprintf("%04d", i) + strings.Repeat("r", 996) }
 	const n = 40 // 40 KB of replies for a 4 KB budget
 	for i := range n {
-		if _, err := h.DoReply(ctx, fmt.Sprint("k", i), func(context.Context) ([]byte, error) { return []byte(reply(i)), nil }); err != nil {
+		if _, err := runReply(h, ctx, fmt.Sprint("k", i), nil, func(context.Context) ([]byte, error) { return []byte(reply(i)), nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -180,7 +185,7 @@ func TestLocalRepliesBudget(t *testing.T) {
 	}
 	local, store := 0, 0
 	for i := n - 1; i >= 0; i-- { // the most recent first: each answer from the store evicts an older one
-		res, _ := h.DoReply(ctx, fmt.Sprint("k", i), notRun(t))
+		res, _ := runReply(h, ctx, fmt.Sprint("k", i), nil, notRun(t))
 		if res.Outcome != Duplicate || res.Reply != reply(i) {
 			t.Fatalf("k%d: %v, reply %.8q", i, res.Outcome, res.Reply)
 		}
@@ -217,13 +222,13 @@ func TestReplyConcurrentDuplicates(t *testing.T) {
 				return []byte("the reply"), nil
 			}
 			const n = 16
-			results := make([]ReplyResult, n)
+			results := make([]ItemResult, n)
 			var wg sync.WaitGroup
 			for i := range n {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					results[i], _ = h.DoReply(ctx, "k", fn)
+					results[i], _ = runReply(h, ctx, "k", nil, fn)
 				}()
 			}
 			for runs.Load() == 0 {
@@ -265,15 +270,15 @@ func TestReplyAfterFailure(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	h := register(t, newDeduper(t, mem), "orders", WithReplies(0))
 	boom := errors.New("boom")
-	res, err := h.DoReply(ctx, "k", func(context.Context) ([]byte, error) { return []byte("partial"), boom })
+	res, err := runReply(h, ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("partial"), boom })
 	if !errors.Is(err, boom) || res.Outcome != Failed || res.HasReply {
 		t.Fatalf("failed run: %+v %v", res, err)
 	}
-	res, err = h.DoReply(ctx, "k", func(context.Context) ([]byte, error) { return []byte("second"), nil })
+	res, err = runReply(h, ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("second"), nil })
 	if err != nil || res.Outcome != Processed || res.Reply != "second" {
 		t.Fatalf("retry: %+v %v", res, err)
 	}
-	if res, _ := h.DoReply(ctx, "k", notRun(t)); res.Reply != "second" {
+	if res, _ := runReply(h, ctx, "k", nil, notRun(t)); res.Reply != "second" {
 		t.Fatalf("duplicate: %+v", res)
 	}
 }
@@ -282,7 +287,7 @@ func TestReplyAfterFailure(t *testing.T) {
 // completions' CompleteMany) and stored; items repeated in the batch get the first's
 // reply; a failed item's is not stored; a too-large one is processed and not
 // stored; duplicates, from another process's store answers, get them back.
-func TestHandleBatchReply(t *testing.T) {
+func TestABatchStoresEachItemsReply(t *testing.T) {
 	for _, bf := range replyBackends() {
 		t.Run(bf.name, func(t *testing.T) {
 			t.Parallel()
@@ -303,7 +308,7 @@ func TestHandleBatchReply(t *testing.T) {
 			}
 			var doneCalls atomic.Int32
 			for _, parallel := range []int{1, 4} {
-				rs := h.HandleBatchReply(ctx, items, parallel, fn, func(int, ItemResult) { doneCalls.Add(1) })
+				rs := h.Run(ctx, items, replyingEach(fn), Parallel(parallel), OnResult(func(int, ItemResult) { doneCalls.Add(1) }))
 				if parallel > 1 {
 					break
 				}
@@ -330,13 +335,13 @@ func TestHandleBatchReply(t *testing.T) {
 				t.Fatalf("fn ran %d times", runs.Load())
 			}
 			other := register(t, newDeduper(t, b.store, WithPrefix(b.prefix)), "orders", WithReplies(16))
-			rs := other.HandleBatchReply(ctx, []Item{{Key: "a"}, {Key: "b"}, {Key: "large"}, {Key: "c"}}, 2, fn, nil)
+			rs := other.Run(ctx, []Item{{Key: "a"}, {Key: "b"}, {Key: "large"}, {Key: "c"}}, replyingEach(fn), Parallel(2))
 			for i, w := range []string{"reply of a\x00", "reply of b\x00", "", "reply of c\x00"} {
 				if r := rs[i]; r.Err != nil || r.Outcome != Duplicate || r.Tier != TierStore || r.Reply != w || r.HasReply != (w != "") {
 					t.Fatalf("duplicate item %d: %+v", i, r)
 				}
 			}
-			if res, _ := other.DoReply(ctx, "c", notRun(t)); res.Tier != TierLocal || res.Reply != "reply of c\x00" {
+			if res, _ := runReply(other, ctx, "c", nil, notRun(t)); res.Tier != TierLocal || res.Reply != "reply of c\x00" {
 				t.Fatalf("single after batch: %+v", res)
 			}
 		})
@@ -349,10 +354,10 @@ func TestRepliesConfig(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	d := newDeduper(t, mem)
 	plain := register(t, d, "plain")
-	if _, err := plain.DoReply(ctx, "k", notRun(t)); !errors.Is(err, ErrInvalidOption) {
+	if _, err := runReply(plain, ctx, "k", nil, notRun(t)); !errors.Is(err, ErrInvalidOption) {
 		t.Fatalf("DoReply without WithReplies: %v", err)
 	}
-	for _, r := range plain.HandleBatchReply(ctx, []Item{{Key: "k"}}, 1, func(context.Context, int) ([]byte, error) { return nil, nil }, nil) {
+	for _, r := range plain.Run(ctx, []Item{{Key: "k"}}, replyingEach(func(context.Context, int) ([]byte, error) { return nil, nil }), Parallel(1)) {
 		if !errors.Is(r.Err, ErrInvalidOption) {
 			t.Fatalf("HandleBatchReply without WithReplies: %v", r.Err)
 		}
@@ -372,8 +377,8 @@ func TestRepliesConfig(t *testing.T) {
 	// without a local tier, or with no local replies, every duplicate asks the store
 	for _, opt := range []HandlerOption{WithLocalCache(0, 0), WithLocalReplies(0)} {
 		h := register(t, d, fmt.Sprintf("nolocal%d", len(d.Handlers())), WithReplies(0), opt)
-		_, _ = h.DoReply(ctx, "k", func(context.Context) ([]byte, error) { return []byte("x"), nil })
-		if res, _ := h.DoReply(ctx, "k", notRun(t)); res.Tier != TierStore || res.Reply != "x" {
+		_, _ = runReply(h, ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("x"), nil })
+		if res, _ := runReply(h, ctx, "k", nil, notRun(t)); res.Tier != TierStore || res.Reply != "x" {
 			t.Fatalf("%+v", res)
 		}
 	}
@@ -386,12 +391,12 @@ func TestForgetDropsLocalReply(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	h := register(t, newDeduper(t, mem), "orders", WithReplies(0))
 	for i, want := range []string{"one", "two"} {
-		res, err := h.DoReply(ctx, "k", func(context.Context) ([]byte, error) { return []byte(want), nil })
+		res, err := runReply(h, ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte(want), nil })
 		if err != nil || res.Outcome != Processed {
 			t.Fatalf("run %d: %+v %v", i, res, err)
 		}
 		// (the local tier, or the store: the forget's own notice may come after the run)
-		if res, _ := h.DoReply(ctx, "k", notRun(t)); res.Outcome != Duplicate || res.Reply != want {
+		if res, _ := runReply(h, ctx, "k", nil, notRun(t)); res.Outcome != Duplicate || res.Reply != want {
 			t.Fatalf("duplicate %d: %+v", i, res)
 		}
 		if _, err := h.Forget(ctx, "k"); err != nil {
@@ -406,12 +411,12 @@ func TestFormerNamesKeepReplies(t *testing.T) {
 	ctx := context.Background()
 	mem, _ := NewMemoryStore()
 	old := register(t, newDeduper(t, mem), "billing", WithReplies(0))
-	if _, err := old.DoReply(ctx, "k", func(context.Context) ([]byte, error) { return []byte("invoice 7"), nil }); err != nil {
+	if _, err := runReply(old, ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("invoice 7"), nil }); err != nil {
 		t.Fatal(err)
 	}
 	renamed := register(t, newDeduper(t, mem), "invoices", WithReplies(0), WithFormerNames("billing"), WithLocalCache(0, 0))
 	for range 2 { // under the former name, then under the copy forward
-		if res, _ := renamed.DoReply(ctx, "k", notRun(t)); res.Outcome != Duplicate || res.Reply != "invoice 7" {
+		if res, _ := runReply(renamed, ctx, "k", nil, notRun(t)); res.Outcome != Duplicate || res.Reply != "invoice 7" {
 			t.Fatalf("%+v", res)
 		}
 	}

@@ -90,8 +90,8 @@ func (t Tier) String() string {
 
 // Result is the outcome of one Do, Handle or Mark. It is a value: a duplicate is a
 // result, not an error. (It has four fields, the most the compiler keeps in registers:
-// a fifth costs the local tier's hit a third of its time. The reply forms' replies
-// are in ReplyResult.)
+// a fifth costs the local tier's hit a third of its time. Stored replies are in
+// ItemResult.)
 type Result struct {
 	Outcome Outcome
 	// Tier is where a Duplicate was recognised; for InProgress, where the run was
@@ -104,23 +104,4 @@ type Result struct {
 	// Unguarded is true when fn ran without dedup: the store failed and the handler
 	// fails open, or the message had no key and the handler processes such messages.
 	Unguarded bool
-}
-
-// ReplyResult is the outcome of one DoReply, HandleReply or HandleKeyReply: the
-// Result, and the reply.
-type ReplyResult struct {
-	Result
-	// Reply is the reply, when HasReply says there is one: fn's own when fn ran and
-	// returned nil (Processed, NotRecorded, or a LeaseLost found at completion; also
-	// when it was too large to store), or, for a Duplicate, the first run's, stored
-	// with its DONE record (from the store or the local tier), byte for byte.
-	// Replies are opaque bytes, held in a string: shared with the local tier without
-	// copies, and immutable.
-	Reply string
-	// HasReply says Reply holds a reply (an empty one is a reply). A Duplicate
-	// without one: its DONE record holds no reply, because the first run's was
-	// larger than the handler's limit (ErrReplyTooLarge), or the record was written
-	// by Do, Mark, a transactional run, a handler without WithReplies, or a version
-	// before stored replies. Counted in Stats.RepliesMissing.
-	HasReply bool
 }

@@ -72,7 +72,7 @@ type Stats struct {
 	// processed, and not stored (ErrReplyTooLarge).
 	RepliesTooLarge uint64
 	// RepliesMissing counts the Duplicates of reply forms answered without a reply:
-	// their DONE record holds none (see ReplyResult.HasReply).
+	// their DONE record holds none (see ItemResult.HasReply).
 	RepliesMissing uint64
 }
 

@@ -123,9 +123,11 @@ func TestReplierLogsHoldNoReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	// a record whose reply is not one of this package's (another program's DoReply)
-	if _, err := h.DoReply(ctx, key, func(context.Context) ([]byte, error) { return []byte(secret), nil }); err != nil {
-		t.Fatal(err)
+	// a record whose reply is not one of this package's (another program's run)
+	if r := h.Run(ctx, []dedup.Item{{Key: key}}, func(ctx context.Context, _ int) error {
+		return dedup.SetReply(ctx, []byte(secret))
+	}); r[0].Err != nil {
+		t.Fatal(r[0].Err)
 	}
 	msg := func(k string) *natsgo.Msg {
 		// a reply subject, and no connection to answer on: the reply is not sent

@@ -195,9 +195,9 @@ func (r *Replier) Handler(ctx context.Context, fn ReplyFunc) natsgo.MsgHandler {
 
 // Handle answers one request on the caller's goroutine (see Replier) and returns
 // the handler's result. A message without a reply subject is run and not answered.
-func (r *Replier) Handle(ctx context.Context, msg *natsgo.Msg, fn ReplyFunc) (dedup.ReplyResult, error) {
+func (r *Replier) Handle(ctx context.Context, msg *natsgo.Msg, fn ReplyFunc) (dedup.ItemResult, error) {
 	if msg == nil {
-		return dedup.ReplyResult{}, ErrBadInput
+		return dedup.ItemResult{}, ErrBadInput
 	}
 	if r == nil { // a NewReplier whose error was dropped: answered, never silence
 		slog.Default().Error("dedup: request handed to a nil *Replier (did NewReplier fail?)")
@@ -205,9 +205,9 @@ func (r *Replier) Handle(ctx context.Context, msg *natsgo.Msg, fn ReplyFunc) (de
 			a := answer{kind: ReplyError, code: CodeFailed, desc: errNoReplier}
 			_ = msg.RespondMsg(&natsgo.Msg{Header: a.errorHeader()})
 		}
-		return dedup.ReplyResult{}, ErrBadInput
+		return dedup.ItemResult{}, ErrBadInput
 	}
-	var res dedup.ReplyResult
+	var res dedup.ItemResult
 	var err error
 	r.serve(ctx, viewCore(msg), fn, func(a answer) {
 		if msg.Reply == "" {
@@ -267,7 +267,7 @@ func (a answer) errorHeader() natsgo.Header {
 
 // serve runs fn for m through the handler and answers with respond, once, whatever
 // happens (fn's runtime.Goexit included: then a 500). The result goes to *res, *err.
-func (r *Replier) serve(ctx context.Context, m *Msg, fn ReplyFunc, respond func(answer), res *dedup.ReplyResult, err *error) {
+func (r *Replier) serve(ctx context.Context, m *Msg, fn ReplyFunc, respond func(answer), res *dedup.ItemResult, err *error) {
 	if fn == nil || ctx == nil {
 		r.a.cfg.logger.Error("dedup: request not run", "handler", r.a.h.Name(), "err", ErrBadInput)
 		*err = ErrBadInput
@@ -281,20 +281,22 @@ func (r *Replier) serve(ctx context.Context, m *Msg, fn ReplyFunc, respond func(
 			respond(answer{kind: ReplyError, code: CodeFailed, desc: DescPanicked})
 		}
 	}()
-	*res, *err = r.a.h.HandleKeyReply(ctx, r.a.cfg.strategy.Key(m), m.data, func(ctx context.Context) ([]byte, error) {
+	item := []dedup.Item{{Key: r.a.cfg.strategy.Key(m), Payload: m.data}}
+	*res = r.a.h.Run(ctx, item, func(ctx context.Context, _ int) error {
 		rep, ferr := fn(ctx, m)
 		if ferr != nil {
-			return nil, ferr
+			return ferr
 		}
 		first = rep
-		return encodeReply(rep), nil
-	})
+		return dedup.SetReply(ctx, encodeReply(rep))
+	})[0]
+	*err = res.Err
 	returned = true
 	respond(r.answerFor(*res, *err, first))
 }
 
 // answerFor maps a result to its answer (see Replier).
-func (r *Replier) answerFor(res dedup.ReplyResult, err error, first Reply) answer {
+func (r *Replier) answerFor(res dedup.ItemResult, err error, first Reply) answer {
 	switch res.Outcome {
 	case dedup.Processed, dedup.NotRecorded, dedup.LeaseLost:
 		if res.HasReply { // fn's, in hand (too large to store, or not recorded, or not)
@@ -380,7 +382,7 @@ func (r *Replier) MicroHandler(ctx context.Context, fn ReplyFunc) micro.Handler 
 			defer close(done)
 			defer r.a.running.Done()
 			m := &Msg{subject: req.Subject(), header: natsgo.Header(req.Headers()), data: req.Data()}
-			var res dedup.ReplyResult
+			var res dedup.ItemResult
 			var err error
 			r.serve(ctx, m, fn, func(a answer) {
 				if a.code != "" {
