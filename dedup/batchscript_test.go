@@ -360,18 +360,3 @@ func TestCompleteManyKeyOfAnotherTypeFailsAlone(t *testing.T) {
 		})
 	}
 }
-
-// The probe reads INFO on direct connections too (their codec reads plain Cmds
-// only): a store on them uses the batch scripts. From a bench run in which it did
-// not, and the Do handler's completions went one script per key.
-func TestBatchScriptsOnDirectConnections(t *testing.T) {
-	_, mc := newMiniredis(t)
-	for name, c := range map[string]*redis.Client{"miniredis": mc, "redis-server": realRedis(t, testenv.Prefix())} {
-		t.Run(name, func(t *testing.T) {
-			s := directStore(t, c)
-			if !s.batchScripts(context.Background()) || s.scripts.Load() != scriptsOn {
-				t.Fatalf("batch scripts off on direct connections to a Redis server (state %d)", s.scripts.Load())
-			}
-		})
-	}
-}

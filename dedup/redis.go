@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -48,10 +47,9 @@ var (
 // proxy, one pipeline of a command or script per key. Concurrent single calls are coalesced into pipelines (see
 // WithAutoPipeline).
 type RedisStore struct {
-	c      redis.UniversalClient
-	pipe   *autoPipe    // nil: every single call is sent on its own
-	wait   *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
-	direct *directConns // WithDirectConnections (direct.go); nil: commands go through c
+	c    redis.UniversalClient
+	pipe *autoPipe    // nil: every single call is sent on its own
+	wait *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
 	// scripts is how the batch calls go: scriptsOn (batch scripts), scriptsOff (a
 	// command or script per key: a cluster or ring, WithoutBatchScripts, or what the
 	// probe found behind a *redis.Client), or not known yet; probedAt is when a probe
@@ -123,7 +121,6 @@ func (s *RedisStore) probeScripts(ctx context.Context) bool {
 		return false
 	}
 	defer s.probing.Store(false)
-	// a plain Cmd: the direct connections' codec reads it (WithDirectConnections)
 	cmd := redis.NewCmd(ctx, "info", "server")
 	err := s.process(ctx, cmd)
 	if err != nil && strings.Contains(err.Error(), "not supported") {
@@ -190,7 +187,6 @@ func NewRedisStore(c redis.UniversalClient, opts ...RedisOption) (*RedisStore, e
 	if _, single := c.(*redis.Client); !single { // a cluster or ring: per key, for good
 		s.scripts.Store(scriptsOff)
 	}
-	cleanUpDirect(s)
 	return s, nil
 }
 
@@ -212,32 +208,22 @@ func storeErr(op string, err error) error {
 // off. On an error the command's reply must not be read: the call may have returned
 // early on ctx while the command was still queued.
 func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
-	defer runtime.KeepAlive(s) // its cleanup closes the direct connections
 	if s.pipe != nil {
 		return s.pipe.do(ctx, cmd)
 	}
 	return s.process(ctx, cmd)
 }
 
-// process sends one command on its own: through the client, or on a direct
-// connection. It returns the command's error.
+// process sends one command on its own through the client. It returns the command's
+// error.
 func (s *RedisStore) process(ctx context.Context, cmd redis.Cmder) error {
-	defer runtime.KeepAlive(s) // its cleanup closes the direct connections
-	if s.direct != nil {
-		_ = s.direct.roundTrip(ctx, []redis.Cmder{cmd})
-	} else {
-		_ = s.c.Process(ctx, cmd)
-	}
+	_ = s.c.Process(ctx, cmd)
 	return cmd.Err()
 }
 
-// exec sends cmds in one round trip: a go-redis pipeline, or on a direct connection.
-// Its error is the round trip's, as failedRoundTrip tells it from a command's reply.
+// exec sends cmds in one round trip, a go-redis pipeline. Its error is the round
+// trip's, as failedRoundTrip tells it from a command's reply.
 func (s *RedisStore) exec(ctx context.Context, cmds ...redis.Cmder) error {
-	defer runtime.KeepAlive(s) // its cleanup closes the direct connections
-	if s.direct != nil {
-		return s.direct.roundTrip(ctx, cmds)
-	}
 	pipe := s.c.Pipeline()
 	for _, c := range cmds {
 		_ = pipe.Process(ctx, c)
@@ -958,7 +944,7 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 // to read, and all of them, in that order, to send.
 func claimCmds(ctx context.Context, entries []Entry) (sets []*redis.StatusCmd, ttls, gets []*redis.Cmd, sent []redis.Cmder) {
 	sets = make([]*redis.StatusCmd, len(entries))
-	ttls = make([]*redis.Cmd, len(entries)) // plain Cmds: the direct codec reads them
+	ttls = make([]*redis.Cmd, len(entries))
 	gets = make([]*redis.Cmd, len(entries))
 	sent = make([]redis.Cmder, 0, 3*len(entries))
 	args := newBatchArgs(len(entries), 7+2+2)

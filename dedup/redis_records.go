@@ -157,8 +157,7 @@ func forgetReply(v any) Record {
 // CountRecords implements RecordStore with SCAN (MATCH <prefix>:* or
 // <prefix>:<handler>:*, COUNT scanCount) on the server, on every master of a Redis
 // Cluster, and on every shard of a Ring. It counts the keys of the form
-// <prefix>:<handler>:<key> with a valid handler name. It goes through the client,
-// also WithDirectConnections.
+// <prefix>:<handler>:<key> with a valid handler name.
 func (s *RedisStore) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
 	if err := keys.ValidatePrefix(prefix); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
