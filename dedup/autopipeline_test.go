@@ -137,8 +137,8 @@ func TestAutoPipelineLoneCallGoesOutAtOnce(t *testing.T) {
 }
 
 // Calls that arrive while a round trip is out share the next ones, and each gets its
-// own command's reply, error replies included; of two calls on one key, the one
-// sent first decides.
+// own command's reply, error replies included; of two calls on one key, one is
+// Acquired and the other finds its record.
 func TestAutoPipelineCoalescesAndRepliesReachTheirCallers(t *testing.T) {
 	m, c := newMiniredis(t)
 	prefix := testenv.Prefix()
@@ -155,9 +155,9 @@ func TestAutoPipelineCoalescesAndRepliesReachTheirCallers(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	first := holdFirst(t, s, g, prefix+":new0") // new0 is marked by the held call first
+	first := holdFirst(t, s, g, prefix+":first")
 	const fresh = 20
-	keys := []string{"list", "done", "new0"}
+	keys := []string{"list", "done", "same", "same"}
 	for i := 1; i <= fresh; i++ {
 		keys = append(keys, fmt.Sprintf("new%d", i))
 	}
@@ -178,6 +178,7 @@ func TestAutoPipelineCoalescesAndRepliesReachTheirCallers(t *testing.T) {
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
+	same := map[Status]int{}
 	for i, k := range keys {
 		r := <-replies[i]
 		switch k {
@@ -185,7 +186,12 @@ func TestAutoPipelineCoalescesAndRepliesReachTheirCallers(t *testing.T) {
 			if !errors.Is(r.err, ErrStoreUnavailable) {
 				t.Fatalf("%s: %v %v, want a WRONGTYPE store error", k, r.a.Status, r.err)
 			}
-		case "done", "new0":
+		case "same":
+			if r.err != nil {
+				t.Fatalf("%s: %v", k, r.err)
+			}
+			same[r.a.Status]++
+		case "done":
 			if r.err != nil || r.a.Status != StatusDuplicate {
 				t.Fatalf("%s: %v %v, want duplicate", k, r.a.Status, r.err)
 			}
@@ -194,6 +200,9 @@ func TestAutoPipelineCoalescesAndRepliesReachTheirCallers(t *testing.T) {
 				t.Fatalf("%s: %v %v, want acquired", k, r.a.Status, r.err)
 			}
 		}
+	}
+	if same[StatusAcquired] != 1 || same[StatusDuplicate] != 1 {
+		t.Fatalf("two marks of one key answered %v, want one Acquired and one Duplicate", same)
 	}
 	runs := g.snapshot()
 	if len(runs) < 2 || len(runs) > len(keys)/2 {

@@ -53,7 +53,10 @@ type RedisStore struct {
 	// (WithoutAutoPipeline, or a Ring, which has none): through c, each on its own
 	auto bool
 	ap   atomic.Pointer[redis.AutoPipeliner]
-	wait *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
+	// alone counts the single calls out through send: a call that finds none goes
+	// straight through the client, as a lone call has no company to wait for
+	alone atomic.Int64
+	wait  *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
 	// scripts is how the batch calls go: scriptsOn (batch scripts), scriptsOff (a
 	// command or script per key: a cluster or ring, WithoutBatchScripts, or what the
 	// probe found behind a *redis.Client), or not known yet; probedAt is when a probe
@@ -219,17 +222,24 @@ func WithoutAutoPipeline() RedisOption {
 // A command that has reached the AutoPipeliner is sent whatever ctx says, and the
 // call waits for its reply (bounded by the client's timeouts), as a call through a
 // client without ContextTimeoutEnabled does: the engine's guard returns by the
-// deadline all the same. A call whose ctx has already ended is not sent.
+// deadline all the same. A call whose ctx has already ended is not sent. A call
+// made while no other is out goes straight through the client: the AutoPipeliner's
+// hand-off to its flusher would only add to a lone caller's latency.
 func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
-	if ap := s.autoPipeliner(); ap != nil {
-		if err := ctx.Err(); err != nil {
-			cmd.SetErr(context.Cause(ctx))
-			return cmd.Err()
-		}
-		_ = ap.Process(ctx, cmd)
+	ap := s.autoPipeliner()
+	if ap == nil {
+		return s.process(ctx, cmd)
+	}
+	if err := ctx.Err(); err != nil {
+		cmd.SetErr(context.Cause(ctx))
 		return cmd.Err()
 	}
-	return s.process(ctx, cmd)
+	defer s.alone.Add(-1)
+	if s.alone.Add(1) == 1 {
+		return s.process(ctx, cmd)
+	}
+	_ = ap.Process(ctx, cmd)
+	return cmd.Err()
 }
 
 // autoPipeliner returns the client's AutoPipeliner, or nil when single calls go
