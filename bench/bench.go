@@ -42,7 +42,6 @@ type bench struct {
 	rue                rueidis.Client       // the rueidis-* reference variants of scenario b
 	goAuto             *redis.AutoPipeliner // scenario b's goredis-auto-setnx, on a client of its own
 	dd                 *dedup.Deduper       // the Redis-backed Deduper of scenarios b, c, d
-	ddDirect           *dedup.Deduper       // the same on direct connections (the *-direct variants)
 
 	local localState // scenario a
 	store storeState // scenario b
@@ -174,15 +173,6 @@ func (b *bench) connect(ctx context.Context) error {
 		return err
 	}
 	b.closers = append(b.closers, b.dd.Close)
-	direct, err := dedup.NewRedisStore(b.storeRDB, dedup.WithDirectConnections())
-	if err != nil {
-		return err
-	}
-	b.closers = append(b.closers, direct.Close)
-	if b.ddDirect, err = dedup.New(direct, dedup.WithPrefix(b.prefix)); err != nil {
-		return err
-	}
-	b.closers = append(b.closers, b.ddDirect.Close)
 	// rueidis's defaults, but for its client-side cache, which needs RESP3 tracking
 	// and is of no use to keys that are never read twice.
 	if b.rue, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{b.srv.redisAddr}, DisableCache: true}); err != nil {

@@ -41,7 +41,7 @@ import (
 // the ratios are about.
 
 // JetStream variants, in the order of the chart.
-var jsVariants = []string{"raw-ack", varFilter, varDo, varFilterDirect, varDoDirect, varNaive, varHandPipelined}
+var jsVariants = []string{"raw-ack", varFilter, varDo, varNaive, varHandPipelined}
 
 // The hand-pipelined variant: its workers and the most messages one pipeline carries.
 const (
@@ -288,16 +288,12 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (metrics, error
 func (b *bench) jsHandler(ctx context.Context, r int, v string, cons jetstream.Consumer) (func(jetstream.Msg), func(), error) {
 	none := func() {}
 	switch v {
-	case varFilter, varDo, varFilterDirect, varDoDirect:
+	case varFilter, varDo:
 		mode := dedup.ModeFilter
-		if v == varDo || v == varDoDirect {
+		if v == varDo {
 			mode = dedup.ModeDo
 		}
-		dd := b.dd
-		if v == varFilterDirect || v == varDoDirect {
-			dd = b.ddDirect
-		}
-		h, err := dd.Register(fmt.Sprintf("js-%s-r%d", v, r), dedup.WithMode(mode), dedup.WithRetention(retention))
+		h, err := b.dd.Register(fmt.Sprintf("js-%s-r%d", v, r), dedup.WithMode(mode), dedup.WithRetention(retention))
 		if err != nil {
 			return nil, nil, err
 		}

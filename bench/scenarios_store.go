@@ -47,14 +47,12 @@ const (
 
 // Store variants of scenario b.
 const (
-	varFilter       = "dedup-filter"
-	varDo           = "dedup-do"
-	varFilterDirect = "dedup-filter-direct" // on direct connections (dedup.WithDirectConnections)
-	varDoDirect     = "dedup-do-direct"
-	varNaive        = "naive-setnx"
-	varRueidis      = "rueidis-setnx"       // one SET NX PX per call, on rueidis
-	varRueidis2     = "rueidis-setnx-setxx" // SET NX PX, then SET XX PX, on rueidis
-	varGoAuto       = "goredis-auto-setnx"  // one SetNX per call, through go-redis's AutoPipeline
+	varFilter   = "dedup-filter"
+	varDo       = "dedup-do"
+	varNaive    = "naive-setnx"
+	varRueidis  = "rueidis-setnx"       // one SET NX PX per call, on rueidis
+	varRueidis2 = "rueidis-setnx-setxx" // SET NX PX, then SET XX PX, on rueidis
+	varGoAuto   = "goredis-auto-setnx"  // one SetNX per call, through go-redis's AutoPipeline
 	// varMarkMany is the store's MarkMany of markManyKeys new keys per call from
 	// markManyConc goroutines (issue 22: the batch path against the ceiling); its
 	// rate is in keys.
@@ -64,16 +62,15 @@ const (
 )
 
 // storeVariants are scenario b's, in the order of the report.
-var storeVariants = []string{varFilter, varDo, varFilterDirect, varDoDirect, varNaive, varRueidis, varRueidis2, varGoAuto}
+var storeVariants = []string{varFilter, varDo, varNaive, varRueidis, varRueidis2, varGoAuto}
 
 // noop is the handler fn of Do: the bench measures what dedup costs, not work.
 func noop(context.Context) error { return nil }
 
 // storeState is what scenario b keeps across rounds.
 type storeState struct {
-	filter, do             *dedup.Handler
-	filterDirect, doDirect *dedup.Handler
-	redisBench             string // redis-benchmark's path; empty when the ceiling is skipped
+	filter, do *dedup.Handler
+	redisBench string // redis-benchmark's path; empty when the ceiling is skipped
 }
 
 func (b *bench) setupStore(ctx context.Context) error {
@@ -83,12 +80,6 @@ func (b *bench) setupStore(ctx context.Context) error {
 		return err
 	}
 	if st.do, err = b.dd.Register("do", dedup.WithMode(dedup.ModeDo), dedup.WithRetention(retention)); err != nil {
-		return err
-	}
-	if st.filterDirect, err = b.ddDirect.Register("filter-direct", dedup.WithMode(dedup.ModeFilter), dedup.WithRetention(retention)); err != nil {
-		return err
-	}
-	if st.doDirect, err = b.ddDirect.Register("do-direct", dedup.WithMode(dedup.ModeDo), dedup.WithRetention(retention)); err != nil {
 		return err
 	}
 	switch path, lerr := exec.LookPath("redis-benchmark"); {
@@ -113,11 +104,8 @@ func (b *bench) setupStore(ctx context.Context) error {
 // storeOp returns variant's operation on the new keys of km.
 func (b *bench) storeOp(variant string, km keyMaker) op {
 	switch variant {
-	case varFilter, varFilterDirect:
+	case varFilter:
 		h := b.store.filter
-		if variant == varFilterDirect {
-			h = b.store.filterDirect
-		}
 		return func(ctx context.Context, w, i int) error {
 			res, err := h.Mark(ctx, km.key(w, i))
 			if err == nil && res.Outcome != dedup.First {
@@ -125,11 +113,8 @@ func (b *bench) storeOp(variant string, km keyMaker) op {
 			}
 			return err
 		}
-	case varDo, varDoDirect:
+	case varDo:
 		h := b.store.do
-		if variant == varDoDirect {
-			h = b.store.doDirect
-		}
 		return func(ctx context.Context, w, i int) error {
 			res, err := h.Do(ctx, km.key(w, i), noop)
 			if err == nil && res.Outcome != dedup.Processed {

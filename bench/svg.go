@@ -96,7 +96,7 @@ var palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#
 // variantColours keep a variant's colour the same in every panel.
 var variantColours = map[string]string{
 	varFilter: "#1f77b4", varDo: "#ff7f0e", varNaive: "#2ca02c", jsVariants[0]: "#7f7f7f",
-	varFilterDirect: "#9467bd", varDoDirect: "#8c564b", varRueidis: "#e377c2", varRueidis2: "#17becf",
+	varRueidis: "#e377c2", varRueidis2: "#17becf",
 	varGoAuto: "#bcbd22",
 }
 

@@ -137,14 +137,13 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 	}
 }
 
-// Single Completes that queue in the auto-pipeliner go out merged, as complete_many
-// calls, and each gets the complete script's answer: DONE for its owner, ErrLeaseLost
-// for a wrong token; also after the server lost its script cache.
-func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
+// Concurrent single Completes, which share round trips through go-redis's
+// AutoPipeline, each get the complete script's answer: DONE for its owner,
+// ErrLeaseLost for a wrong token; also after the server lost its script cache.
+func TestAutoPipelinedCompletes(t *testing.T) {
 	for name, mk := range countedRedis(t) {
 		t.Run(name, func(t *testing.T) {
 			s, tc, prefix := mk(t)
-			s.pipe = newAutoPipe(s, DefaultPipelineBatch, 1) // one round trip at a time: the rest queue
 			ctx := context.Background()
 			if !s.batchScripts(ctx) { // the probe: a server, not a proxy
 				t.Fatal("batch scripts off on a Redis server")
@@ -152,7 +151,7 @@ func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
 			const n = 200
 			key := func(i int) string { return fmt.Sprintf("%s:h:%d", prefix, i) }
 			for round := range 2 {
-				if round == 1 { // the server lost its scripts: merged calls go again as EVAL
+				if round == 1 { // the server lost its scripts: the calls go again as EVAL
 					if err := s.c.ScriptFlush(ctx).Err(); err != nil {
 						t.Fatal(err)
 					}
@@ -178,8 +177,8 @@ func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
 				}
 				wg.Wait()
 				trips, cmds, sent := tc.Trips(), tc.Cmds(), tc.String()
-				if round == 0 && cmds >= n/2 {
-					t.Fatalf("%d completes sent as %d commands (%s): want them merged", n, cmds, sent)
+				if trips >= n/2 {
+					t.Fatalf("%d concurrent completes in %d round trips (%s): want them to share round trips", n, trips, sent)
 				}
 				t.Logf("round %d: %d completes in %d round trips carrying %d commands (%s)", round, n, trips, cmds, sent)
 				for i, err := range errs {
@@ -356,21 +355,6 @@ func TestCompleteManyKeyOfAnotherTypeFailsAlone(t *testing.T) {
 						t.Fatalf("key %d: %q, want DONE", i, v)
 					}
 				}
-			}
-		})
-	}
-}
-
-// The probe reads INFO on direct connections too (their codec reads plain Cmds
-// only): a store on them uses the batch scripts. From a bench run in which it did
-// not, and the Do handler's completions went one script per key.
-func TestBatchScriptsOnDirectConnections(t *testing.T) {
-	_, mc := newMiniredis(t)
-	for name, c := range map[string]*redis.Client{"miniredis": mc, "redis-server": realRedis(t, testenv.Prefix())} {
-		t.Run(name, func(t *testing.T) {
-			s := directStore(t, c)
-			if !s.batchScripts(context.Background()) || s.scripts.Load() != scriptsOn {
-				t.Fatalf("batch scripts off on direct connections to a Redis server (state %d)", s.scripts.Load())
 			}
 		})
 	}

@@ -58,28 +58,7 @@ func storeBackends() []backendFactory {
 			return backend{store: s, prefix: prefix, advance: time.Sleep, rdb: c}
 		}},
 		{"redis-cluster", clusterBackend},
-		{"miniredis-direct", func(t *testing.T) backend {
-			m, c := newMiniredis(t)
-			return backend{store: directStore(t, c), prefix: testenv.Prefix(), advance: m.FastForward, rdb: c}
-		}},
-		{"redis-server-direct", func(t *testing.T) backend {
-			prefix := testenv.Prefix()
-			c := realRedis(t, prefix)
-			return backend{store: directStore(t, c), prefix: prefix, advance: time.Sleep, rdb: c}
-		}},
 	}
-}
-
-// directStore is a RedisStore over c on direct connections (WithDirectConnections),
-// closed at the end of the test.
-func directStore(t testing.TB, c *redis.Client, opts ...RedisOption) *RedisStore {
-	t.Helper()
-	s, err := NewRedisStore(c, append([]RedisOption{WithDirectConnections()}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 // Durations are short so that the real server, which can only sleep, stays fast; the

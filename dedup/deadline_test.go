@@ -23,6 +23,7 @@ func TestEveryCallReturnsByItsDeadlineAgainstASilentRedis(t *testing.T) {
 		"default client":           {},
 		"ContextTimeoutEnabled":    {ContextTimeoutEnabled: true},
 		"no retries, long timeout": {MaxRetries: -1, ReadTimeout: time.Minute},
+		"no read deadline at all":  {ReadTimeout: -2, WriteTimeout: -2},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

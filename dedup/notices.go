@@ -367,3 +367,18 @@ func (d *Deduper) noticeHealth() (HealthCheck, bool) {
 	}
 	return HealthCheck{Name: CheckForgetNotices, Status: HealthOK, Value: "subscribed"}, true
 }
+
+// sleepCtx sleeps for d, or until ctx ends (then its cause).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}

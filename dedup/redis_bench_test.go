@@ -77,15 +77,7 @@ func BenchmarkRedisDo(b *testing.B) {
 	c, prefix := benchRedis(b)
 	tc := &testenv.TripCounter{}
 	c.AddHook(tc)
-	var opts []RedisOption
-	if v := os.Getenv("DEDUP_BENCH_PIPELINE"); v != "" { // batch,inFlight
-		var batch, inFlight int
-		if _, err := fmt.Sscanf(v, "%d,%d", &batch, &inFlight); err != nil {
-			b.Fatalf("DEDUP_BENCH_PIPELINE=%q: want batch,inFlight", v)
-		}
-		opts = append(opts, WithAutoPipeline(batch, inFlight))
-	}
-	s, _ := NewRedisStore(c, opts...)
+	s, _ := NewRedisStore(c)
 	d, err := New(s, WithPrefix(prefix))
 	if err != nil {
 		b.Fatal(err)

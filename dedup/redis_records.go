@@ -28,9 +28,8 @@ var (
 const scanCount = 1000
 
 // Lookup implements RecordStore: one lookup script per key (GET and PTTL, read
-// together; one key each, so it runs on Redis Cluster), all in one round trip,
-// coalesced with concurrent calls by the auto-pipeliner (a handler's former names on
-// a miss share round trips as its claims do), or a pipeline of its own without it.
+// together; one key each, so it runs on Redis Cluster), all in one pipeline; a
+// Lookup of one key goes as a single call does (through the AutoPipeline).
 func (s *RedisStore) Lookup(ctx context.Context, keys []string) ([]Record, error) {
 	switch len(keys) {
 	case 0:
@@ -38,11 +37,7 @@ func (s *RedisStore) Lookup(ctx context.Context, keys []string) ([]Record, error
 	case 1:
 		return []Record{s.lookupOne(ctx, keys[0])}, nil
 	}
-	send := s.exec
-	if s.pipe != nil {
-		send = s.pipe.doAll
-	}
-	cmds, err := s.runScriptsVia(ctx, send, lookupScript, lookupLua, keyEntries(keys), func(Entry) []any { return nil })
+	cmds, err := s.runScriptsVia(ctx, s.exec, lookupScript, lookupLua, keyEntries(keys), func(Entry) []any { return nil })
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +55,7 @@ func (s *RedisStore) Lookup(ctx context.Context, keys []string) ([]Record, error
 	return out, nil
 }
 
-// lookupOne looks up one key through send (the auto-pipeliner).
+// lookupOne looks up one key through send (the AutoPipeline, unless it is off).
 func (s *RedisStore) lookupOne(ctx context.Context, key string) Record {
 	cmd, err := s.eval(ctx, lookupScript, lookupLua, key)
 	switch {
@@ -157,8 +152,7 @@ func forgetReply(v any) Record {
 // CountRecords implements RecordStore with SCAN (MATCH <prefix>:* or
 // <prefix>:<handler>:*, COUNT scanCount) on the server, on every master of a Redis
 // Cluster, and on every shard of a Ring. It counts the keys of the form
-// <prefix>:<handler>:<key> with a valid handler name. It goes through the client,
-// also WithDirectConnections.
+// <prefix>:<handler>:<key> with a valid handler name.
 func (s *RedisStore) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
 	if err := keys.ValidatePrefix(prefix); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)

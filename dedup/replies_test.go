@@ -12,7 +12,7 @@ import (
 )
 
 // replyBackends are the stores the stored-reply tests run on: both kinds of store,
-// Redis on its three paths (go-redis, a Cluster, the direct connections' codec).
+// Redis on its two paths (go-redis, a Cluster).
 func replyBackends() []backendFactory {
 	var out []backendFactory
 	for _, bf := range storeBackends() {

@@ -37,13 +37,12 @@ type retryOp struct {
 func retryOps() []retryOp {
 	const ttl = 30 * time.Second
 	// own runs one store call (claim or mark) and tells whether it was Acquired.
-	own := func(call func(s *RedisStore, ctx context.Context, key, token string) (Answer, error), opts ...RedisOption) func(context.Context, *redis.Client, string, string) (bool, error) {
+	own := func(call func(s *RedisStore, ctx context.Context, key, token string) (Answer, error)) func(context.Context, *redis.Client, string, string) (bool, error) {
 		return func(ctx context.Context, c *redis.Client, key, token string) (bool, error) {
-			s, err := NewRedisStore(c, opts...)
+			s, err := NewRedisStore(c)
 			if err != nil {
 				return false, err
 			}
-			defer s.Close()
 			a, err := call(s, ctx, key, token)
 			return err == nil && a.Status == StatusAcquired, err
 		}
@@ -54,19 +53,13 @@ func retryOps() []retryOp {
 	mark := func(s *RedisStore, ctx context.Context, key, token string) (Answer, error) {
 		return s.Mark(ctx, key, token, "", ttl)
 	}
-	var ops []retryOp
-	// through go-redis, and on the store's own connections (its retries)
-	for _, v := range []struct {
-		suffix string
-		opts   []RedisOption
-	}{{"", nil}, {"-direct", []RedisOption{WithDirectConnections()}}} {
-		ops = append(ops,
-			retryOp{name: "Claim" + v.suffix, run: own(claim, v.opts...), recordPrefix: func(token string) string { return "p:" + token + ":" }},
-			retryOp{name: "Mark" + v.suffix, run: own(mark, v.opts...), recordPrefix: func(token string) string { return "d:" + token + ":" }})
+	return []retryOp{
+		{name: "Claim", run: own(claim), recordPrefix: func(token string) string { return "p:" + token + ":" }},
+		{name: "Mark", run: own(mark), recordPrefix: func(token string) string { return "d:" + token + ":" }},
+		{name: "naive-SETNX", naive: true, run: func(ctx context.Context, c *redis.Client, key, _ string) (bool, error) {
+			return c.SetNX(ctx, key, "1", ttl).Result() // false = "duplicate"
+		}, recordPrefix: func(string) string { return "1" }},
 	}
-	return append(ops, retryOp{name: "naive-SETNX", naive: true, run: func(ctx context.Context, c *redis.Client, key, _ string) (bool, error) {
-		return c.SetNX(ctx, key, "1", ttl).Result() // false = "duplicate"
-	}, recordPrefix: func(string) string { return "1" }})
 }
 
 // replyDropper is shared by every connection a client dials. When armed, the next Read
@@ -133,7 +126,7 @@ func (c *dropConn) timeout() error {
 // firstReplyOK reports whether a dropped reply is what op's first attempt on a fresh
 // key answers (RESP2 or RESP3): proof that the lost read was the trial's own reply.
 func firstReplyOK(op string, reply string) bool {
-	switch strings.TrimSuffix(op, "-direct") {
+	switch op {
 	case "Claim", "Mark": // SET NX PX GET on a free key
 		return reply == "_\r\n" || reply == "$-1\r\n"
 	default:

@@ -143,6 +143,20 @@ func TestTLSConformance(t *testing.T) {
 	}
 }
 
+// Every Store operation, the batch forms and the EVAL fallback run over TLS.
+func TestTLSStoreFlow(t *testing.T) {
+	t.Parallel()
+	pki := newTestPKI(t)
+	c := tlsClient(t, spawnTLSRedis(t, pki), pki)
+	st, err := NewRedisStore(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := storeFlow(context.Background(), st, c, testenv.Prefix()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A Deduper runs over TLS; a client that does not trust the server's CA, or that
 // speaks plain TCP, gets a store error and fn does not run (fail closed).
 func TestTLSDeduper(t *testing.T) {
