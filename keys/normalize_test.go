@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-func TestNormalize(t *testing.T) {
+func TestNormalizeKeepsPlainKeysAndHashesTheRest(t *testing.T) {
 	plain64 := strings.Repeat("a", 64)
 	tests := []struct {
 		name, raw, want string
@@ -32,7 +32,7 @@ func TestNormalize(t *testing.T) {
 }
 
 // Every byte outside the plain set forces the hashed form; every byte inside keeps the plain one.
-func TestNormalizeCharset(t *testing.T) {
+func TestNormalizeHashesEveryByteOutsideThePlainSet(t *testing.T) {
 	const plainSet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:/@=+-"
 	for c := 0; c < 256; c++ {
 		raw := "k" + string([]byte{byte(c)})
@@ -47,7 +47,7 @@ func TestNormalizeCharset(t *testing.T) {
 	}
 }
 
-func TestNormalizePlainNoAlloc(t *testing.T) {
+func TestNormalizeOfAPlainKeyDoesNotAllocate(t *testing.T) {
 	raw := strings.Repeat("a", MaxPlainLen)
 	var got string
 	if n := testing.AllocsPerRun(100, func() { got = Normalize(raw) }); n != 0 {
@@ -58,7 +58,7 @@ func TestNormalizePlainNoAlloc(t *testing.T) {
 	}
 }
 
-func TestRecordKey(t *testing.T) {
+func TestRecordKeyIsPrefixHandlerAndNormalizedKey(t *testing.T) {
 	tests := []struct {
 		prefix, handler, raw, want string
 	}{
@@ -77,7 +77,7 @@ func TestRecordKey(t *testing.T) {
 	}
 }
 
-func TestValidateName(t *testing.T) {
+func TestValidateNameRefusesEmptyLongAndOutOfSetNames(t *testing.T) {
 	long := strings.Repeat("n", MaxNameLen+1)
 	tests := []struct {
 		name, wantErr string
@@ -98,7 +98,7 @@ func TestValidateName(t *testing.T) {
 	}
 }
 
-func TestValidatePrefix(t *testing.T) {
+func TestValidatePrefixRefusesSeparatorsGlobsAndLongPrefixes(t *testing.T) {
 	tests := []struct {
 		prefix, wantErr string
 	}{

@@ -13,7 +13,7 @@ type validatorFunc struct{ err error }
 func (validatorFunc) Key(Message) string { return "v" }
 func (v validatorFunc) Validate() error  { return v.err }
 
-func TestStrategyKey(t *testing.T) {
+func TestStrategiesDeriveTheirKeysFromTheMessage(t *testing.T) {
 	msg := Raw{
 		Headers: map[string]string{
 			"Nats-Msg-Id":      "msg-1",
@@ -79,7 +79,7 @@ func TestStrategyKey(t *testing.T) {
 	}
 }
 
-func TestStrategyValidate(t *testing.T) {
+func TestStrategyValidateNamesTheMisconfiguredPart(t *testing.T) {
 	userErr := errors.New("user: bad config")
 	tests := []struct {
 		name    string
@@ -135,7 +135,7 @@ func TestStrategyValidate(t *testing.T) {
 }
 
 // Strategies that cannot be misconfigured do not pretend to validate.
-func TestStrategyNoValidator(t *testing.T) {
+func TestStrategiesThatCannotBeMisconfiguredDoNotValidate(t *testing.T) {
 	for _, s := range []Strategy{Payload(), CorrelationID()} {
 		if _, ok := s.(Validator); ok {
 			t.Errorf("%T implements Validator", s)
@@ -144,7 +144,7 @@ func TestStrategyNoValidator(t *testing.T) {
 }
 
 // Composite and FirstOf copy their argument slices.
-func TestStrategyListCopied(t *testing.T) {
+func TestCompositeAndFirstOfCopyTheirArguments(t *testing.T) {
 	msg := Raw{Headers: map[string]string{"a": "1", "b": "2"}}
 	parts := []Strategy{Header("a"), Header("b")}
 	c, f := Composite(parts...), FirstOf(parts...)
@@ -157,7 +157,7 @@ func TestStrategyListCopied(t *testing.T) {
 	}
 }
 
-func TestStrategyHugeInput(t *testing.T) {
+func TestStrategiesKeepAHugeInputWholeUntilNormalized(t *testing.T) {
 	big := strings.Repeat("\x00|:~{} \n\xff", 1<<17) // ~1.2 MB
 	msg := Raw{Headers: map[string]string{"h": big}, Body: []byte(big)}
 	if got := Header("h").Key(msg); got != big {
@@ -176,7 +176,7 @@ func TestStrategyHugeInput(t *testing.T) {
 }
 
 // Payload must not modify the message's data.
-func TestPayloadReadOnly(t *testing.T) {
+func TestPayloadDoesNotModifyTheMessageData(t *testing.T) {
 	body := []byte("payload\x00\xff")
 	orig := string(body)
 	Payload().Key(Raw{Body: body})
@@ -185,7 +185,7 @@ func TestPayloadReadOnly(t *testing.T) {
 	}
 }
 
-func TestStrategyConcurrent(t *testing.T) {
+func TestStrategyIsSafeForConcurrentUse(t *testing.T) {
 	s := FirstOf(Header("Missing"), Composite(Header("a"), Payload()))
 	msg := Raw{Headers: map[string]string{"a": "x"}, Body: []byte("hello")}
 	want := s.Key(msg)

@@ -24,7 +24,7 @@ func newBytes(t *testing.T, budget int64, ttl time.Duration, opts ...lru.Option)
 // cost is what an entry counts against the budget.
 func cost(k, v string) int64 { return int64(len(k)+len(v)) + lru.BytesEntryOverhead }
 
-func TestNewBytesInvalid(t *testing.T) {
+func TestNewBytesRefusesInvalidSettings(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
 		budget int64
@@ -47,7 +47,7 @@ func TestNewBytesInvalid(t *testing.T) {
 
 // The budget counts bytes, not entries: many small values fit where one large one
 // evicts them, the least recently used first, and the size never passes the budget.
-func TestBytesBudget(t *testing.T) {
+func TestBytesBudgetCountsBytesNotEntries(t *testing.T) {
 	small := strings.Repeat("s", 100)
 	budget := 4 * cost("k0", small)
 	b := newBytes(t, budget, time.Hour)
@@ -85,7 +85,7 @@ func TestBytesBudget(t *testing.T) {
 	}
 }
 
-func TestBytesReplaceAndRemove(t *testing.T) {
+func TestBytesReplaceRemoveAndCloseKeepTheSizeExact(t *testing.T) {
 	b := newBytes(t, 1<<20, time.Hour)
 	b.Add("a#1", "one")
 	b.Add("a#1", "uno")
@@ -113,7 +113,7 @@ func TestBytesReplaceAndRemove(t *testing.T) {
 	b.Close() // idempotent
 }
 
-func TestBytesExpiry(t *testing.T) {
+func TestBytesEntriesExpireAtTheirTTLOrAddForDuration(t *testing.T) {
 	var clk fakeClock
 	b := newBytes(t, 1<<20, time.Minute, lru.WithClock(clk.Now))
 	b.Add("a", "1")
@@ -146,7 +146,7 @@ func TestBytesExpiry(t *testing.T) {
 
 // Concurrent use under -race: the size stays within the budget and matches what is
 // held.
-func TestBytesConcurrent(t *testing.T) {
+func TestBytesSizeStaysWithinBudgetUnderConcurrentUse(t *testing.T) {
 	const budget = 64 << 10
 	b := newBytes(t, budget, time.Hour)
 	var wg sync.WaitGroup

@@ -165,7 +165,7 @@ func TestCoarseClockReleaseWaitsForAHaltedGoroutine(t *testing.T) {
 // A release racing with a tick leaves the clock halted: a tick that read
 // "used" before the release must not store a time after it, or reads would
 // get that time for ever, with no goroutine to advance it.
-func TestCoarseClockReleaseRacingATick(t *testing.T) {
+func TestCoarseClockReleaseRacingATickLeavesItHalted(t *testing.T) {
 	var k coarseClock
 	rng := rand.New(rand.NewPCG(7, 7))
 	for i := range 300 {
@@ -184,7 +184,7 @@ func TestCoarseClockReleaseRacingATick(t *testing.T) {
 // A Cache on the default clock keeps a key for its TTL, judged by a coarse
 // clock that never runs ahead; AddFor shortens a key's life however short
 // the TTL; closing the last Cache stops the clock's goroutine.
-func TestDefaultClockExpiryAndClose(t *testing.T) {
+func TestDefaultClockKeepsKeysForTheirTTLAndStopsAtClose(t *testing.T) {
 	const ttl = 50 * time.Millisecond
 	c, err := New(16, ttl)
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 
 // The hit path's cost rests on these sizes: a node and a group each fill
 // exactly one cache line, and shards do not share lines.
-func TestLayout(t *testing.T) {
+func TestNodesAndGroupsFillOneCacheLineEach(t *testing.T) {
 	if s := unsafe.Sizeof(node{}); s != 64 {
 		t.Errorf("node is %d bytes, want 64", s)
 	}

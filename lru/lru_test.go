@@ -31,7 +31,7 @@ func newCache(t *testing.T, size int, ttl time.Duration, opts ...lru.Option) *lr
 
 func key(i int) string { return fmt.Sprintf("key-%d", i) }
 
-func TestNewInvalid(t *testing.T) {
+func TestNewRefusesInvalidSettingsNamingThem(t *testing.T) {
 	tests := []struct {
 		name    string
 		size    int
@@ -65,7 +65,7 @@ func TestNewInvalid(t *testing.T) {
 	}
 }
 
-func TestCap(t *testing.T) {
+func TestCapRoundsUpToWholeShards(t *testing.T) {
 	tests := []struct {
 		size    int
 		opts    []lru.Option
@@ -86,7 +86,7 @@ func TestCap(t *testing.T) {
 	}
 }
 
-func TestAddContains(t *testing.T) {
+func TestContainsFindsExactlyTheAddedKeys(t *testing.T) {
 	c := newCache(t, 100, time.Minute)
 	if c.Contains("a") {
 		t.Fatal("empty cache contains a")
@@ -106,7 +106,7 @@ func TestAddContains(t *testing.T) {
 }
 
 // Keys up to 39 bytes live inside their node, longer ones beside it.
-func TestKeyLengths(t *testing.T) {
+func TestShortAndLongKeysAreBothHeldExactly(t *testing.T) {
 	c := newCache(t, 64, time.Minute, lru.WithShards(1))
 	long := strings.Repeat("x", 100)
 	var added []string
@@ -143,7 +143,7 @@ func TestAddCopiesKey(t *testing.T) {
 	}
 }
 
-func TestBound(t *testing.T) {
+func TestLenNeverExceedsCap(t *testing.T) {
 	for _, shards := range []int{1, 4, 64} {
 		t.Run(fmt.Sprintf("shards:%d", shards), func(t *testing.T) {
 			c := newCache(t, 1000, time.Hour, lru.WithShards(shards))
@@ -174,7 +174,7 @@ func TestBound(t *testing.T) {
 	}
 }
 
-func TestTTL(t *testing.T) {
+func TestKeyExpiresAtItsTTL(t *testing.T) {
 	clk := &fakeClock{}
 	c := newCache(t, 8, 10*time.Second, lru.WithClock(clk.Now), lru.WithShards(1))
 	c.Add("a")
@@ -195,7 +195,7 @@ func TestTTL(t *testing.T) {
 	}
 }
 
-func TestRefresh(t *testing.T) {
+func TestAddingAgainRefreshesTheTTL(t *testing.T) {
 	clk := &fakeClock{}
 	c := newCache(t, 8, 10*time.Second, lru.WithClock(clk.Now))
 	c.Add("a")
@@ -212,7 +212,7 @@ func TestRefresh(t *testing.T) {
 }
 
 // CLOCK: a key read since the hand last passed gets a second chance.
-func TestSecondChance(t *testing.T) {
+func TestReadKeyGetsASecondChance(t *testing.T) {
 	c := newCache(t, 8, time.Hour, lru.WithShards(1))
 	for i := range 8 {
 		c.Add(key(i))
@@ -252,7 +252,7 @@ func TestEvictsExpiredFirst(t *testing.T) {
 }
 
 // Over a larger cache, keys read between insert waves outlive those not read.
-func TestReferencedSurvive(t *testing.T) {
+func TestReadKeysOutliveUnreadOnes(t *testing.T) {
 	c := newCache(t, 1024, time.Hour, lru.WithShards(4))
 	for i := range c.Cap() {
 		c.Add(key(i))
@@ -278,7 +278,7 @@ func TestReferencedSurvive(t *testing.T) {
 	}
 }
 
-func TestRemove(t *testing.T) {
+func TestRemoveFreesTheKeysSlot(t *testing.T) {
 	c := newCache(t, 4, time.Hour, lru.WithShards(1))
 	c.Remove("missing")
 	for _, k := range []string{"a", "b", "c", "d"} {
@@ -302,7 +302,7 @@ func TestRemove(t *testing.T) {
 
 // RemovePrefix deletes exactly the keys with the prefix, long (kept outside
 // the node) and short alike, in every shard, and frees their slots.
-func TestRemovePrefix(t *testing.T) {
+func TestRemovePrefixDeletesExactlyThePrefixedKeys(t *testing.T) {
 	c := newCache(t, 64, time.Hour, lru.WithShards(4))
 	long := strings.Repeat("x", 50)
 	keep := []string{"a", "ab", "b#a", "a-1", "b", long, "a" + long[:1]}
@@ -360,7 +360,7 @@ func TestRemovePrefixFreesSlots(t *testing.T) {
 
 // Churn through removals and re-adds in one shard exercises tombstones and
 // table rebuilds; every key added and not removed must stay visible.
-func TestRemoveChurn(t *testing.T) {
+func TestKeysStayVisibleThroughRemovalChurn(t *testing.T) {
 	c := newCache(t, 64, time.Hour, lru.WithShards(1))
 	live := map[string]bool{}
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -390,7 +390,7 @@ func TestRemoveChurn(t *testing.T) {
 // Random operations with eviction and expiry: Contains may forget, but must
 // never claim a key that was not added within the TTL, and an Add is always
 // visible right after.
-func TestNoFalsePositives(t *testing.T) {
+func TestContainsNeverReportsAKeyNotAddedWithinTheTTL(t *testing.T) {
 	clk := &fakeClock{}
 	const ttl = 100 * time.Millisecond
 	c := newCache(t, 32, ttl, lru.WithClock(clk.Now), lru.WithShards(2))
@@ -422,7 +422,7 @@ func TestNoFalsePositives(t *testing.T) {
 	}
 }
 
-func TestClose(t *testing.T) {
+func TestClosedCacheHoldsNothing(t *testing.T) {
 	c, err := lru.New(10, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -443,7 +443,7 @@ func TestClose(t *testing.T) {
 	}
 }
 
-func TestHitAllocs(t *testing.T) {
+func TestContainsDoesNotAllocate(t *testing.T) {
 	c := newCache(t, 1000, time.Hour)
 	keys := make([]string, 100)
 	for i := range keys {
@@ -463,7 +463,7 @@ func TestHitAllocs(t *testing.T) {
 	}
 }
 
-func TestConcurrent(t *testing.T) {
+func TestConcurrentAddsStayVisibleUnderEviction(t *testing.T) {
 	const workers, perWorker = 8, 2000
 	// Big enough that no shard evicts: each worker's own keys must stay.
 	big := newCache(t, 16*workers*perWorker, time.Hour, lru.WithShards(8))
@@ -512,7 +512,7 @@ func TestConcurrent(t *testing.T) {
 }
 
 // Close racing with readers and writers must neither crash nor race.
-func TestConcurrentClose(t *testing.T) {
+func TestCloseRacingReadersAndWritersIsSafe(t *testing.T) {
 	c, err := lru.New(64, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -536,7 +536,7 @@ func TestConcurrentClose(t *testing.T) {
 	}
 }
 
-func TestAddFor(t *testing.T) {
+func TestAddForExpiresAtItsOwnTTLCappedByTheCaches(t *testing.T) {
 	clk := &fakeClock{}
 	c := newCache(t, 8, 10*time.Second, lru.WithClock(clk.Now), lru.WithShards(1))
 	c.AddFor("short", 2*time.Second)

@@ -148,7 +148,7 @@ type shard struct {
 	used   int     // buckets not empty: live nodes plus tombstones
 	maxGrp int     // most groups: buckets at least twice the capacity
 	closed bool
-	_      [24]byte // to a multiple of 64 bytes; see TestLayout
+	_      [24]byte // to a multiple of 64 bytes; see TestNodesAndGroupsFillOneCacheLineEach
 }
 
 // entry is a ring position: a node (nil when free) and its key's hash.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -98,7 +99,7 @@ func consumerWith(ackWait time.Duration, maxDeliver int, backoff ...time.Duratio
 	}}}
 }
 
-func TestOutcomeActions(t *testing.T) {
+func TestEachOutcomeGetsItsAckAction(t *testing.T) {
 	boom := errors.New("boom")
 	failing := func(context.Context, *Msg) error { return boom }
 	type exhaustedCall struct {
@@ -366,7 +367,7 @@ func TestExhaustedWithoutHookIsLogged(t *testing.T) {
 
 // While a handler runs, the message is marked in progress every interval; after the
 // ack, never again.
-func TestInProgressWhileRunning(t *testing.T) {
+func TestMessageIsMarkedInProgressWhileItsHandlerRuns(t *testing.T) {
 	h := register(t, newDeduper(t, memStore(t)), "orders")
 	j := newJS(t, h, consumerWith(time.Second, 5), WithProgressEvery(5*time.Millisecond))
 	m := newFake("order-1", "a", 1)
@@ -431,7 +432,7 @@ func (b fakeBatch) Messages() <-chan jetstream.Msg { return b.ch }
 func (b fakeBatch) Error() error                   { return b.err }
 
 // Every message of a batch is acknowledged by its own outcome.
-func TestHandleBatchActions(t *testing.T) {
+func TestEachBatchMessageIsAcknowledgedByItsOwnOutcome(t *testing.T) {
 	store := memStore(t)
 	h := register(t, newDeduper(t, store), "orders")
 	j := newJS(t, h, consumerWith(time.Second, 5), WithKeyStrategy(keys.Header("Order-Id")),
@@ -516,7 +517,7 @@ func TestBatchProgressSkipsSettledMessages(t *testing.T) {
 // jetstream.Msg.Metadata call) is read only when something needs it, and once: a
 // message handled and acked by its Nats-Msg-Id needs none, a failed one reads it once
 // for its backoff however often it is asked, and the fn sees the same values.
-func TestMetadataReadOnlyWhenNeeded(t *testing.T) {
+func TestMetadataIsReadOnlyWhenNeededAndOnce(t *testing.T) {
 	h := register(t, newDeduper(t, memStore(t)), "orders")
 	j := newJS(t, h, consumerWith(time.Second, 5), WithBackoff(func(n uint64) time.Duration { return time.Duration(n) * time.Second }))
 	ok := newFake("order-1", "a", 1)
@@ -541,5 +542,61 @@ func TestMetadataReadOnlyWhenNeeded(t *testing.T) {
 	}
 	if n := failed.parsed.Load(); n != 1 {
 		t.Errorf("metadata read %d times, want once", n)
+	}
+}
+
+// AckAll would let a later Ack confirm an earlier Nak'ed message; AckNone cannot
+// redeliver. Only explicit acks are accepted.
+func TestNewJetStreamNeedsExplicitAcks(t *testing.T) {
+	h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithRetention(time.Hour))
+	for _, p := range []jetstream.AckPolicy{jetstream.AckAllPolicy, jetstream.AckNonePolicy} {
+		c := consumerWith(time.Second, 5)
+		c.info.Config.AckPolicy = p
+		_, err := NewJetStream(h, c)
+		if !errors.Is(err, dedup.ErrInvalidOption) || !strings.Contains(err.Error(), "AckExplicitPolicy") {
+			t.Errorf("ack policy %v: %v", p, err)
+		}
+	}
+	if _, err := NewJetStream(h, consumerWith(time.Second, 5)); err != nil {
+		t.Fatalf("explicit acks: %v", err)
+	}
+}
+
+// A handler that ends its goroutine (runtime.Goexit, as t.FailNow does) must not
+// leave its message signalled in progress forever; the message is Nak'ed, as after a
+// panic, rather than left for AckWait.
+func TestProgressStopsAndTheMessageIsNakedWhenTheHandlerExits(t *testing.T) {
+	h := register(t, newDeduper(t, memStore(t)), "orders", dedup.WithRetention(time.Hour))
+	a, err := NewJetStream(h, consumerWith(time.Second, 5), WithProgressEvery(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := newFake("order-1", "a", 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.Handle(context.Background(), msg, func(context.Context, *Msg) error {
+			// a few signals while it runs: waited for, as a loaded machine can hold the
+			// 10ms timer up past any fixed sleep (35ms once saw none)
+			for deadline := time.Now().Add(10 * time.Second); msg.progress.Load() < 3; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Error("no in-progress signals within 10s")
+					break
+				}
+			}
+			runtime.Goexit()
+			return nil
+		})
+	}()
+	<-done
+	before := msg.progress.Load()
+	time.Sleep(100 * time.Millisecond)
+	if after := msg.progress.Load(); after != before || before == 0 {
+		t.Fatalf("in-progress signals %d while running, %d after the handler exited", before, after-before)
+	}
+	msg.mu.Lock()
+	defer msg.mu.Unlock()
+	if len(msg.acks) != 1 || msg.acks[0] != "nak" {
+		t.Fatalf("acks %q, want one nak", msg.acks)
 	}
 }

@@ -122,7 +122,7 @@ func TestHandlerConcurrencyOneKeepsOrder(t *testing.T) {
 }
 
 // Wait returns only once every message handed to the Handler has been acknowledged.
-func TestWaitCoversMessagesInHand(t *testing.T) {
+func TestWaitReturnsOnceEveryMessageInHandIsAcknowledged(t *testing.T) {
 	forModes(t, func(t *testing.T, mode dedup.Mode) {
 		eachServer(t, func(t *testing.T, e *env) {
 			c, j := handlerJS(t, e, "orders", memStore(t), mode)
@@ -154,7 +154,7 @@ func TestWaitCoversMessagesInHand(t *testing.T) {
 	})
 }
 
-func TestWithConcurrencyBounds(t *testing.T) {
+func TestWithConcurrencyOutsideOneToMaxIsInvalid(t *testing.T) {
 	h := register(t, newDeduper(t, memStore(t)), "orders")
 	for _, n := range []int{0, -1, MaxConcurrency + 1} {
 		if _, err := NewCore(h, WithConcurrency(n)); !errors.Is(err, dedup.ErrInvalidOption) {
@@ -314,7 +314,7 @@ func testBatchAcksEachMessageWhenDone(t *testing.T, e *env, mode dedup.Mode) {
 // redelivery runs at once (an InProgress would be a NakWithDelay more). At
 // concurrency 1 the fn does not run on the client library's goroutine, so a Goexit
 // does not stop the consumer either.
-func TestHandlerPanicAndGoexit(t *testing.T) {
+func TestHandlerPanicOrGoexitCostsOnlyItsOwnMessageANak(t *testing.T) {
 	forModes(t, func(t *testing.T, mode dedup.Mode) {
 		for _, conc := range []int{1, 2} { // 1: one at a time, not in batches
 			t.Run(fmt.Sprint("concurrency-", conc), func(t *testing.T) {

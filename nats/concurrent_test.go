@@ -16,17 +16,19 @@ import (
 	"github.com/dedupkit/dedupkit/dedup"
 )
 
-// TestConcurrentDuplicates sends each message to three durable consumers of one
-// stream, each with its own adapter for the same dedup handler, and holds the first
-// delivery of every message at a barrier until all three have it: then all three
-// handle it at the same moment. fn must run once per message, and every delivery must
-// end acknowledged (at once as Processed or Duplicate, or after an InProgress
-// NakWithDelay, on a redelivery that finds it Duplicate): the server ends with nothing
-// pending or unacknowledged on any consumer. No delivery may be answered Duplicate
-// before fn has succeeded. The handler instances are three Dedupers
-// sharing one Redis (the race is on the server), or one Deduper shared by the three
-// adapters (the race is in its in-flight table).
-func TestConcurrentDuplicates(t *testing.T) { concurrentCases(t, testConcurrentDuplicates) }
+// TestConcurrentDuplicatesOnThreeConsumersRunOnce sends each message to three durable
+// consumers of one stream, each with its own adapter for the same dedup handler, and
+// holds the first delivery of every message at a barrier until all three have it:
+// then all three handle it at the same moment. fn must run once per message, and
+// every delivery must end acknowledged (at once as Processed or Duplicate, or after
+// an InProgress NakWithDelay, on a redelivery that finds it Duplicate): the server
+// ends with nothing pending or unacknowledged on any consumer. No delivery may be
+// answered Duplicate before fn has succeeded. The handler instances are three
+// Dedupers sharing one Redis (the race is on the server), or one Deduper shared by
+// the three adapters (the race is in its in-flight table).
+func TestConcurrentDuplicatesOnThreeConsumersRunOnce(t *testing.T) {
+	concurrentCases(t, testConcurrentDuplicates)
+}
 
 // concurrentCases runs test on miniredis and redis-server, with three Dedupers and
 // with one shared by the three consumers, on each NATS server.
@@ -202,12 +204,13 @@ func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix
 		strings.Join(counts, ", "), strings.Join(summary, ", "))
 }
 
-// TestConcurrentDuplicatesFilterBatches is the same race through a ModeFilter
-// Handler, which marks in batches (one MarkMany for the messages that queue up) and
-// makes a message whose key another batch of the same Deduper is marking wait for that
-// answer. Each message reaches the three consumers' handlers at the same moment; fn
-// must run once per message, and every delivery must be acknowledged at once.
-func TestConcurrentDuplicatesFilterBatches(t *testing.T) {
+// TestConcurrentDuplicatesThroughFilterBatchesRunOnce is the same race through a
+// ModeFilter Handler, which marks in batches (one MarkMany for the messages that
+// queue up) and makes a message whose key another batch of the same Deduper is
+// marking wait for that answer. Each message reaches the three consumers' handlers at
+// the same moment; fn must run once per message, and every delivery must be
+// acknowledged at once.
+func TestConcurrentDuplicatesThroughFilterBatchesRunOnce(t *testing.T) {
 	concurrentCases(t, testConcurrentFilterBatches)
 }
 

@@ -63,7 +63,7 @@ func TestNewJetStreamChecksRetention(t *testing.T) {
 	})
 }
 
-func TestCheckRetention(t *testing.T) {
+func TestRetentionMustCoverTheRedeliveryHorizon(t *testing.T) {
 	ms := time.Millisecond
 	cases := []struct {
 		name      string
@@ -110,7 +110,7 @@ func TestCheckRetention(t *testing.T) {
 	}
 }
 
-func TestOptionErrors(t *testing.T) {
+func TestInvalidOptionsAreErrInvalidOption(t *testing.T) {
 	h := register(t, newDeduper(t, memStore(t)), "orders")
 	c := consumerWith(time.Second, 5)
 	bad := map[string]Option{
@@ -151,7 +151,7 @@ func TestOptionErrors(t *testing.T) {
 	}
 }
 
-func TestDefaultBackoff(t *testing.T) {
+func TestDefaultBackoffDoublesFromASecondUpToAMinute(t *testing.T) {
 	for n, want := range map[uint64]time.Duration{
 		0: time.Second, 1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 6: 32 * time.Second,
 		7: time.Minute, 8: time.Minute, 1 << 40: time.Minute,
@@ -162,7 +162,7 @@ func TestDefaultBackoff(t *testing.T) {
 	}
 }
 
-func TestActionString(t *testing.T) {
+func TestActionsPrintTheirNames(t *testing.T) {
 	want := map[Action]string{ActNone: "none", ActAck: "ack", ActDoubleAck: "double-ack", ActNak: "nak",
 		ActNakWithDelay: "nak-with-delay", ActTerm: "term", numActions: "invalid"}
 	for a, s := range want {

@@ -16,7 +16,7 @@ import (
 
 // Core NATS in filter mode: the same Nats-Msg-Id twice runs once, a message without a
 // key does not run, and nothing is acknowledged (there is nothing to acknowledge).
-func TestCoreFilterMode(t *testing.T) {
+func TestCoreFilterModeRunsEachIDOnceAndAcksNothing(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
 		h := register(t, newDeduper(t, memStore(t)), "metrics", dedup.WithMode(dedup.ModeFilter))
 		core, err := NewCore(h, WithLogger(quiet))
@@ -68,7 +68,7 @@ func TestCoreFilterMode(t *testing.T) {
 // A push subscription of the older JetStreamContext, with ManualAck: a failure is
 // nakked and redelivered, a duplicate acked, a message failing on its last delivery
 // handed to the exhausted hook and terminated.
-func TestLegacyPushSubscription(t *testing.T) {
+func TestLegacyPushSubscriptionAcksNaksAndTerminatesByOutcome(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
 		e.newStream()
 		h := register(t, newDeduper(t, memStore(t)), "orders")

@@ -14,7 +14,7 @@ import (
 // Two handlers with their own retention, on two durable consumers of one stream, each
 // process every message exactly once, independently of each other. The store is
 // Redis (miniredis), so that each record's TTL can be read.
-func TestTwoHandlersOnOneStream(t *testing.T) {
+func TestTwoHandlersOnOneStreamEachProcessEveryMessageOnce(t *testing.T) {
 	const n, again = 200, 50 // messages, and how many are published twice with the same id
 	eachServer(t, func(t *testing.T, e *env) {
 		e.newStream()

@@ -185,7 +185,7 @@ func TestHandlerErrorNaksWithBackoffThenProcessesOnce(t *testing.T) {
 
 // On the last delivery a failing handler's message goes to the exhausted hook, once,
 // and is terminated: the server delivers it no more and holds nothing pending.
-func TestExhaustedHookThenTerm(t *testing.T) {
+func TestExhaustedMessageGoesToTheHookOnceAndIsTerminated(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
 		e.newStream()
 		// AckWait long: a message that is not terminated stays pending visibly
@@ -257,7 +257,7 @@ func TestPanicNaksThenProcessesOnce(t *testing.T) {
 
 // A message without a key is terminated (not redelivered) under the default policy,
 // and processed unguarded under ProcessMissingKey.
-func TestNoKey(t *testing.T) {
+func TestMessageWithoutKeyIsTerminatedOrRunUnguarded(t *testing.T) {
 	byOrderID := keys.Header("Order-Id")
 	eachServer(t, func(t *testing.T, e *env) {
 		e.newStream()
@@ -317,7 +317,7 @@ func TestKeyReuseIsTerminated(t *testing.T) {
 
 // Store down, failing closed: the message is nakked with the store retry delay and the
 // handler does not run; once the store heals, the message is processed once.
-func TestStoreDownFailClosed(t *testing.T) {
+func TestStoreDownFailingClosedNaksUntilTheStoreHeals(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
 		e.newStream()
 		c := e.consumer("orders", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 5 * time.Second })
@@ -349,7 +349,7 @@ func TestStoreDownFailClosed(t *testing.T) {
 }
 
 // Store down, failing open: the handler runs unguarded and the message is acked.
-func TestStoreDownFailOpen(t *testing.T) {
+func TestStoreDownFailingOpenRunsUnguardedAndAcks(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
 		e.newStream()
 		c := e.consumer("orders")

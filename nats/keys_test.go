@@ -55,7 +55,7 @@ func TestDefaultKeyIsIdempotencyKeyThenMsgIDThenSequence(t *testing.T) {
 
 // The engine's default (Handle) and every adapter's read the same headers in the
 // same order.
-func TestOneDefaultKeyOrder(t *testing.T) {
+func TestEngineAndAdaptersReadTheDefaultKeyInOneOrder(t *testing.T) {
 	both := keys.Raw{Headers: map[string]string{"Idempotency-Key": "idem", "Nats-Msg-Id": "mid"}}
 	msgID := keys.Raw{Headers: map[string]string{"Nats-Msg-Id": "mid"}}
 	for name, m := range map[string]keys.Raw{"both": both, "msg id only": msgID} {
@@ -73,7 +73,7 @@ func TestOneDefaultKeyOrder(t *testing.T) {
 }
 
 // A strategy given to the dedup handler is used; one given to the adapter wins over it.
-func TestKeyStrategies(t *testing.T) {
+func TestAdaptersKeyStrategyWinsOverTheHandlers(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
 		e.newStream()
 		byHandler := e.consumer("by-handler")
@@ -117,7 +117,7 @@ func TestKeyStrategies(t *testing.T) {
 	})
 }
 
-func TestStreamSequenceKey(t *testing.T) {
+func TestStreamSequenceKeysAMessageByStreamAndSequence(t *testing.T) {
 	js := viewJS(newFake("", "x", 2))
 	if got := StreamSequence().Key(js); got != "js:S:7" {
 		t.Fatalf("jetstream message: %q", got)
@@ -147,7 +147,7 @@ func TestStreamSequenceKey(t *testing.T) {
 }
 
 // Msg.Header matches the name as given, then canonically.
-func TestMsgHeader(t *testing.T) {
+func TestMsgHeaderMatchesTheNameAsGivenThenCanonically(t *testing.T) {
 	m := &Msg{header: natsgo.Header{"Nats-Msg-Id": {"a"}, "lower-case": {"b"}}}
 	for name, want := range map[string]string{"Nats-Msg-Id": "a", "nats-msg-id": "a", "lower-case": "b", "Lower-Case": "", "absent": ""} {
 		if got := m.Header(name); got != want {

@@ -70,7 +70,7 @@ func (o *outage) aCopy() string {
 // restart), and the backlog drains. Fail open: the runs made without dedup are
 // counted in the results and in the handlers' Stats, and every duplicate run is one
 // of them.
-func TestRedisOutage(t *testing.T) {
+func TestRedisOutageLosesNoMessageAndCountsUnguardedRuns(t *testing.T) {
 	t.Parallel()
 	for _, policy := range []dedup.StoreFailurePolicy{dedup.FailClosed, dedup.FailOpen} {
 		name := map[dedup.StoreFailurePolicy]string{dedup.FailClosed: "fail-closed", dedup.FailOpen: "fail-open"}[policy]

@@ -80,7 +80,7 @@ func outcomes(evs []event) []string {
 // stays IN PROGRESS (nobody else runs the message) until the lease ends; JetStream
 // redelivers the message to the other consumer, which naks it while the dead owner's
 // lease lasts, then runs it: exactly once in all, and every other message once too.
-func TestProcessCrashAfterClaim(t *testing.T) {
+func TestProcessKilledAfterClaimRunsTheMessageOnceAfterTheLease(t *testing.T) {
 	t.Parallel()
 	const lease, ackWait = 2 * time.Second, 500 * time.Millisecond
 	p := newProcEnv(t, ackWait)
@@ -185,7 +185,7 @@ func TestProcessSlowHandlerKeepsLease(t *testing.T) {
 // the README's Limits name: the paused one's fn had started, and the other ran fn too.
 // If fn honours its context, it stops on resume; if it ignores it, its side effect
 // happens a second time, and still nothing is recorded or acked for it.
-func TestProcessPausedPastLease(t *testing.T) {
+func TestProcessPausedPastLeaseNeitherCompletesNorAcks(t *testing.T) {
 	t.Parallel()
 	for _, fn := range []string{"hold", "hold-ignore"} {
 		t.Run(fn, func(t *testing.T) {

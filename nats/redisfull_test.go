@@ -20,7 +20,7 @@ import (
 // error: the handler answers StoreUnavailable, fn does not run, and the adapter naks
 // the message with a delay (a full Redis becomes a retry, not a silent duplicate).
 // Once memory is freed, the redelivery runs it, once, and it is acked.
-func TestFullRedisNaks(t *testing.T) {
+func TestFullRedisNaksUntilMemoryIsFreedThenRunsOnce(t *testing.T) {
 	t.Parallel()
 	rs := testenv.SpawnRedis(t, "--maxmemory-policy", "noeviction")
 	ns := testenv.SpawnNATS(t)

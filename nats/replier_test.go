@@ -143,7 +143,7 @@ func sameReply(t *testing.T, what string, m *natsgo.Msg, want Reply) {
 // subscriber any more: it timed out and gave up on it) retries with the same key and
 // gets the first run's reply, headers and binary data byte for byte; fn ran once.
 // Without stored replies the retry is dropped (silence) or answered 409.
-func TestReplierRetryAfterLostReply(t *testing.T) {
+func TestReplierRetryAfterALostReplyGetsTheStoredReply(t *testing.T) {
 	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
 		r, h := newReplier(t, store, prefix, 0)
 		var runs atomic.Int32
@@ -215,7 +215,7 @@ func TestReplierRetryAfterLostReply(t *testing.T) {
 // the running instance wait for its run), or a retryable 503 with the lease left
 // (copies that reach the other); retried, those get the stored reply. None is left
 // without an answer.
-func TestReplierConcurrentDuplicates(t *testing.T) {
+func TestReplierRunsConcurrentCopiesOnceAndAnswersEach(t *testing.T) {
 	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
 		subject := e.subject + ".create"
 		var runs atomic.Int32
@@ -275,7 +275,7 @@ func TestReplierConcurrentDuplicates(t *testing.T) {
 // A reply larger than the handler's limit reaches the first requester all the same,
 // is not stored, and its duplicates get 409 (processed, reply not stored): never a
 // run again, never silence. The handler counts it.
-func TestReplierReplyTooLarge(t *testing.T) {
+func TestReplierSendsATooLargeReplyOnceAndAnswersItsCopies409(t *testing.T) {
 	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
 		r, h := newReplier(t, store, prefix, 64)
 		subject := e.subject + ".create"
@@ -302,7 +302,7 @@ func TestReplierReplyTooLarge(t *testing.T) {
 // releases the claim: the retry runs fn again, and its reply is the one stored. A
 // panic, and an fn that ends its goroutine, are 500 too; a request without a key is
 // 400, a key reused with another payload 422.
-func TestReplierErrors(t *testing.T) {
+func TestReplierAnswersErrorsWithStatusCodes(t *testing.T) {
 	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
 		r, _ := newReplier(t, store, prefix, 0, dedup.WithFingerprint(true))
 		subject := e.subject + ".create"
@@ -363,7 +363,7 @@ func TestReplierErrors(t *testing.T) {
 
 // With Redis down, a request is answered 503 (fail closed: fn not run), never left
 // without an answer; once Redis is back, the retry runs.
-func TestReplierStoreDown(t *testing.T) {
+func TestReplierAnswers503WhileTheStoreIsDown(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
 		// each case's prefix: the real server's keys under it are deleted at cleanup
 		cases := map[string]func(t *testing.T) (addr string, down func(), prefix string){
@@ -425,7 +425,7 @@ func TestReplierStoreDown(t *testing.T) {
 // The Replier needs a handler that stores replies; its key strategy defaults to the
 // engine's (Idempotency-Key, else Nats-Msg-Id) unless the handler or an option sets
 // one.
-func TestReplierConfig(t *testing.T) {
+func TestReplierNeedsStoredRepliesAndTakesTheEnginesKeyStrategy(t *testing.T) {
 	d := newDeduper(t, memStore(t))
 	if _, err := NewReplier(register(t, d, "plain")); !errors.Is(err, dedup.ErrInvalidOption) {
 		t.Fatalf("a handler without replies: %v", err)
@@ -459,7 +459,7 @@ func TestReplierConfig(t *testing.T) {
 // every request counts in num_requests; the error replies (fn's error, a request
 // without a key, one in progress in another process) in num_errors, with the last
 // one's description; a duplicate answered with the stored reply is a success.
-func TestMicroEndpoint(t *testing.T) {
+func TestMicroEndpointCountsRequestsAndErrorsRight(t *testing.T) {
 	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
 		r, _ := newReplier(t, store, prefix, 0)
 		var runs atomic.Int32

@@ -11,7 +11,7 @@ import (
 // The stored form of a reply gives back exactly what went in: data of any bytes,
 // headers with any keys and values (empty ones, several, separators, CR LF), the
 // same form for one reply whatever the order of its header map.
-func TestReplyCodec(t *testing.T) {
+func TestStoredReplyDecodesToExactlyWhatWasEncoded(t *testing.T) {
 	for _, r := range []Reply{
 		{},
 		{Data: []byte("plain")},

@@ -129,7 +129,7 @@ func TestTxHandlerCommitsEachOrderOnce(t *testing.T) {
 // A Fetch batch runs in one transaction (HandleBatchTx): the failures of some items
 // roll back to their savepoints, the others commit, and the redeliveries run the
 // failed ones.
-func TestHandleBatchTxCommitsEachOrderOnce(t *testing.T) {
+func TestFetchBatchInOneTransactionCommitsEachOrderOnce(t *testing.T) {
 	eachOrderDB(t, 30, 10, func(t *testing.T, e *env, d *orderDB, c jetstream.Consumer, j *JetStream, last uint64) {
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
@@ -155,7 +155,7 @@ func TestHandleBatchTxCommitsEachOrderOnce(t *testing.T) {
 // Redis down: a handler with DatabaseOnly keeps committing each order once on its
 // markers alone; one with the default fails closed (nothing runs) until Redis is
 // back, then commits each once.
-func TestTxStoreDown(t *testing.T) {
+func TestTxStoreDownCommitsOnTheMarkersOrFailsClosed(t *testing.T) {
 	const n, dups = 20, 8
 	for _, policy := range []dedup.StoreFailurePolicy{dedup.DatabaseOnly, dedup.FailClosed} {
 		name := map[dedup.StoreFailurePolicy]string{dedup.DatabaseOnly: "database-only", dedup.FailClosed: "fail-closed"}[policy]
@@ -221,7 +221,7 @@ func TestTxStoreDown(t *testing.T) {
 // nothing written. An ordinary failure, not CommitUnknown: Failed, the claim
 // released at once, so that the redelivery after the backoff (1 s) runs the order
 // and commits it, long before the lease (30 s) would have let it.
-func TestTxCommitNotSent(t *testing.T) {
+func TestTxCommitNeverSentIsAFailureRetriedAtOnce(t *testing.T) {
 	for _, dialect := range []string{"postgres", "mysql"} {
 		t.Run(dialect, func(t *testing.T) {
 			t.Parallel()
@@ -296,7 +296,7 @@ func TestTxCommitNotSent(t *testing.T) {
 // kept for its lease); then the redelivery's marker decides. Cut after the server
 // committed: a Duplicate from the database. Cut before it: the order runs again.
 // Either way it is committed exactly once, and nothing is lost.
-func TestTxCommitUnknown(t *testing.T) {
+func TestTxCommitUnknownIsSettledByTheMarkerOnce(t *testing.T) {
 	for _, dialect := range []string{"postgres", "mysql"} {
 		for _, fault := range []testenv.CommitFault{testenv.CutAfterCommit, testenv.CutBeforeCommit} {
 			name := map[testenv.CommitFault]string{testenv.CutAfterCommit: "cut-after-commit", testenv.CutBeforeCommit: "cut-before-commit"}[fault]

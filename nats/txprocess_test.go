@@ -45,7 +45,7 @@ func (p *txProcEnv) child(name, mode, fn, key string, lease time.Duration, plain
 // database (acked) and repairs the Redis record; the order's row is committed once.
 // The same crash without the marker (plain: the effect committed on its own) runs
 // the order again: two rows.
-func TestTxProcessCrashAfterCommit(t *testing.T) {
+func TestTxProcessKilledAfterCommitIsADuplicateFromTheMarker(t *testing.T) {
 	for _, plain := range []bool{false, true} {
 		name := map[bool]string{false: "marker", true: "without-marker"}[plain]
 		t.Run(name, func(t *testing.T) {
@@ -105,7 +105,7 @@ func TestTxProcessCrashAfterCommit(t *testing.T) {
 // redelivery, claims the key and waits at the marker A's transaction holds. A,
 // resumed, commits; B then finds the marker: its transaction rolls back and it
 // answers Duplicate, acked. The order is committed once.
-func TestTxProcessPausedPastLease(t *testing.T) {
+func TestTxProcessPausedPastLeaseCommitsTheOrderOnce(t *testing.T) {
 	t.Parallel()
 	const lease, ackWait = time.Second, 500 * time.Millisecond
 	p := newTxProcEnv(t, ackWait)

@@ -20,7 +20,7 @@ import (
 // lock error, ErrConnClosed) is what Commit returns. A connection lost before
 // (closed by a failed statement, or reset so that the COMMIT's write fails) is a
 // known failure.
-func TestCommitVerdicts(t *testing.T) {
+func TestCommitIsUnknownOnlyWhenTheConnectionIsLostAfterItWasWritten(t *testing.T) {
 	u := testenv.PostgresURL(t)
 	for _, c := range []struct {
 		name    string

@@ -15,7 +15,7 @@ import (
 	"github.com/dedupkit/dedupkit/pgxtx"
 )
 
-func TestConformance(t *testing.T) {
+func TestPgxPassesTheConformanceSuite(t *testing.T) {
 	txtest.Run(t, txtest.Harness[pgx.Tx]{
 		Dialect: txtest.Postgres,
 		Schema:  "public",
@@ -125,7 +125,7 @@ func newEnv(t *testing.T, o txtest.Opts) *txtest.Env[pgx.Tx] {
 	return e
 }
 
-func TestOptions(t *testing.T) {
+func TestNewRefusesInvalidOptions(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none")
 	if err != nil {
 		t.Fatal(err)

@@ -123,7 +123,7 @@ func (tc *tracer) reset() {
 
 // Begin sends BEGIN and the marker INSERT together: one batch, no statement on
 // its own.
-func TestBeginOneRoundTrip(t *testing.T) {
+func TestBeginSendsBeginAndTheMarkerInOneRoundTrip(t *testing.T) {
 	f := newFixture(t)
 	tx, _ := f.begin(t, "warm-up") // the first Begin also makes the closed large objects
 	if err := tx.Rollback(context.Background()); err != nil {
@@ -144,7 +144,7 @@ func TestBeginOneRoundTrip(t *testing.T) {
 // The pgx.Tx Begin returns does what pgx's own does: every method runs in the
 // transaction until it ends, every method fails with ErrTxClosed after, the
 // connection goes back to the pool once.
-func TestTxMethods(t *testing.T) {
+func TestBeginsTxBehavesAsPgxsOwn(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	tx, m := f.begin(t, "k")
@@ -295,7 +295,7 @@ func TestTxMethods(t *testing.T) {
 
 // A COMMIT of a transaction a failed statement aborted is answered ROLLBACK: a
 // known failure, as pgx reports it.
-func TestCommitOfAbortedTx(t *testing.T) {
+func TestCommitOfAnAbortedTxIsAKnownFailure(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	tx, m := f.begin(t, "k")

@@ -14,7 +14,7 @@ import (
 
 // Forget deletes the marker of a handler's message key, so that, with the store's
 // record forgotten too, the message runs again.
-func TestForgetMarker(t *testing.T) {
+func TestForgetDeletesTheMarkerSoTheMessageRunsAgain(t *testing.T) {
 	pool, _ := openPool(t, false, false)
 	table := testenv.TableName()
 	tr, err := pgxtx.New(pool, pgxtx.WithTable(table))

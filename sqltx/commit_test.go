@@ -35,7 +35,7 @@ func (e safeErr) Unwrap() error     { return e.err }
 
 // The verdicts that need no round trip; the rest (undecided) is settled by asking
 // the connection, which the conformance suite's proxy tests cover.
-func TestClassify(t *testing.T) {
+func TestClassifyDecidesCommitVerdictsWithoutARoundTrip(t *testing.T) {
 	pg := &Transactor{dialect: PostgreSQL}
 	lite := &Transactor{dialect: SQLite}
 	reset := &net.OpError{Op: "write", Err: os.NewSyscallError("write", syscall.ECONNRESET)}
@@ -100,7 +100,7 @@ func (c *closer) IsClosed() bool { return c.closed }
 
 // closedBefore's reading of driver connections: a Validator's answer, or the
 // IsClosed of the connection a Conn method returns (pgx's stdlib).
-func TestDriverConnClosed(t *testing.T) {
+func TestDriverConnClosedAsksAValidatorOrIsClosed(t *testing.T) {
 	for _, c := range []struct {
 		dc   any
 		want bool

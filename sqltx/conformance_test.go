@@ -17,9 +17,9 @@ import (
 	"github.com/dedupkit/dedupkit/sqltx"
 )
 
-func TestConformanceSQLite(t *testing.T)   { txtest.Run(t, harness(txtest.SQLite)) }
-func TestConformancePostgres(t *testing.T) { txtest.Run(t, harness(txtest.Postgres)) }
-func TestConformanceMySQL(t *testing.T)    { txtest.Run(t, harness(txtest.MySQL)) }
+func TestSQLitePassesTheConformanceSuite(t *testing.T)   { txtest.Run(t, harness(txtest.SQLite)) }
+func TestPostgresPassesTheConformanceSuite(t *testing.T) { txtest.Run(t, harness(txtest.Postgres)) }
+func TestMySQLPassesTheConformanceSuite(t *testing.T)    { txtest.Run(t, harness(txtest.MySQL)) }
 
 var dialects = map[txtest.Dialect]sqltx.Dialect{
 	txtest.SQLite: sqltx.SQLite, txtest.Postgres: sqltx.PostgreSQL, txtest.MySQL: sqltx.MySQL,

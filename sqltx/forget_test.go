@@ -14,7 +14,7 @@ import (
 // For a transactional handler, "run this message again" takes both halves: the
 // marker (Transactor.Forget) and the store's record (Handler.Forget). With the
 // record forgotten alone, the marker still answers Duplicate.
-func TestForgetMarker(t *testing.T) {
+func TestForgetDeletesTheMarkerSoTheMessageRunsAgain(t *testing.T) {
 	db := testenv.OpenSQL(t, "sqlite", sqliteDSN(t))
 	tr, err := sqltx.New(db, sqltx.SQLite)
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 	"github.com/dedupkit/dedupkit/sqltx"
 )
 
-func TestOptions(t *testing.T) {
+func TestNewRefusesInvalidOptions(t *testing.T) {
 	db, err := sql.Open("sqlite", ":memory:")
 	if err != nil {
 		t.Fatal(err)

@@ -145,7 +145,7 @@ func do(t *testing.T, h *dedup.Handler, key string, want dedup.Outcome) {
 // library does), an absent one (exit 3), and -json gives the same as one document;
 // forget deletes the record, the application's local tier drops the key, and the key
 // runs again; a second forget finds nothing (exit 3).
-func TestLookupForget(t *testing.T) {
+func TestLookupReportsRecordsAndForgetMakesTheKeyRunAgain(t *testing.T) {
 	t.Parallel()
 	a := newApp(t)
 	orders := a.handler(t, "orders")
@@ -180,7 +180,7 @@ func TestLookupForget(t *testing.T) {
 
 // forget leaves a record IN PROGRESS alone (exit 4) unless -force, which forgets it
 // and costs the running owner its lease.
-func TestForgetInProgress(t *testing.T) {
+func TestForgetRefusesARecordInProgressUnlessForced(t *testing.T) {
 	t.Parallel()
 	a := newApp(t)
 	orders := a.handler(t, "orders", dedup.WithLease(time.Minute))
@@ -205,7 +205,7 @@ func TestForgetInProgress(t *testing.T) {
 }
 
 // count gives the records per handler (all, or one), and -json the same.
-func TestCount(t *testing.T) {
+func TestCountGivesTheRecordsPerHandler(t *testing.T) {
 	t.Parallel()
 	a := newApp(t)
 	orders, audit := a.handler(t, "orders"), a.handler(t, "audit")
@@ -236,7 +236,7 @@ func TestCount(t *testing.T) {
 }
 
 // health prints the Deduper's report (-json: the HealthReport).
-func TestHealth(t *testing.T) {
+func TestHealthPrintsTheDedupersReport(t *testing.T) {
 	t.Parallel()
 	a := newApp(t)
 	dedupctl(t, a.args("health")...).want(t, exitOK, "redis.version", "")
@@ -248,7 +248,7 @@ func TestHealth(t *testing.T) {
 }
 
 // A renamed handler: -former finds (and forgets) the record under the former name.
-func TestFormerNames(t *testing.T) {
+func TestFormerFindsAndForgetsARecordUnderTheFormerName(t *testing.T) {
 	t.Parallel()
 	a := newApp(t)
 	old := a.handler(t, "orders")
@@ -262,7 +262,7 @@ func TestFormerNames(t *testing.T) {
 }
 
 // Every error is clear and has its exit code.
-func TestErrors(t *testing.T) {
+func TestEveryErrorIsClearAndHasItsExitCode(t *testing.T) {
 	t.Parallel()
 	a := newApp(t)
 	a.handler(t, "orders")
@@ -304,7 +304,7 @@ func TestErrors(t *testing.T) {
 
 // The same on a Redis Cluster (-redis-cluster, nodes or a URL): records spread over
 // the masters.
-func TestCluster(t *testing.T) {
+func TestCommandsWorkOnARedisCluster(t *testing.T) {
 	t.Parallel()
 	addrs, stop, err := embedded.StartRedisCluster(t.TempDir(), 3)
 	if errors.Is(err, exec.ErrNotFound) {
@@ -336,7 +336,7 @@ func TestCluster(t *testing.T) {
 // Connecting as redis-cli does: a redis:// URL with user, password and database,
 // the same as -user, -pass (or REDISCLI_AUTH) and -db, a flag over the URL's part;
 // the database is the one named; a wrong password fails (exit 1) without showing it.
-func TestConnectAuth(t *testing.T) {
+func TestConnectsWithAURLOrFlagsAsRedisCliDoes(t *testing.T) {
 	t.Parallel()
 	const pass, alicePass = "default-pw-8c1f", "alice-pw-52d7"
 	addr := testenv.SpawnRedis(t, "--requirepass", pass, "--user", "alice", "on", ">"+alicePass, "~*", "&*", "+@all").Addr()
@@ -396,7 +396,7 @@ func TestConnectAuth(t *testing.T) {
 // client certificate: -cacert, -cert and -key, or -insecure; without the CA, with a
 // server name the certificate does not carry (-sni), without a client certificate, or
 // in plain TCP, it fails (exit 1); the TLS flags without TLS are a usage error.
-func TestConnectTLS(t *testing.T) {
+func TestConnectsOverTLSWithClientCertificates(t *testing.T) {
 	t.Parallel()
 	const pass = "tls-pw-0e4a"
 	pki := testenv.NewPKI(t)
@@ -446,7 +446,7 @@ func TestConnectTLS(t *testing.T) {
 // never answers (plain, TLS, a Cluster seed), or one that answers the connection
 // handshake and then no command, every command gives up after -timeout, with exit 1
 // and an error that says so.
-func TestTimeout(t *testing.T) {
+func TestTimeoutBoundsEveryCommandAgainstASilentServer(t *testing.T) {
 	t.Parallel()
 	silent := testenv.SilentAddr(t)
 	proxy, err := testenv.NewProxy(testenv.SpawnRedis(t).Addr())
@@ -487,7 +487,7 @@ func TestTimeout(t *testing.T) {
 
 // Flags may follow the keys, or stand between them; after "--" everything is a key,
 // and an unknown flag after a key is refused, named.
-func TestFlagsAfterArguments(t *testing.T) {
+func TestFlagsMayFollowTheKeys(t *testing.T) {
 	t.Parallel()
 	a := newApp(t)
 	do(t, a.handler(t, "orders"), "order-1", dedup.Processed)

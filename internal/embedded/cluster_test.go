@@ -32,7 +32,7 @@ func skipNoBinary(t *testing.T, err error) {
 
 // The spawned cluster serves every slot, spreads keys over all its masters, and its
 // processes are gone after stop.
-func TestStartRedisCluster(t *testing.T) {
+func TestStartRedisClusterServesEverySlotAndStopsItsProcesses(t *testing.T) {
 	addrs, stop, err := embedded.StartRedisCluster(t.TempDir(), 3)
 	skipNoBinary(t, err)
 	defer stop()
@@ -80,7 +80,7 @@ func TestStartRedisCluster(t *testing.T) {
 }
 
 // A spawned server's port is its own; arguments reach it; Stop ends it.
-func TestStartRedisServer(t *testing.T) {
+func TestStartRedisServerOwnsItsPortAndTakesArguments(t *testing.T) {
 	s, err := embedded.StartRedisServer("", "--maxmemory-policy", "noeviction", "--maxmemory-policy", "allkeys-lru")
 	skipNoBinary(t, err)
 	defer s.Stop()
@@ -98,7 +98,7 @@ func TestStartRedisServer(t *testing.T) {
 }
 
 // A server that cannot start reports why, from its own log.
-func TestStartRedisServerBadArgument(t *testing.T) {
+func TestStartRedisServerReportsWhyItCannotStart(t *testing.T) {
 	_, err := embedded.StartRedisServer("", "--no-such-directive", "x")
 	if errors.Is(err, exec.ErrNotFound) {
 		testenv.SkipNoServer(t, "redis-server is not on PATH")

@@ -66,7 +66,7 @@ func listening(t *testing.T, s *embedded.Proc) {
 }
 
 // A paused server keeps its port and does not answer; resumed, it answers again.
-func TestProcPauseResume(t *testing.T) {
+func TestPausedProcStopsAnsweringUntilResumed(t *testing.T) {
 	s := testenv.SpawnRedis(t)
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, ReadTimeout: 300 * time.Millisecond})
 	defer c.Close()
@@ -90,7 +90,7 @@ func TestProcPauseResume(t *testing.T) {
 
 // A nats-server binary serves JetStream on its port, comes back on the same URL
 // after Restart, and Stop removes the temp directory it made.
-func TestStartNATSServer(t *testing.T) {
+func TestStartNATSServerServesJetStreamAcrossRestarts(t *testing.T) {
 	s, err := embedded.StartNATSServer("")
 	skipNoBinary(t, err)
 	defer s.Stop()

@@ -8,7 +8,7 @@ import (
 	"github.com/dedupkit/dedupkit/dedup"
 )
 
-func TestValidateTable(t *testing.T) {
+func TestValidateTableRefusesUnsafeNames(t *testing.T) {
 	for _, ok := range []string{"dedup_markers", "_x", "A1", "app.dedup_markers", strings.Repeat("a", 48)} {
 		if err := ValidateTable(ok); err != nil {
 			t.Errorf("%q: %v", ok, err)
@@ -24,7 +24,7 @@ func TestValidateTable(t *testing.T) {
 
 // Markers are written in (handler, digest) order whatever the caller's order, so
 // that two Begins lock shared markers in one order.
-func TestCheckMarkersOrder(t *testing.T) {
+func TestMarkersAreWrittenInHandlerDigestOrder(t *testing.T) {
 	m := func(h string, d byte) dedup.Marker {
 		return dedup.Marker{Handler: h, Digest: [32]byte{d}, Owner: "o", Retention: time.Second}
 	}

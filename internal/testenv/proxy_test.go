@@ -12,7 +12,7 @@ import (
 
 func TestMain(m *testing.M) { Main(m, nil) }
 
-func TestFrameLen(t *testing.T) {
+func TestFrameLenMeasuresWholeRESPFrames(t *testing.T) {
 	cases := []struct {
 		in   string
 		n    int
@@ -48,7 +48,7 @@ func TestFrameLen(t *testing.T) {
 
 // Each fault is seen through INCR: a reply that was lost after the command ran shows
 // as a retry that increments again.
-func TestProxyFaults(t *testing.T) {
+func TestEachProxyFaultShowsThroughINCR(t *testing.T) {
 	m := miniredis.RunT(t)
 	p, err := NewProxy(m.Addr())
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 
 // RefusedAddr's port refuses connections and cannot be taken by a listener while
 // the test runs.
-func TestRefusedAddr(t *testing.T) {
+func TestRefusedAddrRefusesAndCannotBeTaken(t *testing.T) {
 	addr := RefusedAddr(t)
 	for range 3 {
 		c, err := net.DialTimeout("tcp", addr, time.Second)

@@ -13,7 +13,7 @@ func pgMessage(typ byte, body string) []byte {
 
 // The proxy finds a COMMIT in each protocol's framing, whole or split across
 // reads, and nothing else.
-func TestSQLProxyFrames(t *testing.T) {
+func TestSQLProxyFindsACommitInEachProtocolsFraming(t *testing.T) {
 	pg := &sqlConn{p: &SQLProxy{wire: PostgresWire}}
 	startup := []byte{0, 0, 0, 8, 0, 3, 0, 0} // protocol 3.0, no parameters
 	inStartup := true
@@ -64,7 +64,7 @@ func TestSQLProxyFrames(t *testing.T) {
 
 // A commit fault meets only a COMMIT; CutAtStatement meets the next message,
 // whatever it is. Each is met once.
-func TestSQLProxyTake(t *testing.T) {
+func TestSQLProxyFaultMeetsItsMessageOnce(t *testing.T) {
 	p := &SQLProxy{}
 	p.ArmCommit(CutBeforeCommit)
 	if f := p.take(false); f != 0 {
