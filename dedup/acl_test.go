@@ -72,7 +72,7 @@ func isNoPerm(err error) bool {
 }
 
 // Every conformance case passes for a user holding only the README's ACL line.
-func TestACLConformance(t *testing.T) {
+func TestEveryConformanceCasePassesAsTheACLUser(t *testing.T) {
 	t.Parallel()
 	srv := newACLServer(t)
 	for _, c := range conformanceCases {
@@ -252,7 +252,7 @@ func TestACLCommandsAreMinimal(t *testing.T) {
 
 // A Deduper works end to end as the ACL user (Do, Mark, HandleBatch), and the user's
 // store is refused, fail closed, on any key outside its prefix.
-func TestACLDeduper(t *testing.T) {
+func TestDeduperWorksAsTheACLUserAndIsRefusedOutsideItsPrefix(t *testing.T) {
 	t.Parallel()
 	srv := newACLServer(t)
 	ctx := context.Background()
@@ -322,7 +322,7 @@ func TestACLDeduper(t *testing.T) {
 // same keys without interfering; tenant A's user is refused on tenant B's prefix (a
 // Deduper misconfigured with B's prefix fails closed: fn does not run), and B's
 // records stay untouched.
-func TestACLTenants(t *testing.T) {
+func TestTenantsWithTheirOwnACLUsersDoNotInterfere(t *testing.T) {
 	t.Parallel()
 	srv := newACLServer(t)
 	ctx := context.Background()

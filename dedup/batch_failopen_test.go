@@ -1,7 +1,7 @@
 package dedup
 
-// Regression tests from the fourth review: each failed before its fix (the nested
-// Goexit one passed before too and guards the new order).
+// Batches under FailOpen: unguarded runs come after the claimed ones, and a nested
+// Goexit in one of them ends it and lets Close return.
 
 import (
 	"context"
@@ -122,7 +122,7 @@ func TestBatchGoexitReleasesContexts(t *testing.T) {
 }
 
 // nested Goexit in the deferred fail-open run: goroutine ends, Close returns.
-func TestBatchNestedGoexitInFailOpenRun(t *testing.T) {
+func TestNestedGoexitInAFailOpenRunEndsAndCloseReturns(t *testing.T) {
 	d, h, _ := failOpenPair(t, time.Second)
 	ch := make(chan struct{})
 	go func() {

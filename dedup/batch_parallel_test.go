@@ -16,12 +16,12 @@ import (
 // fns at once: eight fns that each wait for all eight to have started would deadlock
 // one at a time. In ModeDo the claims are one ClaimMany and the completions go in
 // CompleteMany calls, never one by one.
-func TestHandleBatchParallelRunsItemsAtOnce(t *testing.T) {
-	t.Run("filter", func(t *testing.T) { testHandleBatchParallelRunsItemsAtOnce(t, ModeFilter) })
-	t.Run("do", func(t *testing.T) { testHandleBatchParallelRunsItemsAtOnce(t, ModeDo) })
+func TestParallelRunRunsItemsAtOnce(t *testing.T) {
+	t.Run("filter", func(t *testing.T) { testParallelRunRunsItemsAtOnce(t, ModeFilter) })
+	t.Run("do", func(t *testing.T) { testParallelRunRunsItemsAtOnce(t, ModeDo) })
 }
 
-func testHandleBatchParallelRunsItemsAtOnce(t *testing.T, mode Mode) {
+func testParallelRunRunsItemsAtOnce(t *testing.T, mode Mode) {
 	mem, _ := NewMemoryStore()
 	hs := &hookStore{Store: mem}
 	h := newDeduperOver(t, hs).mustRegister(t, "par", WithMode(mode))
@@ -81,12 +81,12 @@ func testHandleBatchParallelRunsItemsAtOnce(t *testing.T, mode Mode) {
 // a result through done (Panicked, wrapping ErrPanic, for the one that ended), and the
 // Deduper can still Close. Whether the caller's goroutine or a helper took it does
 // not matter here. In ModeDo the claims of the items that ended are given back.
-func TestHandleBatchParallelGoexit(t *testing.T) {
-	t.Run("filter", func(t *testing.T) { testHandleBatchParallelGoexit(t, ModeFilter) })
-	t.Run("do", func(t *testing.T) { testHandleBatchParallelGoexit(t, ModeDo) })
+func TestParallelRunGoexitEndsOnlyItsOwnItem(t *testing.T) {
+	t.Run("filter", func(t *testing.T) { testParallelRunGoexitEndsOnlyItsOwnItem(t, ModeFilter) })
+	t.Run("do", func(t *testing.T) { testParallelRunGoexitEndsOnlyItsOwnItem(t, ModeDo) })
 }
 
-func testHandleBatchParallelGoexit(t *testing.T, mode Mode) {
+func testParallelRunGoexitEndsOnlyItsOwnItem(t *testing.T, mode Mode) {
 	mem, _ := NewMemoryStore()
 	d, _ := New(mem, WithLogger(quiet))
 	h, _ := d.Register("par-goexit", WithMode(mode))
@@ -137,12 +137,12 @@ func testHandleBatchParallelGoexit(t *testing.T, mode Mode) {
 // done reports an item as soon as its own result is final: a fast item's result does
 // not wait for a slow one of the same batch. In ModeDo the fast item's claim is
 // completed while the slow one runs.
-func TestHandleBatchParallelReportsEachItemWhenDone(t *testing.T) {
-	t.Run("filter", func(t *testing.T) { testHandleBatchParallelReportsEachItemWhenDone(t, ModeFilter) })
-	t.Run("do", func(t *testing.T) { testHandleBatchParallelReportsEachItemWhenDone(t, ModeDo) })
+func TestParallelRunReportsEachItemWhenDone(t *testing.T) {
+	t.Run("filter", func(t *testing.T) { testParallelRunReportsEachItemWhenDone(t, ModeFilter) })
+	t.Run("do", func(t *testing.T) { testParallelRunReportsEachItemWhenDone(t, ModeDo) })
 }
 
-func testHandleBatchParallelReportsEachItemWhenDone(t *testing.T, mode Mode) {
+func testParallelRunReportsEachItemWhenDone(t *testing.T, mode Mode) {
 	mem, _ := NewMemoryStore()
 	h := newDeduperOver(t, mem).mustRegister(t, "par-done", WithMode(mode))
 	release := make(chan struct{})
@@ -219,7 +219,7 @@ func TestBatchItemWaitsForAnotherCallsMark(t *testing.T) {
 // every item gets a result through done: side by side, the items not reached yet run
 // on other goroutines; one at a time (or keyless, or following a key earlier in the
 // batch), they are Panicked.
-func TestHandleBatchParallelCallerGoexit(t *testing.T) {
+func TestParallelRunCallerGoexitStillReportsEveryItem(t *testing.T) {
 	// No goroutine joins before the caller's Goexit: with the usual millisecond, a
 	// loaded machine could let one take item 0 first, and the Goexit would not be
 	// the caller's (seen once in a full go test ./... run).
@@ -250,7 +250,7 @@ func TestHandleBatchParallelCallerGoexit(t *testing.T) {
 // A result known early (a local-tier hit) reaches done only once the batch's store
 // round trip has answered every other key: done may be slow (an ack), and must not
 // hold up the flights that other callers wait on.
-func TestHandleBatchParallelHoldsEarlyResults(t *testing.T) {
+func TestParallelRunHoldsEarlyResultsUntilTheRoundTripAnswers(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	hs := &hookStore{Store: mem}
 	h := newDeduperOver(t, hs).mustRegister(t, "early", WithMode(ModeFilter), WithLocalCache(100, time.Hour))
@@ -270,7 +270,7 @@ func TestHandleBatchParallelHoldsEarlyResults(t *testing.T) {
 
 // Fns that end within spawnAfter run on the caller's goroutine, one after the other:
 // no goroutine each.
-func TestHandleBatchParallelFastFnsStayOnTheCaller(t *testing.T) {
+func TestParallelRunKeepsFastFnsOnTheCaller(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	h := newDeduperOver(t, mem).mustRegister(t, "par-fast", WithMode(ModeFilter))
 	// however slow the machine, they are "fast" here: only the wait decides
@@ -296,7 +296,7 @@ func TestHandleBatchParallelFastFnsStayOnTheCaller(t *testing.T) {
 // In a parallel ModeDo batch one heartbeat extends every running claim, and losing
 // one lease cancels that item's fn only: the other fn of the batch, running beside
 // it, goes on and completes.
-func TestHandleBatchParallelLeaseLostCancelsItsItemOnly(t *testing.T) {
+func TestParallelRunLeaseLostCancelsItsItemOnly(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	const lease = 150 * time.Millisecond
 	h := newDeduperOver(t, mem).mustRegister(t, "par-lease", WithLease(lease))

@@ -13,7 +13,7 @@ import (
 // Batch calls whose keys fall in many hash slots (on the cluster: on every master)
 // answer each entry correctly and in entry order, on every store. The entries'
 // states are interleaved, so an answer given to the wrong entry shows.
-func TestStoreBatchManySlots(t *testing.T) {
+func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 	const n = 60
 	for _, bf := range storeBackends() {
 		t.Run(bf.name, func(t *testing.T) {

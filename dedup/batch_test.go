@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-func TestHandleBatchOutcomes(t *testing.T) {
+func TestBatchGivesEachItemItsOutcome(t *testing.T) {
 	f := newFixture(t, false)
 	h := f.handler("orders")
 	ctx := context.Background()
@@ -68,7 +68,7 @@ func TestHandleBatchOutcomes(t *testing.T) {
 	}
 }
 
-func TestHandleBatchFilterMode(t *testing.T) {
+func TestFilterBatchMarksInOneCallAndRunsEachKeyOnce(t *testing.T) {
 	f := newFixture(t, false)
 	h := f.handler("views", WithMode(ModeFilter))
 	ctx := context.Background()
@@ -89,7 +89,7 @@ func TestHandleBatchFilterMode(t *testing.T) {
 	}
 }
 
-func TestHandleBatchStoreDown(t *testing.T) {
+func TestBatchWithTheStoreDownFailsClosedOrRunsUnguarded(t *testing.T) {
 	down := fmt.Errorf("%w: connection refused", ErrStoreUnavailable)
 	for _, policy := range []StoreFailurePolicy{FailClosed, FailOpen} {
 		f := newFixture(t, false)
@@ -110,7 +110,7 @@ func TestHandleBatchStoreDown(t *testing.T) {
 }
 
 // Items waiting their turn keep their claims: the batch heartbeat extends them all.
-func TestHandleBatchHeartbeat(t *testing.T) {
+func TestBatchKeepsWaitingItemsClaimed(t *testing.T) {
 	f := newFixture(t, true)
 	lease := 90 * time.Millisecond
 	h := f.handler("slow", WithLease(lease))
@@ -133,7 +133,7 @@ func TestHandleBatchHeartbeat(t *testing.T) {
 	}
 }
 
-func TestHandleBatchRedisRoundTrips(t *testing.T) {
+func TestBatchClaimsInOneRoundTripAndCompletesAsFnsReturn(t *testing.T) {
 	for name, mk := range countedRedis(t) {
 		t.Run(name, func(t *testing.T) {
 			s, tc, prefix := mk(t)

@@ -190,7 +190,7 @@ func (failExtend) Extend(context.Context, string, string, time.Duration) error {
 
 // Items of a parallel batch renew their claims on several goroutines at once (for
 // the race detector: the batch's no-more-renewals flag is shared).
-func TestBatchParallelRenewals(t *testing.T) {
+func TestParallelItemsRenewTheirClaimsConcurrently(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	h := newDeduperOver(t, failExtend{mem}).mustRegister(t, "r", WithLease(300*time.Millisecond))
 	items := []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}, {Key: "d"}}
@@ -251,7 +251,7 @@ func (claimDown) ClaimMany(context.Context, []Entry) ([]Answer, error) {
 
 // WhenChecked's f comes before the fns also when the claims failed and the items run
 // unguarded (FailOpen).
-func TestWhenCheckedBeforeUnguardedFns(t *testing.T) {
+func TestWhenCheckedRunsBeforeUnguardedFns(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	h := newDeduperOver(t, claimDown{mem}).mustRegister(t, "c", WithStoreFailure(FailOpen))
 	var called, calls atomic.Int64

@@ -198,7 +198,7 @@ func TestAutoPipelinedCompletes(t *testing.T) {
 
 // WithoutBatchScripts sends the batch calls as on a cluster, a command or script per
 // key (for a proxy that routes each command by its key), with the same answers.
-func TestWithoutBatchScripts(t *testing.T) {
+func TestWithoutBatchScriptsCallsGoPerKeyWithTheSameAnswers(t *testing.T) {
 	for name, mk := range countedRedis(t) {
 		t.Run(name, func(t *testing.T) {
 			s, tc, prefix := mk(t)
@@ -271,7 +271,7 @@ func (h proxyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // that does not answer INFO is found by the probe; one that refuses a script over
 // several slots (CROSSSLOT) turns the batch scripts off at the first refusal, and
 // the refused calls go again per key.
-func TestBatchScriptsOffBehindAProxy(t *testing.T) {
+func TestBatchScriptsTurnOffBehindAShardingProxy(t *testing.T) {
 	for _, hook := range []proxyHook{{noInfo: true}, {crossSlot: true}} {
 		t.Run(fmt.Sprintf("noInfo=%v", hook.noInfo), func(t *testing.T) {
 			prefix := testenv.Prefix()
@@ -319,7 +319,7 @@ func TestBatchScriptsOffBehindAProxy(t *testing.T) {
 }
 
 // A key of another type in a complete_many call fails that completion alone: the
-// others are completed and say so (from a review: GET's error aborted the script
+// others are completed and say so (GET's error aborted the script
 // half-way, the keys before it DONE but reported failed, those after it left IN
 // PROGRESS).
 func TestCompleteManyKeyOfAnotherTypeFailsAlone(t *testing.T) {

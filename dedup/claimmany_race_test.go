@@ -13,7 +13,7 @@ import (
 // A pipeline is not a transaction: Redis may run another client's commands between
 // two of its commands (a 16 KiB read boundary, a retried send). These tests put them
 // there with hooks on the pipeline that ClaimMany sends (SET NX PX GET, PTTL, GET per
-// key). From a review of 1ce14d0.
+// key).
 
 // claimPipeline reports whether cmds is ClaimMany's first round trip.
 func claimPipeline(cmds []redis.Cmder) bool {

@@ -69,7 +69,7 @@ const (
 	cMargin    = 150 * time.Millisecond
 )
 
-func TestStoreConformance(t *testing.T) {
+func TestEveryStorePassesTheConformanceSuite(t *testing.T) {
 	for _, bf := range storeBackends() {
 		t.Run(bf.name, func(t *testing.T) {
 			t.Parallel()
@@ -701,7 +701,7 @@ func (s *suite) completeReply(key, token, reply string) error {
 
 // A value under a record key that dedup did not write is reported, never taken for a
 // record (which could drop a message) and never overwritten.
-func TestRedisStoreForeignValue(t *testing.T) {
+func TestRedisStoreReportsAForeignValueAndNeverOverwritesIt(t *testing.T) {
 	for _, bf := range storeBackends()[1:] {
 		t.Run(bf.name, func(t *testing.T) {
 			b := bf.new(t)

@@ -254,7 +254,7 @@ func TestAppendfsyncAlwaysSurvivesKill9(t *testing.T) {
 // and each evicted record lets a duplicate through. Under noeviction, a full Redis
 // refuses new claims: Do answers StoreUnavailable (fn not run; the adapter naks) and
 // no processed message runs twice.
-func TestEvictionPolicy(t *testing.T) {
+func TestEvictionLetsDuplicatesThroughAndNoevictionRefusesClaims(t *testing.T) {
 	t.Parallel()
 	const headroom = 192 << 10 // bytes above what a server with our clients and scripts uses
 	for _, policy := range []string{"allkeys-lru", "noeviction"} {

@@ -79,7 +79,7 @@ func TestFlightWithoutWaitersAllocatesOnlyItself(t *testing.T) {
 
 // The fns of a filter batch share one context for the batch, and it still ends with
 // ErrClosed when the Deduper closes while they run.
-func TestFilterBatchFnSeesClose(t *testing.T) {
+func TestFilterBatchFnsSeeErrClosedWhenTheDeduperCloses(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	dd := newDeduperOver(t, mem)
 	h := dd.mustRegister(t, "close-batch", WithMode(ModeFilter))
@@ -117,7 +117,7 @@ func TestFilterBatchFnSeesClose(t *testing.T) {
 // A filter batch of fresh keys costs few allocations per item: one flight, one
 // token, one record key, one local-tier node, the memory store's record, and the
 // batch's share of its own. The fns share one context (14 per item before).
-func TestFilterBatchAllocationsPerItem(t *testing.T) {
+func TestFilterBatchAllocatesAFewObjectsPerItem(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	h := newDeduperOver(t, mem).mustRegister(t, "allocs", WithMode(ModeFilter))
 	const n = 64
@@ -143,7 +143,7 @@ func TestFilterBatchAllocationsPerItem(t *testing.T) {
 // A Mark (or filter-mode HandleKey) the local tier answers takes no part in Close, as
 // a Do's does not: while Close waits for a running fn, a key known DONE is still a
 // Duplicate, a new key is refused. The local answers are counted in Stats from their stripes.
-func TestMarkLocalHitDuringClose(t *testing.T) {
+func TestLocalTierStillAnswersMarksDuringClose(t *testing.T) {
 	f := newFixture(t, true)
 	h := f.handler("orders", WithMode(ModeFilter))
 	ctx := context.Background()

@@ -13,7 +13,7 @@ import (
 
 // Former names are validated, and may not be the handler's own name or any name of
 // another handler, whichever registers first.
-func TestFormerNamesRefused(t *testing.T) {
+func TestInvalidOrTakenFormerNamesAreRefused(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	for _, tc := range []struct {
 		name   string
@@ -67,7 +67,7 @@ func newRenamed(t *testing.T, b backend, opts ...HandlerOption) renamed {
 // Handle in both modes, HandleBatch, HandleBatchParallel), and fn does not run; new
 // keys run and are written under the current name only; a claim answered by a
 // former record copies it forward.
-func TestFormerNamesDuplicate(t *testing.T) {
+func TestDoneRecordUnderAFormerNameIsADuplicateOnEveryPath(t *testing.T) {
 	type path struct {
 		name string
 		mode Mode
@@ -157,7 +157,7 @@ func TestFormerNamesDuplicate(t *testing.T) {
 // the message) answers InProgress, and the claim under the current name is given
 // back; a DONE record with another fingerprint answers KeyReuse. Lookup and Forget
 // see the former names' records.
-func TestFormerNamesInProgressAndReuse(t *testing.T) {
+func TestFormerNamesRecordsAnswerInProgressAndKeyReuse(t *testing.T) {
 	for _, bf := range recordBackends() {
 		t.Run(bf.name, func(t *testing.T) {
 			t.Parallel()
@@ -214,7 +214,7 @@ func TestFormerNamesInProgressAndReuse(t *testing.T) {
 // A new key costs exactly one more round trip with former names than without (the
 // lookup of the former records, one pipeline for a whole batch), on every path; a
 // key answered by the current name's own record costs nothing more.
-func TestFormerNamesOneMoreRoundTrip(t *testing.T) {
+func TestFormerNamesCostANewKeyOneMoreRoundTrip(t *testing.T) {
 	prefix := testenv.Prefix()
 	c := realRedis(t, prefix)
 	tc := &testenv.TripCounter{}

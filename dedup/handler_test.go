@@ -145,7 +145,7 @@ func TestHandlersAreIndependent(t *testing.T) {
 	}
 }
 
-func TestDoInProgressElsewhere(t *testing.T) {
+func TestDoAnswersInProgressWithTheLeaseLeftWhenClaimedElsewhere(t *testing.T) {
 	f := newFixture(t, false)
 	h := f.handler("orders", WithLease(time.Minute))
 	ctx := context.Background()
@@ -198,7 +198,7 @@ func TestDoPanicReleases(t *testing.T) {
 	}
 }
 
-func TestHandleKeyReuse(t *testing.T) {
+func TestAnotherPayloadUnderAKnownKeyIsKeyReuse(t *testing.T) {
 	f := newFixture(t, false)
 	h := f.handler("orders", WithFingerprint(true), WithKeyStrategy(keys.Header("Idempotency-Key")))
 	ctx := context.Background()
@@ -306,7 +306,7 @@ func TestCompleteFailureIsReportedDistinctly(t *testing.T) {
 	}
 }
 
-func TestStoreUnavailable(t *testing.T) {
+func TestStoreDownFailsClosedOrRunsUnguarded(t *testing.T) {
 	down := fmt.Errorf("%w: dial tcp: connection refused", ErrStoreUnavailable)
 	ctx := context.Background()
 	t.Run("fail-closed", func(t *testing.T) {
@@ -339,7 +339,7 @@ func TestStoreUnavailable(t *testing.T) {
 	})
 }
 
-func TestMissingKey(t *testing.T) {
+func TestMissingKeyIsNoKeyOrRunsUnguarded(t *testing.T) {
 	f := newFixture(t, false)
 	ctx := context.Background()
 	empty := keys.Raw{Body: []byte("x")}
@@ -543,7 +543,7 @@ func TestLocalCacheExpires(t *testing.T) {
 	}
 }
 
-func TestInvalidOptions(t *testing.T) {
+func TestInvalidOptionsAreErrInvalidOptionNamingTheSetting(t *testing.T) {
 	f := newFixture(t, false)
 	cases := []struct {
 		name, mention string

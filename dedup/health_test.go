@@ -54,7 +54,7 @@ func wantCheck(t *testing.T, c HealthCheck, st HealthStatus) {
 
 // A memory store reports itself reachable; every handler's local tier is listed with
 // its fill; a closed Deduper fails, and the HTTP handler answers 503.
-func TestHealthMemoryStore(t *testing.T) {
+func TestHealthReportsAMemoryStoreAndItsLocalTiers(t *testing.T) {
 	mem, _ := NewMemoryStore(WithMemoryLimit(100))
 	d, err := New(mem, WithLogger(quiet))
 	if err != nil {
@@ -94,7 +94,7 @@ func TestHealthMemoryStore(t *testing.T) {
 
 // A store that does not implement HealthChecker is unknown, which does not fail the
 // report.
-func TestHealthStoreWithoutChecks(t *testing.T) {
+func TestHealthOfAStoreWithoutChecksIsUnknownNotFailed(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	d, _ := New(&hookStore{Store: mem}, WithLogger(quiet))
 	defer d.Close()
@@ -121,7 +121,7 @@ func redisDeduper(t *testing.T, c redis.UniversalClient) *Deduper {
 
 // On a real redis-server: reachable with a latency, the version, the policy (an
 // evicting one warns, and the handler still answers 200) and the memory.
-func TestHealthRedis(t *testing.T) {
+func TestHealthReportsRedisVersionPolicyAndMemory(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		policy string
@@ -166,7 +166,7 @@ func TestHealthRedis(t *testing.T) {
 // for the forget notices' subscription) proves the server reachable, and the report
 // is ok (200). The ACL line is not
 // widened for the health check. A wrong password fails the report (503).
-func TestHealthACL(t *testing.T) {
+func TestHealthAsTheACLUserIsOkWithoutINFO(t *testing.T) {
 	t.Parallel()
 	srv := newACLServer(t)
 	prefix, user := testenv.Prefix(), testenv.Prefix()
@@ -211,7 +211,7 @@ func TestHealthACL(t *testing.T) {
 
 // An unreachable server fails the report; so does one that accepts connections and
 // never answers, by the context's deadline.
-func TestHealthUnreachable(t *testing.T) {
+func TestHealthFailsForAnUnreachableOrSilentServer(t *testing.T) {
 	t.Parallel()
 	addr := testenv.RefusedAddr(t) // nothing listens there, and nothing can start to
 	down := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
@@ -260,7 +260,7 @@ func TestHealthUnreachable(t *testing.T) {
 }
 
 // On Redis Cluster every master is checked.
-func TestHealthCluster(t *testing.T) {
+func TestHealthChecksEveryClusterMaster(t *testing.T) {
 	t.Parallel()
 	c := clusterRedis(t, testenv.Prefix())
 	d := redisDeduper(t, c)
@@ -289,7 +289,7 @@ func TestHealthCluster(t *testing.T) {
 }
 
 // On miniredis (no INFO fields, no CONFIG) nothing fails.
-func TestHealthMiniredis(t *testing.T) {
+func TestHealthOnMiniredisFailsNothing(t *testing.T) {
 	_, c := newMiniredis(t)
 	code, rep, body := serve(t, redisDeduper(t, c))
 	if code != http.StatusOK {
@@ -299,7 +299,7 @@ func TestHealthMiniredis(t *testing.T) {
 	wantCheck(t, find(t, rep, CheckStoreReachable, "*"), HealthOK)
 }
 
-func TestHealthVerdicts(t *testing.T) {
+func TestHealthFailsRedisBefore7AndWarnsOnEvictingPolicies(t *testing.T) {
 	for v, st := range map[string]HealthStatus{
 		"6.0.16": HealthFail, "6.2.14": HealthFail, "5.0.7": HealthFail, "7.0.0": HealthOK,
 		"7.0.15": HealthOK, "7.2.4": HealthOK, "8.0.2": HealthOK, "10.1.0": HealthOK, "x": HealthUnknown, "7": HealthUnknown,

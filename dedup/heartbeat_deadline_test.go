@@ -1,6 +1,7 @@
 package dedup
 
-// Regression tests for the batch path, from the second review: each failed before its fix.
+// Batches end and give their claims back: a Goexit, a silent store, a heartbeat
+// that cannot reach the store.
 
 import (
 	"context"
@@ -12,7 +13,7 @@ import (
 	"time"
 )
 
-// R1: runtime.Goexit in a batch fn: running.Done never called -> Close hangs; claims not released.
+// runtime.Goexit in a batch fn: running.Done never called -> Close hangs; claims not released.
 func TestBatchGoexitReleasesAndCloses(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	d, _ := New(mem, WithLogger(quiet))
@@ -41,7 +42,7 @@ func TestBatchGoexitReleasesAndCloses(t *testing.T) {
 	}
 }
 
-// R1b: the single-item path handles Goexit (control).
+// A batch runs its keyed items in order, then the keyless ones.
 func TestBatchRunsItemsInOrder(t *testing.T) {
 	f := newFixture(t, true)
 	h := f.handler("ord", WithMissingKey(ProcessMissingKey))
@@ -63,9 +64,10 @@ func (s blackholeExtend) Extend(ctx context.Context, key, token string, lease ti
 	return ctx.Err()
 }
 
-// R3: batch heartbeat extends claims one after another; with a store that times out,
-// the running item is cancelled only at or after its lease end -> another owner runs it
-// while fn still runs with a live context. Single Do cancels at lease - lease/3.
+// With a store that times out, extensions sent one after another would cancel the
+// running item only at or after its lease end, so that another owner ran it while fn
+// still ran with a live context: the lease table sends them side by side, and the
+// running item is cancelled before its lease can end.
 func TestBatchHeartbeatCancelsRunningItemInTime(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	d, _ := New(blackholeExtend{mem}, WithLogger(quiet))

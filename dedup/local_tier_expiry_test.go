@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Found by TestStoreModel: a Mark that finds a DONE record written by another
+// Found by TestEveryStoreAgreesWithTheReferenceModel: a Mark that finds a DONE record written by another
 // instance cached the key locally for the handler's whole retention, although the
 // record had less left. Once the record expired and another owner claimed the key
 // again, the local tier answered Duplicate for a record IN PROGRESS: had that owner

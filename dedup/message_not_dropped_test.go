@@ -1,6 +1,7 @@
 package dedup
 
-// Regression tests for defects found in review: each failed before its fix.
+// A message is never dropped for a duplicate it is not: closes, lost replies and
+// expiries between the steps of a run.
 
 import (
 	"context"
@@ -90,7 +91,7 @@ func (m rawMsgT) Header(n string) string {
 }
 func (m rawMsgT) Data() []byte { return nil }
 
-func TestFilterCloseBetweenMarkAndRun(t *testing.T) {
+func TestFilterCloseBetweenMarkAndRunNeverDropsTheMessage(t *testing.T) {
 	f := newFixture(t, false)
 	h := f.handler("m", WithMode(ModeFilter))
 	f.store.onFail(func(op string) error {

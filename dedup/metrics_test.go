@@ -123,7 +123,7 @@ func outcomeIs(o Outcome) attribute.KeyValue   { return attrOutcome.String(outco
 func opIs(op string) attribute.KeyValue        { return attrOperation.String(op) }
 
 // Every instrument, read through the SDK's manual reader, counts what the calls did.
-func TestMetrics(t *testing.T) {
+func TestEveryInstrumentCountsWhatTheCallsDid(t *testing.T) {
 	m := newMetered(t)
 	ctx := context.Background()
 	boom := errors.New("boom")
@@ -296,7 +296,7 @@ func TestMetrics(t *testing.T) {
 
 // A batch call that fails whole counts one store error; items that fail on their own
 // count one each. A caller that cancels its context is not a store error.
-func TestMetricsStoreErrors(t *testing.T) {
+func TestMetricsCountAWholeBatchFailureOnceAndCancellationsNever(t *testing.T) {
 	m := newMetered(t)
 	ctx := context.Background()
 	h := m.handler("orders", WithLocalCache(0, 0))
@@ -347,7 +347,7 @@ func (s *allItemsFailStore) ClaimMany(_ context.Context, entries []Entry) ([]Ans
 
 // Without a meter provider nothing is instrumented: the store is called directly,
 // handlers carry no metrics, and a local hit still allocates nothing.
-func TestMetricsOff(t *testing.T) {
+func TestWithoutAMeterProviderNothingIsInstrumented(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	d, err := New(mem, WithLogger(quiet))
 	if err != nil {
@@ -368,7 +368,7 @@ func TestMetricsOff(t *testing.T) {
 
 // With metrics on, Store still returns the store given to New, and a local hit still
 // allocates nothing (the attribute sets are built at Register).
-func TestMetricsOnLocalHit(t *testing.T) {
+func TestMetricsKeepTheLocalHitAllocationFree(t *testing.T) {
 	m := newMetered(t)
 	h := m.handler("orders")
 	ctx := context.Background()
@@ -393,7 +393,7 @@ func TestMetricsOnLocalHit(t *testing.T) {
 // The stored replies' counters: a reply too large to store, and the duplicate then
 // answered without one, for handlers WithReplies (and for them only); a completion
 // with a reply is timed as a complete.
-func TestMetricsReplies(t *testing.T) {
+func TestMetricsCountRepliesTooLargeToStore(t *testing.T) {
 	mem, err := NewMemoryStore()
 	if err != nil {
 		t.Fatal(err)

@@ -447,7 +447,7 @@ func modelSeeds(n int) []uint64 {
 	return seeds
 }
 
-func TestStoreModel(t *testing.T) {
+func TestEveryStoreAgreesWithTheReferenceModel(t *testing.T) {
 	for _, bf := range fakeBackends() {
 		t.Run(bf.name, func(t *testing.T) {
 			t.Parallel()

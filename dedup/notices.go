@@ -42,7 +42,7 @@ const MinForgetBound = 40 * time.Millisecond
 // is lost (default DefaultForgetBound, at least MinForgetBound). A notice heard drops
 // the key at once (about a millisecond after Forget returns, on one host:
 // TestForgetReachesEveryProcess). To keep the bound when notices are lost
-// (TestForgetMissedNoticeBound), the Deduper PINGs its subscription every bound/4
+// (TestMissedForgetNoticesDropTheLocalTiersWithinTheBound), the Deduper PINGs its subscription every bound/4
 // while it hears nothing else, drops all its local tiers when it has heard nothing
 // for bound/2, and again every bound/4 until it hears again, and drops a handler's
 // tier while the subscription to its channel is not confirmed (a Redis ACL user

@@ -144,7 +144,7 @@ func TestLookup(t *testing.T) {
 // A store that does not implement RecordStore (here one behind a wrapper that embeds
 // Store) says so: Lookup, Forget and CountRecords wrap errors.ErrUnsupported, and
 // Register refuses former names.
-func TestRecordsUnsupported(t *testing.T) {
+func TestStoreWithoutRecordStoreIsErrUnsupported(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	d := newDeduper(t, &hookStore{Store: mem})
 	h := register(t, d, "orders")
@@ -168,7 +168,7 @@ func TestRecordsUnsupported(t *testing.T) {
 
 // Forget makes a DONE key run again (its local tier too), refuses a record IN
 // PROGRESS unless forced, and forced, the owner finds its lease lost.
-func TestForget(t *testing.T) {
+func TestForgetMakesADoneKeyRunAgainAndRefusesInProgressUnlessForced(t *testing.T) {
 	for _, bf := range recordBackends() {
 		t.Run(bf.name, func(t *testing.T) {
 			t.Parallel()
@@ -352,7 +352,7 @@ func (s *heldStore) Complete(ctx context.Context, key, token string, retention t
 // flight (remember's check), the stale answer would be cached, and the key would
 // answer Duplicate locally until its TTL. Three answers are cached: a claim's
 // Duplicate, a mark's first sighting, a completion.
-func TestForgetStaleAnswerNotCached(t *testing.T) {
+func TestAnswerOvertakenByAForgetIsNotCached(t *testing.T) {
 	for _, tc := range []struct {
 		op   string
 		mode Mode
@@ -411,7 +411,7 @@ func TestForgetStaleAnswerNotCached(t *testing.T) {
 // holds everything the server sends on it) does not leave a forgotten key in a local
 // tier past the bound: the Deduper hears nothing from its subscription, drops its
 // local tiers, and says so in its health report.
-func TestForgetMissedNoticeBound(t *testing.T) {
+func TestMissedForgetNoticesDropTheLocalTiersWithinTheBound(t *testing.T) {
 	t.Parallel()
 	prefix := testenv.Prefix()
 	addr := realRedisAddr(t, prefix)
@@ -462,7 +462,7 @@ func TestForgetMissedNoticeBound(t *testing.T) {
 
 // A quiet subscription (no notice for many ticks) stays heard from, by its PINGs: the
 // local tier is not dropped for want of notices, and the health report is ok.
-func TestForgetNoticesQuietKeepsLocalTier(t *testing.T) {
+func TestQuietNoticeSubscriptionKeepsTheLocalTier(t *testing.T) {
 	t.Parallel()
 	prefix := testenv.Prefix()
 	addr := realRedisAddr(t, prefix)
@@ -482,7 +482,7 @@ func TestForgetNoticesQuietKeepsLocalTier(t *testing.T) {
 
 // A fingerprinted key is held locally as key#fingerprint, for each payload seen:
 // Forget drops every one of them, in every Deduper, and the other keys stay.
-func TestForgetFingerprintedKeys(t *testing.T) {
+func TestForgetDropsEveryFingerprintOfAKey(t *testing.T) {
 	mem, _ := NewMemoryStore()
 	ctx := context.Background()
 	a := register(t, newDeduper(t, mem), "orders", WithFingerprint(true))
@@ -520,7 +520,7 @@ func TestForgetFingerprintedKeys(t *testing.T) {
 
 // CountRecords counts records by handler under the prefix, on every store (on a
 // Cluster, across its masters), and leaves out keys that are not records.
-func TestCountRecords(t *testing.T) {
+func TestCountRecordsCountsByHandlerOnEveryStore(t *testing.T) {
 	for _, bf := range storeBackends() {
 		if strings.HasSuffix(bf.name, "-direct") {
 			continue // the same client, scanned the same way
@@ -578,7 +578,7 @@ func TestCountRecords(t *testing.T) {
 }
 
 // Subscribers counts the Dedupers that run a handler with a local tier on the store.
-func TestSubscribers(t *testing.T) {
+func TestSubscribersCountsTheDedupersWithALocalTier(t *testing.T) {
 	for _, bf := range recordBackends() {
 		t.Run(bf.name, func(t *testing.T) {
 			t.Parallel()

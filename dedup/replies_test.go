@@ -89,7 +89,7 @@ func TestEveryDuplicateGetsTheStoredReply(t *testing.T) {
 // A reply larger than the limit: the message is processed (fn's reply in hand, for
 // the first requester), DONE is written without the reply, the error says so and it
 // is counted; its duplicates answer Duplicate with no reply, counted too.
-func TestReplyTooLarge(t *testing.T) {
+func TestReplyTooLargeIsProcessedButNotStored(t *testing.T) {
 	for _, bf := range replyBackends() {
 		t.Run(bf.name, func(t *testing.T) {
 			t.Parallel()
@@ -134,7 +134,7 @@ func TestReplyTooLarge(t *testing.T) {
 // so instead of answering an empty reply. A key the local tier knows DONE without its
 // reply goes to the store for it. Do and Mark on a handler WithReplies are errors:
 // only Run's results carry replies.
-func TestReplyEmptyAndNone(t *testing.T) {
+func TestEmptyReplyIsAReplyAndARecordWithoutOneHasNone(t *testing.T) {
 	ctx := context.Background()
 	mem, _ := NewMemoryStore()
 	d := newDeduper(t, mem)
@@ -169,7 +169,7 @@ func TestReplyEmptyAndNone(t *testing.T) {
 
 // The local tier's replies are bounded by bytes: a reply evicted from it is answered
 // by the store, with the right bytes; the ones kept, locally.
-func TestLocalRepliesBudget(t *testing.T) {
+func TestLocalRepliesAreBoundedByBytes(t *testing.T) {
 	ctx := context.Background()
 	mem, _ := NewMemoryStore()
 	h := register(t, newDeduper(t, mem), "orders", WithReplies(0), WithLocalReplies(4<<10))
@@ -205,7 +205,7 @@ func TestLocalRepliesBudget(t *testing.T) {
 // WaitForRunning every copy waits for it and gets its reply, otherwise a copy that
 // comes while it runs is InProgress (to be retried) and never answered with a
 // Duplicate without its reply.
-func TestReplyConcurrentDuplicates(t *testing.T) {
+func TestConcurrentDuplicatesGetTheReplyOrInProgress(t *testing.T) {
 	for _, wait := range []bool{true, false} {
 		t.Run(fmt.Sprint("wait:", wait), func(t *testing.T) {
 			ctx := context.Background()
@@ -265,7 +265,7 @@ func TestReplyConcurrentDuplicates(t *testing.T) {
 
 // fn's error releases the claim and stores nothing: the retry runs fn again, and its
 // reply is the one stored.
-func TestReplyAfterFailure(t *testing.T) {
+func TestFailedRunStoresNoReplyAndItsRetrysIsStored(t *testing.T) {
 	ctx := context.Background()
 	mem, _ := NewMemoryStore()
 	h := register(t, newDeduper(t, mem), "orders", WithReplies(0))
@@ -349,7 +349,7 @@ func TestABatchStoresEachItemsReply(t *testing.T) {
 }
 
 // The reply forms need WithReplies, and WithReplies a store that keeps replies.
-func TestRepliesConfig(t *testing.T) {
+func TestRepliesNeedWithRepliesAndAStoreThatKeepsThem(t *testing.T) {
 	ctx := context.Background()
 	mem, _ := NewMemoryStore()
 	d := newDeduper(t, mem)

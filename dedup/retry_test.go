@@ -134,7 +134,7 @@ func firstReplyOK(op string, reply string) bool {
 	}
 }
 
-func TestRetriedClaimIsOwn_LostReply(t *testing.T) {
+func TestRetriedClaimAfterALostReplyIsOwn(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		m, _ := newMiniredis(t)
 		testLostReply(t, m.Addr())
@@ -216,10 +216,10 @@ func testLostReply(t *testing.T, addr string) {
 	}
 }
 
-// TestRetriedClaimIsOwn_DebugSleep stalls a real server with DEBUG SLEEP so that real
+// TestClaimsRetriedDuringADebugSleepAreOwn stalls a real server with DEBUG SLEEP so that real
 // read timeouts fire while commands queue on the server; go-redis retries them, and on
 // waking the server runs the first attempt as well as the retries.
-func TestRetriedClaimIsOwn_DebugSleep(t *testing.T) {
+func TestClaimsRetriedDuringADebugSleepAreOwn(t *testing.T) {
 	const (
 		sleep       = 250 * time.Millisecond
 		readTimeout = 100 * time.Millisecond

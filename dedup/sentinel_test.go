@@ -34,7 +34,7 @@ func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 // MasterName), and its records survive a failover: after the replica is promoted,
 // the same client finds the DONE record (Duplicate) and writes new ones on the new
 // primary.
-func TestSentinelFailover(t *testing.T) {
+func TestRecordsSurviveASentinelFailover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const master = "dedupkit"

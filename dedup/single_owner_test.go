@@ -1,6 +1,7 @@
 package dedup
 
-// Regression tests from the third review: each failed before its fix.
+// A key never runs under two owners: a Goexit, a per-item claim error under FailOpen
+// and a stalling extension each leave it with one owner.
 
 import (
 	"context"
@@ -11,7 +12,7 @@ import (
 	"time"
 )
 
-// A: Goexit in a later batch item leaves earlier successful items claimed, not DONE:
+// Goexit in a later batch item leaves earlier successful items claimed, not DONE:
 // after the lease, a redelivery runs them again.
 func TestBatchGoexitCompletesFinishedItems(t *testing.T) {
 	mem, _ := NewMemoryStore()
@@ -40,7 +41,7 @@ func TestBatchGoexitCompletesFinishedItems(t *testing.T) {
 	}
 }
 
-// B: per-item claim error under FailOpen runs that item inline before the heartbeat
+// A per-item claim error under FailOpen runs that item inline before the heartbeat
 // starts; the next item's claim expires meanwhile and it runs under another owner's lease.
 type itemErrStore struct {
 	Store
@@ -93,7 +94,7 @@ func TestBatchFailOpenItemRunsAfterClaimedOnes(t *testing.T) {
 	}
 }
 
-// C: extension fails fast once, then the store stalls: fn is cancelled only at the lease end.
+// An extension fails fast once, then the store stalls: fn is cancelled only at the lease end.
 type fastThenStall struct {
 	Store
 	n atomic.Int32

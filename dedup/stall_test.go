@@ -17,7 +17,7 @@ import (
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-// TestStalledReplies puts a TCP proxy (testenv.Proxy) between a go-redis client and a
+// TestStalledRepliesAreNeverFalseDuplicatesOrLost puts a TCP proxy (testenv.Proxy) between a go-redis client and a
 // spawned redis-server, and in each of 100 trials stalls one command of the full
 // engine mid-command: the command runs on the server, its reply is delayed past or
 // within the client's ReadTimeout, or swallowed until the connection drops, or
@@ -33,9 +33,9 @@ import (
 // message processed twice, none stuck. The naive control, a plain SETNX through the
 // same proxy and faults, answers "duplicate" for messages no one processed.
 //
-// It extends TestRetriedClaimIsOwn_LostReply (one store call, a reply dropped inside
+// It extends TestRetriedClaimAfterALostReplyIsOwn (one store call, a reply dropped inside
 // the client's connection) to a real socket stall and to the engine's whole path.
-func TestStalledReplies(t *testing.T) {
+func TestStalledRepliesAreNeverFalseDuplicatesOrLost(t *testing.T) {
 	addr := spawnRedis(t)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

@@ -125,7 +125,7 @@ func tlsClient(t *testing.T, addr string, pki testPKI) *redis.Client {
 }
 
 // Every conformance case passes over TLS (rediss://, mutual TLS).
-func TestTLSConformance(t *testing.T) {
+func TestEveryConformanceCasePassesOverTLS(t *testing.T) {
 	t.Parallel()
 	pki := newTestPKI(t)
 	addr := spawnTLSRedis(t, pki)
@@ -159,7 +159,7 @@ func TestTLSStoreFlow(t *testing.T) {
 
 // A Deduper runs over TLS; a client that does not trust the server's CA, or that
 // speaks plain TCP, gets a store error and fn does not run (fail closed).
-func TestTLSDeduper(t *testing.T) {
+func TestDeduperRunsOverTLSAndFailsClosedWithoutTrust(t *testing.T) {
 	t.Parallel()
 	pki := newTestPKI(t)
 	addr := spawnTLSRedis(t, pki)

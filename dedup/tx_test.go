@@ -117,7 +117,7 @@ func TestDoTxFailureRollsBackAndRunsAgain(t *testing.T) {
 // A COMMIT the database refused releases the claim: the next delivery runs it. One
 // whose outcome is unknown keeps the claim until its lease ends; then the marker
 // decides, whether the commit happened or not.
-func TestDoTxCommitFailedOrUnknown(t *testing.T) {
+func TestDoTxRefusedCommitReleasesAndUnknownKeepsTheClaim(t *testing.T) {
 	const lease = 200 * time.Millisecond
 	for _, tc := range []struct {
 		name             string
@@ -165,7 +165,7 @@ func TestDoTxCommitFailedOrUnknown(t *testing.T) {
 }
 
 // The database down: StoreUnavailable, fn not run, the claim released.
-func TestDoTxDatabaseDown(t *testing.T) {
+func TestDoTxDatabaseDownIsStoreUnavailable(t *testing.T) {
 	f := newFixture(t, true)
 	h := f.handler("orders")
 	db := newFakeDB()
@@ -184,7 +184,7 @@ func TestDoTxDatabaseDown(t *testing.T) {
 
 // Redis down: with DatabaseOnly a transactional run goes on with its marker alone,
 // still once, concurrent copies included; with the default it fails closed.
-func TestDoTxStoreDown(t *testing.T) {
+func TestDoTxStoreDownRunsOnTheMarkerOrFailsClosed(t *testing.T) {
 	down := errors.New("redis: connection refused")
 	t.Run("database-only", func(t *testing.T) {
 		f := newFixture(t, true)
@@ -315,7 +315,7 @@ func TestDoTxOverlappingRunsCommitOnce(t *testing.T) {
 }
 
 // A marker with another payload's fingerprint is key reuse.
-func TestDoTxKeyReuseFromTheMarker(t *testing.T) {
+func TestDoTxMarkerWithAnotherFingerprintIsKeyReuse(t *testing.T) {
 	db := newFakeDB()
 	ctx := context.Background()
 	first := newFixture(t, true).handler("orders", WithFingerprint(true))
@@ -332,7 +332,7 @@ func TestDoTxKeyReuseFromTheMarker(t *testing.T) {
 }
 
 // A keyless message under ProcessMissingKey runs in a transaction with no marker.
-func TestDoTxMissingKey(t *testing.T) {
+func TestDoTxKeylessMessageRunsWithoutAMarker(t *testing.T) {
 	f := newFixture(t, true)
 	db := newFakeDB()
 	res, _ := DoTx(context.Background(), f.handler("open", WithMissingKey(ProcessMissingKey)), "", db, effect("none"))
@@ -347,7 +347,7 @@ func TestDoTxMissingKey(t *testing.T) {
 // A batch: one transaction with every claimed item's marker, fn behind a savepoint
 // per item, one commit, then the completions. Found markers are Duplicates from the
 // database; a failing item's work and marker are rolled back to its savepoint.
-func TestHandleBatchTx(t *testing.T) {
+func TestRunTxCommitsABatchInOneTransactionWithASavepointPerItem(t *testing.T) {
 	db := newFakeDB()
 	ctx := context.Background()
 	f := newFixture(t, true)
@@ -410,7 +410,7 @@ func TestHandleBatchTx(t *testing.T) {
 
 // A batch whose COMMIT fails releases the items it held; one whose outcome is unknown
 // keeps their claims.
-func TestHandleBatchTxCommitFails(t *testing.T) {
+func TestRunTxRefusedCommitReleasesAndUnknownKeepsTheClaims(t *testing.T) {
 	for _, unknown := range []bool{false, true} {
 		t.Run(fmt.Sprint("unknown=", unknown), func(t *testing.T) {
 			f := newFixture(t, true)
@@ -448,7 +448,7 @@ var items2 = []string{"a", "b"}
 
 // An fn that ends its goroutine rolls the batch's transaction back, with every item's
 // work, and gives back every claim.
-func TestHandleBatchTxGoexit(t *testing.T) {
+func TestRunTxGoexitRollsBackAndGivesBackEveryClaim(t *testing.T) {
 	f := newFixture(t, true)
 	h := f.handler("orders")
 	db := newFakeDB()
@@ -476,7 +476,7 @@ func TestHandleBatchTxGoexit(t *testing.T) {
 }
 
 // More than MaxTxBatch items run as several transactions.
-func TestHandleBatchTxChunks(t *testing.T) {
+func TestRunTxSplitsMoreThanMaxTxBatchIntoSeveralTransactions(t *testing.T) {
 	h := newFixture(t, true).handler("orders")
 	db := newFakeDB()
 	items := make([]Item, 2*MaxTxBatch+3)
@@ -526,7 +526,7 @@ func TestDoTxCancelledWhileWaitingAtTheMarker(t *testing.T) {
 
 // Duplicates answered by a marker are counted under the tier "database", and a
 // commit whose outcome is unknown under its own outcome.
-func TestTxMetrics(t *testing.T) {
+func TestTxMetricsCountDatabaseDuplicatesAndUnknownCommits(t *testing.T) {
 	m := newMetered(t)
 	h := m.handler("orders")
 	db := newFakeDB()

@@ -24,7 +24,7 @@ import (
 //     too.
 //   - The records they write (d:..., p:...) are read by this version: a duplicate
 //     without a reply.
-func TestRecordsAcrossVersions(t *testing.T) {
+func TestRecordsAreReadAcrossVersions(t *testing.T) {
 	old := func(t *testing.T, name string) string {
 		b, err := os.ReadFile("testdata/before-replies/" + name + ".lua")
 		if err != nil {

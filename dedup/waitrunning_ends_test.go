@@ -1,7 +1,7 @@
 package dedup
 
-// Regression tests for the sixth review (auto-pipelining, heartbeat timer,
-// WaitForRunning). Each failed at the commit before its fix.
+// WaitForRunning waits for a run's end and no longer, and a claim's round trips
+// stay what they should.
 
 import (
 	"context"

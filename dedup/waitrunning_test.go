@@ -10,7 +10,7 @@ import (
 // A call for a key that a concurrent call in this process is running answers
 // InProgress at once, unless its context asks to wait (WaitForRunning): then it gets
 // the run's end, Duplicate when the run succeeded, or a run of its own when it failed.
-func TestWaitForRunning(t *testing.T) {
+func TestWaitForRunningGetsTheRunsEnd(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		leaderErr error
