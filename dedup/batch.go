@@ -41,8 +41,11 @@ type ItemResult struct {
 // handler's other ready completions, so a crash repeats at most the items whose
 // completion is in flight. An item whose key appears earlier in the batch follows that
 // item; keyless items follow the missing-key policy, last. OnResult hands out each
-// result as soon as it is final. The lifecycle, and what a lost lease, a Goexit or
-// Close does to the batch: docs/design.md §5.
+// result as soon as it is final. A Run of one keyed item without OnResult is a single
+// call, as Do is (in ModeFilter, a Mark then fn). On a handler WithReplies, fn sets
+// its item's reply with SetReply, and every duplicate gets it back (ItemResult.Reply).
+// The lifecycle, and what a lost lease, a Goexit or Close does to the batch:
+// docs/design.md §5.
 func (h *Handler) Run(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error, opts ...RunOption) []ItemResult {
 	rc, err := runOptions(opts)
 	if err == nil {
@@ -51,15 +54,15 @@ func (h *Handler) Run(ctx context.Context, items []Item, fn func(ctx context.Con
 	if err != nil {
 		return badBatch(items, rc.done, err)
 	}
+	if len(items) == 1 && items[0].Key != "" && rc.done == nil && !whenChecked(ctx) {
+		// one message: a single call (Handler.do, or a Mark and a run)
+		return []ItemResult{h.runOne(ctx, items[0], func(ctx context.Context) error { return fn(ctx, 0) })}
+	}
 	if h.replyStore == nil {
 		return h.handleBatch(ctx, items, rc.parallel, fn, rc.done, nil, nil)
 	}
 	// a handler WithReplies: each item's reply (SetReply) is stored with its DONE
 	// record, and its duplicates get it back; its items claim whatever the mode
-	if len(items) == 1 && items[0].Key != "" && rc.done == nil && ctx.Value(whenCheckedKey{}) == nil {
-		// one request, answered as a single call: a batch of one
-		return []ItemResult{h.doReply(ctx, items[0].Key, h.fingerprint(items[0].Payload), func(ctx context.Context) error { return fn(ctx, 0) })}
-	}
 	rb := &batchReplies{fn: fn, items: make([]replyRun, len(items))}
 	return h.handleBatch(ctx, items, rc.parallel, rb.call, rc.done, nil, rb)
 }
@@ -146,6 +149,12 @@ type whenCheckedKey struct{}
 // start the next one then. It does not reach the fns' contexts.
 func WhenChecked(ctx context.Context, f func()) context.Context {
 	return context.WithValue(ctx, whenCheckedKey{}, f)
+}
+
+// whenChecked reports whether ctx carries a WhenChecked callback.
+func whenChecked(ctx context.Context) bool {
+	f, _ := ctx.Value(whenCheckedKey{}).(func())
+	return f != nil
 }
 
 // batchOut holds a batch's results: set records item i's and hands it to done. Until

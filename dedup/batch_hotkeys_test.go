@@ -86,7 +86,7 @@ func hotKeys(t *testing.T, fpOn bool, lc int) {
 				}
 				if w%3 == 0 {
 					k := items[0].Key
-					h.HandleKey(ctx, k, []byte("p"), func(context.Context) error { return body(k) })
+					handleKey(h, ctx, k, []byte("p"), func(context.Context) error { return body(k) })
 					continue
 				}
 				h.Run(ctx, items, func(_ context.Context, i int) error { return body(items[i].Key) }, Parallel(1+rand.IntN(4)))

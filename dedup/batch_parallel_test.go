@@ -206,7 +206,7 @@ func TestBatchItemWaitsForAnotherCallsMark(t *testing.T) {
 	res := h.Run(context.Background(), []Item{{Key: "x"}}, func(context.Context, int) error {
 		ran = true
 		return nil
-	}, Parallel(2))
+	}, Parallel(2), asBatch)
 	if r := <-first; r.Outcome != First {
 		t.Fatalf("the lone Mark: %v, want First", r.Outcome)
 	}

@@ -144,7 +144,7 @@ func TestBatchClaimsInOneRoundTripAndCompletesAsFnsReturn(t *testing.T) {
 			defer d.Close()
 			h, _ := d.Register("orders")
 			ctx := context.Background()
-			h.Run(ctx, []Item{{Key: "warm"}}, func(context.Context, int) error { return nil }) // load the scripts
+			h.Run(ctx, []Item{{Key: "warm"}, {Key: "warm-2"}}, func(context.Context, int) error { return nil }) // load the batch scripts (a batch of one is a single call)
 			items := make([]Item, 64)
 			for i := range items {
 				items[i] = Item{Key: fmt.Sprint("order-", i)}

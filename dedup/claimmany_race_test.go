@@ -127,7 +127,7 @@ func TestClaimManyDuplicateOfAnEndedRecordIsNotCached(t *testing.T) {
 	if a, err := other.Mark(ctx, rk, "Y", "", 50*time.Millisecond); err != nil || a.Status != StatusAcquired {
 		t.Fatal(a, err)
 	}
-	res := h.Run(ctx, []Item{{Key: "m1"}}, func(context.Context, int) error { return nil })
+	res := h.Run(ctx, []Item{{Key: "m1"}}, func(context.Context, int) error { return nil }, asBatch)
 	if res[0].Outcome != Duplicate {
 		t.Fatalf("batch: %v, want Duplicate (DONE when the SET saw it)", res[0].Outcome)
 	}

@@ -70,7 +70,7 @@ func TestEveryCallReturnsByItsDeadlineAgainstASilentRedis(t *testing.T) {
 					_, _ = hs.h.Handle(ctx, keys.Raw{Headers: map[string]string{"Idempotency-Key": "k2"}}, noop)
 				}},
 				{"Mark", func(ctx context.Context, hs handlers) { _, _ = hs.filter.Mark(ctx, "k3") }},
-				{"HandleKey, filter", func(ctx context.Context, hs handlers) { _, _ = hs.filter.HandleKey(ctx, "k4", nil, noop) }},
+				{"HandleKey, filter", func(ctx context.Context, hs handlers) { _, _ = handleKey(hs.filter, ctx, "k4", nil, noop) }},
 				{"DoReply", func(ctx context.Context, hs handlers) {
 					_, _ = runReply(hs.replies, ctx, "k5", nil, func(context.Context) ([]byte, error) { return nil, nil })
 				}},

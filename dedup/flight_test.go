@@ -161,7 +161,7 @@ func TestLocalTierStillAnswersMarksDuringClose(t *testing.T) {
 	}
 
 	payload := []byte(`{"order":1}`)
-	if res, err := h.HandleKey(ctx, "handled", payload, ok); err != nil || res.Outcome != Processed {
+	if res, err := handleKey(h, ctx, "handled", payload, ok); err != nil || res.Outcome != Processed {
 		t.Fatalf("first HandleKey: %v %v", res.Outcome, err)
 	}
 
@@ -181,7 +181,7 @@ func TestLocalTierStillAnswersMarksDuringClose(t *testing.T) {
 		t.Errorf("Mark of a marked key while Close waits: %v %v, want Duplicate", res.Outcome, err)
 	}
 	ran := false
-	if res, err := h.HandleKey(ctx, "handled", payload, func(context.Context) error { ran = true; return nil }); err != nil || res.Outcome != Duplicate || ran {
+	if res, err := handleKey(h, ctx, "handled", payload, func(context.Context) error { ran = true; return nil }); err != nil || res.Outcome != Duplicate || ran {
 		t.Errorf("HandleKey of a handled key while Close waits: %v %v (fn ran: %v), want Duplicate", res.Outcome, err, ran)
 	}
 	if res, err := h.Mark(ctx, "new"); !errors.Is(err, ErrClosed) || res.Outcome != Cancelled {

@@ -50,7 +50,7 @@ func BenchmarkFormerNames(b *testing.B) {
 					tc.Reset()
 					start := time.Now()
 					err := runConc(b.N, conc, func() error {
-						res, err := h.HandleKey(ctx, fmt.Sprint("k", seq.Add(1)), nil, func(context.Context) error { return nil })
+						res, err := handleKey(h, ctx, fmt.Sprint("k", seq.Add(1)), nil, func(context.Context) error { return nil })
 						if err == nil && res.Outcome != Processed && res.Outcome != First {
 							err = fmt.Errorf("outcome %v", res.Outcome)
 						}

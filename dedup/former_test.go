@@ -74,7 +74,7 @@ func TestDoneRecordUnderAFormerNameIsADuplicateOnEveryPath(t *testing.T) {
 		run  func(ctx context.Context, h *Handler, key string, fn func(context.Context) error) Outcome
 	}
 	single := func(ctx context.Context, h *Handler, key string, fn func(context.Context) error) Outcome {
-		res, _ := h.HandleKey(ctx, key, []byte("p"), fn)
+		res, _ := handleKey(h, ctx, key, []byte("p"), fn)
 		return res.Outcome
 	}
 	batch := func(parallel int) func(ctx context.Context, h *Handler, key string, fn func(context.Context) error) Outcome {
@@ -167,7 +167,7 @@ func TestFormerNamesRecordsAnswerInProgressAndKeyReuse(t *testing.T) {
 			started, finish := make(chan struct{}), make(chan struct{})
 			done := make(chan Result, 1)
 			go func() {
-				res, _ := r.old.HandleKey(ctx, "order-1", []byte("a"), func(context.Context) error {
+				res, _ := handleKey(r.old, ctx, "order-1", []byte("a"), func(context.Context) error {
 					close(started)
 					<-finish
 					return nil
@@ -175,7 +175,7 @@ func TestFormerNamesRecordsAnswerInProgressAndKeyReuse(t *testing.T) {
 				done <- res
 			}()
 			<-started
-			res, err := r.cur.HandleKey(ctx, "order-1", []byte("a"), ok)
+			res, err := handleKey(r.cur, ctx, "order-1", []byte("a"), ok)
 			want(t, res, err, InProgress)
 			if res.RetryAfter <= 0 || res.RetryAfter > time.Minute {
 				t.Fatalf("RetryAfter %v", res.RetryAfter)
@@ -191,9 +191,9 @@ func TestFormerNamesRecordsAnswerInProgressAndKeyReuse(t *testing.T) {
 			if res := <-done; res.Outcome != Processed {
 				t.Fatalf("old name's run: %v", res.Outcome)
 			}
-			res, err = r.cur.HandleKey(ctx, "order-1", []byte("b"), ok)
+			res, err = handleKey(r.cur, ctx, "order-1", []byte("b"), ok)
 			want(t, res, err, KeyReuse)
-			res, err = r.cur.HandleKey(ctx, "order-1", []byte("a"), ok)
+			res, err = handleKey(r.cur, ctx, "order-1", []byte("a"), ok)
 			want(t, res, err, Duplicate)
 
 			// Forget deletes under every name: the key runs again
@@ -205,7 +205,7 @@ func TestFormerNamesRecordsAnswerInProgressAndKeyReuse(t *testing.T) {
 					t.Fatalf("%s after Forget: %+v %v", h.Name(), info, err)
 				}
 			}
-			res, err = r.cur.HandleKey(ctx, "order-1", []byte("b"), ok)
+			res, err = handleKey(r.cur, ctx, "order-1", []byte("b"), ok)
 			want(t, res, err, Processed)
 		})
 	}
@@ -242,7 +242,7 @@ func TestFormerNamesCostANewKeyOneMoreRoundTrip(t *testing.T) {
 		res, err := h.Do(ctx, key(), ok)
 		want(t, res, err, Processed)
 	}
-	plain.Run(ctx, []Item{{Key: key()}}, func(context.Context, int) error { return nil })
+	plain.Run(ctx, []Item{{Key: key()}, {Key: key()}}, func(context.Context, int) error { return nil }) // a batch: one of one is a single call
 	// A batch's completions go out as its fns return, coalesced as they come: its
 	// checks are the round trips made before its first fn runs.
 	batchChecks := func(h *Handler) int64 {

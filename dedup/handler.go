@@ -140,7 +140,7 @@ func (h *Handler) doReply(ctx context.Context, key, fp string, fn func(context.C
 	return h.replied(res, err, r.reply, r.has)
 }
 
-// noReplies refuses Do, Handle, HandleKey and Mark on a handler WithReplies: only
+// noReplies refuses Do, Handle and Mark on a handler WithReplies: only
 // Run's results carry the replies it stores.
 func (h *Handler) noReplies() error {
 	if h.replyStore != nil {
@@ -246,22 +246,29 @@ func (h *Handler) Handle(ctx context.Context, msg keys.Message, fn func(context.
 	if err := h.checkInput(ctx, fn == nil); err != nil {
 		return Result{}, err
 	}
+	if err := h.noReplies(); err != nil {
+		return Result{}, err
+	}
 	key, payload, err := h.readMessage(msg)
 	if err != nil {
 		return Result{}, err
 	}
-	return h.HandleKey(ctx, key, payload, fn)
+	return h.handleKey(ctx, key, payload, fn)
 }
 
-// HandleKey is Handle for a key the caller has already read from the message (an
-// adapter with its own key strategy); payload is fingerprinted when fingerprinting is on.
-func (h *Handler) HandleKey(ctx context.Context, key string, payload []byte, fn func(context.Context) error) (Result, error) {
-	if err := h.checkInput(ctx, fn == nil); err != nil {
-		return Result{}, err
+// runOne is a run of one keyed item (Run): a single call, by the handler's mode, or
+// with its reply on a handler WithReplies.
+func (h *Handler) runOne(ctx context.Context, it Item, fn func(context.Context) error) ItemResult {
+	if h.replyStore != nil {
+		return h.doReply(ctx, it.Key, h.fingerprint(it.Payload), fn)
 	}
-	if err := h.noReplies(); err != nil {
-		return Result{}, err
-	}
+	res, err := h.handleKey(ctx, it.Key, it.Payload, fn)
+	return ItemResult{Result: res, Err: err}
+}
+
+// handleKey guards fn for key by the handler's mode: ModeDo as Do, ModeFilter as
+// Mark then fn on First; payload is fingerprinted when fingerprinting is on.
+func (h *Handler) handleKey(ctx context.Context, key string, payload []byte, fn func(context.Context) error) (Result, error) {
 	if key == "" {
 		return h.noKey(ctx, fn, nil)
 	}
@@ -302,7 +309,7 @@ func (h *Handler) localReply(lk string, r *replyRun) bool {
 }
 
 // localDone reports whether the local tier holds lk (localKey) as DONE. Mark and
-// HandleKey ask it before enter, as Do's check does: a local answer makes no store
+// a run of one ask it before enter, as Do's check does: a local answer makes no store
 // call, so there is nothing for Close to wait for, and the hottest path writes nothing
 // the Deduper shares (enter's lock and counter).
 func (h *Handler) localDone(lk string) bool {
@@ -528,7 +535,7 @@ func wait(ctx context.Context, ch <-chan struct{}) error {
 	}
 }
 
-// do runs fn once for key (Do, HandleKey in ModeDo, and the transactional runs: step
+// do runs fn once for key (Do, a run of one in ModeDo, and the transactional runs: step
 // is their transaction around fn, nil for a plain run). r is a reply form's run (fn
 // is r.call), nil otherwise. Once the local tier and the in-flight table (check) have
 // not answered, the key is a batch of one: it takes the batch's lifecycle (claimBatch),

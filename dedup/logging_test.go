@@ -40,29 +40,30 @@ func TestLogsHoldNoKeyOrPayload(t *testing.T) {
 	}
 	doWith := func(fn func(context.Context) error) func(context.Context, *Handler, string) error {
 		return func(ctx context.Context, h *Handler, key string) error {
-			_, err := h.HandleKey(ctx, key, []byte(secretPayloadA), fn)
+			_, err := handleKey(h, ctx, key, []byte(secretPayloadA), fn)
 			return err
 		}
 	}
 	reuse := func(ctx context.Context, h *Handler, key string) error {
-		if _, err := h.HandleKey(ctx, key, []byte(secretPayloadA), ok); err != nil {
+		if _, err := handleKey(h, ctx, key, []byte(secretPayloadA), ok); err != nil {
 			return err
 		}
-		res, err := h.HandleKey(ctx, key, []byte(secretPayloadB), ok)
+		res, err := handleKey(h, ctx, key, []byte(secretPayloadB), ok)
 		if res.Outcome != KeyReuse {
 			return fmt.Errorf("outcome %v (%v), want KeyReuse", res.Outcome, err)
 		}
 		return nil
 	}
 	batch := func(ctx context.Context, h *Handler, key string) error {
-		h.Run(ctx, []Item{{Key: key, Payload: []byte(secretPayloadA)}}, func(context.Context, int) error { return nil })
+		// two items: a batch of one is a single call
+		h.Run(ctx, []Item{{Key: key, Payload: []byte(secretPayloadA)}, {Key: key + "-2", Payload: []byte(secretPayloadA)}}, func(context.Context, int) error { return nil })
 		return nil
 	}
 	batchReuse := func(ctx context.Context, h *Handler, key string) error {
-		if _, err := h.HandleKey(ctx, key, []byte(secretPayloadA), ok); err != nil {
+		if _, err := handleKey(h, ctx, key, []byte(secretPayloadA), ok); err != nil {
 			return err
 		}
-		r := h.Run(ctx, []Item{{Key: key, Payload: []byte(secretPayloadB)}}, func(context.Context, int) error { return nil })
+		r := h.Run(ctx, []Item{{Key: key, Payload: []byte(secretPayloadB)}}, func(context.Context, int) error { return nil }, asBatch)
 		if r[0].Outcome != KeyReuse {
 			return fmt.Errorf("outcome %v, want KeyReuse", r[0].Outcome)
 		}

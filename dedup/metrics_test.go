@@ -156,9 +156,9 @@ func TestEveryInstrumentCountsWhatTheCallsDid(t *testing.T) {
 	want(t, res, err, Processed)
 	res, err = nolocal.Do(ctx, "k1", run("nolocal"))
 	want(t, res, err, Duplicate)
-	res, err = fp.HandleKey(ctx, "k1", []byte("a"), run("fp"))
+	res, err = handleKey(fp, ctx, "k1", []byte("a"), run("fp"))
 	want(t, res, err, Processed)
-	res, err = fp.HandleKey(ctx, "k1", []byte("b"), run("fp"))
+	res, err = handleKey(fp, ctx, "k1", []byte("b"), run("fp"))
 	want(t, res, err, KeyReuse)
 	res, err = filter.Mark(ctx, "m1")
 	want(t, res, err, First)
@@ -177,7 +177,7 @@ func TestEveryInstrumentCountsWhatTheCallsDid(t *testing.T) {
 	want(t, res, err, StoreUnavailable)
 
 	failOn(map[string]error{"claim-many": unavailable})
-	for _, r := range open.Run(ctx, []Item{{Key: "b1"}}, func(context.Context, int) error { runs["open"]++; return nil }) {
+	for _, r := range open.Run(ctx, []Item{{Key: "b1"}}, func(context.Context, int) error { runs["open"]++; return nil }, asBatch) {
 		if r.Outcome != Processed || !r.Unguarded {
 			t.Fatalf("fail open, batch: %+v %v", r.Result, r.Err)
 		}
@@ -189,7 +189,7 @@ func TestEveryInstrumentCountsWhatTheCallsDid(t *testing.T) {
 	untilLost := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
 	res, err = lease.Do(ctx, "k1", untilLost)
 	want(t, res, err, LeaseLost)
-	for _, r := range lease.Run(ctx, []Item{{Key: "b1"}}, func(ctx context.Context, _ int) error { return untilLost(ctx) }) {
+	for _, r := range lease.Run(ctx, []Item{{Key: "b1"}}, func(ctx context.Context, _ int) error { return untilLost(ctx) }, asBatch) {
 		want(t, r.Result, r.Err, LeaseLost)
 	}
 	failOn(map[string]error{"complete": ErrLeaseLost})

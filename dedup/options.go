@@ -93,7 +93,7 @@ const (
 	FailClosed StoreFailurePolicy = iota
 	// FailOpen runs fn without dedup; the result is marked Unguarded and counted.
 	FailOpen
-	// DatabaseOnly is for transactional runs (DoTx, HandleTx, RunTx): when
+	// DatabaseOnly is for transactional runs (DoTx, RunTx): when
 	// the store fails, the run goes on with its database marker alone, still exactly
 	// once (a concurrent copy waits on the marker's row, then finds it committed), but
 	// with no lease and no local-tier shortcut for its key. A run without a
@@ -247,7 +247,8 @@ func WithMode(m Mode) HandlerOption {
 // WithReplies turns on stored replies (docs/design.md §10): Run stores the reply its
 // fn sets (SetReply) with the DONE record, and a duplicate's ItemResult carries it
 // back (Reply), from the store or from the local tier; Run's items then claim
-// whatever the mode, and Do, Handle, HandleKey and Mark are ErrInvalidOption. That is what request/reply needs: a client that retries after
+// whatever the mode, and Do, Handle and Mark are ErrInvalidOption. That is what
+// request/reply needs: a client that retries after
 // a timeout gets the first run's answer, not silence (see the NATS package's
 // Replier).
 //

@@ -97,7 +97,7 @@ func TestLookup(t *testing.T) {
 			started, finish := make(chan struct{}), make(chan struct{})
 			done := make(chan Result)
 			go func() {
-				res, _ := h.HandleKey(ctx, key, payload, func(context.Context) error {
+				res, _ := handleKey(h, ctx, key, payload, func(context.Context) error {
 					close(started)
 					<-finish
 					return nil
@@ -373,13 +373,13 @@ func TestAnswerOvertakenByAForgetIsNotCached(t *testing.T) {
 			var release sync.Once
 			t.Cleanup(func() { release.Do(func() { close(held.hold) }) }) // before the Dedupers close
 			if tc.pre {
-				res, err := b.HandleKey(ctx, "order-1", nil, ok)
+				res, err := handleKey(b, ctx, "order-1", nil, ok)
 				want(t, res, err, Processed)
 			}
 			held.op, held.key = tc.op, a.RecordKey("order-1")
 			done := make(chan Result, 1)
 			go func() {
-				res, _ := a.HandleKey(ctx, "order-1", nil, ok)
+				res, _ := handleKey(a, ctx, "order-1", nil, ok)
 				done <- res
 			}()
 			<-held.held // the store has answered; the answer is on its way
@@ -401,7 +401,7 @@ func TestAnswerOvertakenByAForgetIsNotCached(t *testing.T) {
 				t.Fatal("the answer made before the Forget was cached after it")
 			}
 			held.op = ""
-			res, err := a.HandleKey(ctx, "order-1", nil, ok)
+			res, err := handleKey(a, ctx, "order-1", nil, ok)
 			want(t, res, err, Processed)
 		})
 	}
@@ -488,11 +488,11 @@ func TestForgetDropsEveryFingerprintOfAKey(t *testing.T) {
 	a := register(t, newDeduper(t, mem), "orders", WithFingerprint(true))
 	b := register(t, newDeduper(t, mem), "orders", WithFingerprint(true))
 	p := []byte("payload-p")
-	res, err := a.HandleKey(ctx, "order-1", p, ok)
+	res, err := handleKey(a, ctx, "order-1", p, ok)
 	want(t, res, err, Processed)
-	res, err = a.HandleKey(ctx, "order-2", p, ok)
+	res, err = handleKey(a, ctx, "order-2", p, ok)
 	want(t, res, err, Processed)
-	res, err = b.HandleKey(ctx, "order-1", p, ok)
+	res, err = handleKey(b, ctx, "order-1", p, ok)
 	want(t, res, err, Duplicate)
 	res, err = b.Do(ctx, "order-1", ok) // no payload: held without a fingerprint
 	want(t, res, err, Duplicate)
@@ -514,7 +514,7 @@ func TestForgetDropsEveryFingerprintOfAKey(t *testing.T) {
 			t.Fatal("another key was dropped")
 		}
 	}
-	res, err = b.HandleKey(ctx, "order-1", []byte("payload-q"), ok)
+	res, err = handleKey(b, ctx, "order-1", []byte("payload-q"), ok)
 	want(t, res, err, Processed)
 }
 
@@ -614,9 +614,9 @@ func TestLogsOfForgetHoldNoKey(t *testing.T) {
 		ctx := context.Background()
 		a := register(t, newDeduper(t, mem, WithLogger(logger)), "orders", WithFingerprint(true))
 		b := register(t, newDeduper(t, mem, WithLogger(logger)), "orders-v2", WithFormerNames("orders"))
-		res, err := a.HandleKey(ctx, key, []byte(secretPayloadA), ok)
+		res, err := handleKey(a, ctx, key, []byte(secretPayloadA), ok)
 		want(t, res, err, Processed)
-		res, err = b.HandleKey(ctx, key, []byte(secretPayloadA), ok) // found under the former name
+		res, err = handleKey(b, ctx, key, []byte(secretPayloadA), ok) // found under the former name
 		want(t, res, err, Duplicate)
 		if _, err := b.Forget(ctx, key); err != nil {
 			t.Fatal(err)

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/dedupkit/dedupkit/keys"
 )
 
 // Exactly-once effects on a SQL database (docs/design.md §9). A transactional run writes a
@@ -51,7 +49,7 @@ type MarkerState struct {
 
 // Transactor runs a transactional handler's fns in transactions of one database,
 // each with its run's marker. T is the transaction fn receives (*sql.Tx, pgx.Tx).
-// Packages sqltx and pgxtx implement it; DoTx, HandleTx and RunTx use it.
+// Packages sqltx and pgxtx implement it; DoTx and RunTx use it.
 type Transactor[T any] interface {
 	// Begin opens a transaction and writes markers in it, with one statement: each
 	// marker is inserted, or takes the place of an expired one (by the database's
@@ -103,28 +101,6 @@ func DoTx[T any](ctx context.Context, h *Handler, key string, t Transactor[T], f
 	return doTx(ctx, h, key, "", t, fn)
 }
 
-// HandleTx is DoTx for a message: the key is read with the handler's key strategy,
-// and the payload fingerprinted when fingerprinting is on (its fingerprint is stored
-// in the marker too). It claims whatever the handler's mode.
-func HandleTx[T any](ctx context.Context, h *Handler, msg keys.Message, t Transactor[T], fn func(ctx context.Context, tx T) error) (Result, error) {
-	if err := checkTx(ctx, h, t, fn == nil); err != nil {
-		return Result{}, err
-	}
-	key, payload, err := h.readMessage(msg)
-	if err != nil {
-		return Result{}, err
-	}
-	return HandleKeyTx(ctx, h, key, payload, t, fn)
-}
-
-// HandleKeyTx is HandleTx for a key the caller has already read from the message.
-func HandleKeyTx[T any](ctx context.Context, h *Handler, key string, payload []byte, t Transactor[T], fn func(ctx context.Context, tx T) error) (Result, error) {
-	if err := checkTx(ctx, h, t, fn == nil); err != nil {
-		return Result{}, err
-	}
-	return doTx(ctx, h, key, h.fingerprint(payload), t, fn)
-}
-
 func doTx[T any](ctx context.Context, h *Handler, key, fp string, t Transactor[T], fn func(context.Context, T) error) (Result, error) {
 	r := &txRun[T]{t: t}
 	run := func(ctx context.Context) error { return fn(ctx, txOf[T](ctx)) }
@@ -160,6 +136,11 @@ func RunTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T]
 	done := rc.done
 	if err != nil {
 		return badBatch(items, done, err)
+	}
+	if len(items) == 1 && done == nil && !whenChecked(ctx) {
+		// one message: a single call
+		res, err := doTx(ctx, h, items[0].Key, h.fingerprint(items[0].Payload), t, func(ctx context.Context, tx T) error { return fn(ctx, tx, 0) })
+		return []ItemResult{{Result: res, Err: err}}
 	}
 	out := make([]ItemResult, 0, len(items))
 	for lo := 0; lo < len(items) || lo == 0; lo += MaxTxBatch {

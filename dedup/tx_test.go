@@ -319,14 +319,14 @@ func TestDoTxMarkerWithAnotherFingerprintIsKeyReuse(t *testing.T) {
 	db := newFakeDB()
 	ctx := context.Background()
 	first := newFixture(t, true).handler("orders", WithFingerprint(true))
-	if res, _ := HandleKeyTx(ctx, first, "o-1", []byte("a"), db, effect("o-1")); res.Outcome != Processed {
+	if res, _ := handleKeyTx(ctx, first, "o-1", []byte("a"), db, effect("o-1")); res.Outcome != Processed {
 		t.Fatal(res.Outcome)
 	}
 	h := newFixture(t, true).handler("orders", WithFingerprint(true)) // the store lost it
-	if res, _ := HandleKeyTx(ctx, h, "o-1", []byte("b"), db, effect("o-1")); res.Outcome != KeyReuse {
+	if res, _ := handleKeyTx(ctx, h, "o-1", []byte("b"), db, effect("o-1")); res.Outcome != KeyReuse {
 		t.Fatalf("%v, want KeyReuse", res.Outcome)
 	}
-	if res, _ := HandleKeyTx(ctx, h, "o-1", []byte("a"), db, effect("o-1")); res.Outcome != Duplicate || res.Tier != TierDatabase {
+	if res, _ := handleKeyTx(ctx, h, "o-1", []byte("a"), db, effect("o-1")); res.Outcome != Duplicate || res.Tier != TierDatabase {
 		t.Fatalf("the same payload: %v %v", res.Outcome, res.Tier)
 	}
 }

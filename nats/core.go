@@ -87,7 +87,7 @@ func (c *Core) Handle(ctx context.Context, msg *natsgo.Msg, fn Func) (dedup.Resu
 		}
 	}()
 	run := func(ctx context.Context) (dedup.Result, error) {
-		return c.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
+		return runOne(ctx, c.h, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
 	}
 	res, err := run(ctx)
 	res, err = c.hold(ctx, ack, m, res, err, run)

@@ -216,7 +216,7 @@ func (j *JetStream) Handle(ctx context.Context, msg jetstream.Msg, fn Func) (ded
 		return badInput, j.settle(context.Background(), msg, viewJS(msg), badInput, ErrBadInput)
 	}
 	return j.handle(ctx, msg, func(ctx context.Context, key string, m *Msg) (dedup.Result, error) {
-		return j.h.HandleKey(ctx, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
+		return runOne(ctx, j.h, key, m.data, func(ctx context.Context) error { return fn(ctx, m) })
 	})
 }
 
@@ -288,7 +288,7 @@ func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parall
 	return j.settleBatch(ctx, msgs, settled, func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult {
 		return j.h.Run(ctx, items, func(ctx context.Context, i int) error { return fn(ctx, views[i]) }, dedup.Parallel(max(parallel, 1)), dedup.OnResult(done))
 	}, func(ctx context.Context, it dedup.Item, m *Msg) (dedup.Result, error) {
-		return j.h.HandleKey(ctx, it.Key, it.Payload, func(ctx context.Context) error { return fn(ctx, m) })
+		return runOne(ctx, j.h, it.Key, it.Payload, func(ctx context.Context) error { return fn(ctx, m) })
 	})
 }
 

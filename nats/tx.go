@@ -14,7 +14,7 @@ import (
 type TxFunc[T any] func(ctx context.Context, m *Msg, tx T) error
 
 // HandleTx is JetStream.Handle for a transactional fn: the message runs through
-// dedup.HandleKeyTx, in a transaction t opens with the run's marker, and is
+// dedup.RunTx (a single call), in a transaction t opens with the run's marker, and is
 // acknowledged by the result (a marker found answers Duplicate: Ack; a commit whose
 // outcome is unknown answers CommitUnknown: NakWithDelay until the claim's lease
 // ends, when the marker decides). t is a Transactor such as *sqltx.Transactor or
@@ -32,7 +32,7 @@ func HandleTx[T any](ctx context.Context, j *JetStream, msg jetstream.Msg, t ded
 		return badInput, j.settle(context.Background(), msg, viewJS(msg), badInput, ErrBadInput)
 	}
 	return j.handle(ctx, msg, func(ctx context.Context, key string, m *Msg) (dedup.Result, error) {
-		return dedup.HandleKeyTx(ctx, j.h, key, m.data, t, func(ctx context.Context, tx T) error { return fn(ctx, m, tx) })
+		return runOneTx(ctx, j.h, key, m.data, t, func(ctx context.Context, tx T) error { return fn(ctx, m, tx) })
 	})
 }
 
@@ -89,6 +89,6 @@ func HandleBatchTx[T any](ctx context.Context, j *JetStream, batch jetstream.Mes
 	return j.settleBatch(ctx, msgs, nil, func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult {
 		return dedup.RunTx(ctx, j.h, items, t, func(ctx context.Context, tx T, i int) error { return fn(ctx, views[i], tx) }, dedup.OnResult(done))
 	}, func(ctx context.Context, it dedup.Item, m *Msg) (dedup.Result, error) {
-		return dedup.HandleKeyTx(ctx, j.h, it.Key, it.Payload, t, func(ctx context.Context, tx T) error { return fn(ctx, m, tx) })
+		return runOneTx(ctx, j.h, it.Key, it.Payload, t, func(ctx context.Context, tx T) error { return fn(ctx, m, tx) })
 	}), batch.Error()
 }
