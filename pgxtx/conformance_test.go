@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/txtest"
 	"github.com/dedupkit/dedupkit/internal/testenv"
-	"github.com/dedupkit/dedupkit/internal/txtest"
 	"github.com/dedupkit/dedupkit/pgxtx"
 )
 

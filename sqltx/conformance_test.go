@@ -12,8 +12,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
+	"github.com/dedupkit/dedupkit/dedup/txtest"
 	"github.com/dedupkit/dedupkit/internal/testenv"
-	"github.com/dedupkit/dedupkit/internal/txtest"
 	"github.com/dedupkit/dedupkit/sqltx"
 )
 

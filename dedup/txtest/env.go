@@ -1,4 +1,4 @@
-// Package txtest is the conformance suite of the dedup.Transactor implementations
+// Package txtest is the conformance suite of dedup.Transactor implementations
 // (packages sqltx and pgxtx): one body of tests run against every dialect, through
 // an Env each package's tests build for it.
 package txtest
