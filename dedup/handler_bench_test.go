@@ -62,10 +62,10 @@ func benchDo(b *testing.B, suffix string, opts ...Option) {
 	})
 }
 
-// BenchmarkHandleBatch measures a batch of fresh keys through the memory store, per
+// BenchmarkRun measures a batch of fresh keys through the memory store, per
 // item: the dedup layer's own cost in the adapter's batch path (HandleBatchParallel,
 // as the JetStream adapter calls it), in each mode.
-func BenchmarkHandleBatch(b *testing.B) {
+func BenchmarkRun(b *testing.B) {
 	ctx := context.Background()
 	const n = 64
 	payload := []byte(`{"order":"0000000000","sku":"bench-sku","qty":1,"note":"dedupkit"}`)

@@ -71,7 +71,7 @@ var (
 //	dedup.replies.missing   async Counter        {duplicate}  dedup.handler.name
 //
 // dedup.checks counts every call (Do, Handle, Mark, and each item of
-// HandleBatch) once, by its final Outcome; dedup.outcome is Outcome.String() with '-'
+// Run) once, by its final Outcome; dedup.outcome is Outcome.String() with '-'
 // turned into '_' ("in_progress", "store_unavailable"), every outcome reported, zero
 // or not. dedup.duplicates splits the duplicates by Tier; dedup.key.reused counts
 // KeyReuse answers. These three are the handler's Stats, read when the metrics are
