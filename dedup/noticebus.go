@@ -58,3 +58,10 @@ type notice struct {
 }
 
 var errNoticeTimeout = errors.New("dedup: no notice")
+
+// noticeRefused is receive's error when the server refused a subscription or a ping
+// (an ACL): the connection itself is fine.
+type noticeRefused struct{ err error }
+
+func (e *noticeRefused) Error() string { return e.err.Error() }
+func (e *noticeRefused) Unwrap() error { return e.err }

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 )
 
 // Forget notices tell every Deduper that a record was forgotten, so that it drops the
@@ -168,7 +167,7 @@ func (l *noticeListener) run(ctx context.Context) {
 		n, err := l.sub.receive(rctx, wait)
 		cancel()
 		now := time.Now()
-		var refused redis.Error
+		var refused *noticeRefused
 		switch {
 		case err == nil:
 			last = now
@@ -177,7 +176,7 @@ func (l *noticeListener) run(ctx context.Context) {
 		case ctx.Err() != nil:
 			return
 		case errors.As(err, &refused): // the server refused a SUBSCRIBE or PING (an ACL)
-			l.warn("forget notices refused", refused)
+			l.warn("forget notices refused", refused.err)
 		default: // the connection failed: the next receive dials again and subscribes again
 			clear(confirmed)
 			for _, h := range l.d.onChannel("") {

@@ -259,6 +259,10 @@ func (r *redisNotices) receive(ctx context.Context, timeout time.Duration) (noti
 		if errors.As(err, &ne) && ne.Timeout() {
 			return notice{}, errNoticeTimeout
 		}
+		var refused redis.Error
+		if errors.As(err, &refused) { // the server refused a SUBSCRIBE or PING (an ACL)
+			return notice{}, &noticeRefused{err}
+		}
 		return notice{}, err
 	}
 	switch m := m.(type) {
