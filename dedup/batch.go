@@ -99,17 +99,21 @@ func OnResult(f func(i int, r ItemResult)) RunOption {
 	}
 }
 
+// runOptions applies opts; with a bad one it still applies the others, so that
+// OnResult hands out the refused items' results too. The error is the first.
 func runOptions(opts []RunOption) (runConfig, error) {
 	rc := runConfig{parallel: 1}
+	var first error
 	for _, o := range opts {
-		if o == nil {
-			return rc, fmt.Errorf("%w: nil RunOption", ErrInvalidOption)
+		err := fmt.Errorf("%w: nil RunOption", ErrInvalidOption)
+		if o != nil {
+			err = o(&rc)
 		}
-		if err := o(&rc); err != nil {
-			return rc, err
+		if first == nil {
+			first = err
 		}
 	}
-	return rc, nil
+	return rc, first
 }
 
 // batchReplies holds the replies of a reply batch, by item, as replyRun does for

@@ -7,8 +7,12 @@ import "errors"
 // returned as is; callers test them with errors.Is.
 var (
 	// ErrInvalidOption reports a bad setting at construction (New, Register,
-	// NewRedisStore or NewMemoryStore; the wrapping error names the setting) or a bad
-	// argument (an empty key given to Lookup or Forget, a bad token given to a store).
+	// NewRedisStore or NewMemoryStore; the wrapping error names the setting), a bad
+	// argument (a nil context, fn, handler or transactor; a bad RunOption; an empty
+	// key given to Lookup or Forget; a bad token given to a store), or a call the
+	// handler does not take (Do, Handle, Mark, DoTx or RunTx on a handler
+	// WithReplies; SetReply outside a Run's fn). Nothing ran; the result's Outcome is
+	// the zero Outcome.
 	ErrInvalidOption = errors.New("dedup: invalid option")
 
 	// ErrLeaseLost reports that the caller no longer owns the record: its lease expired

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -158,6 +159,9 @@ type replyRun struct {
 	reply string
 	has   bool
 	ran   bool // has is fn's reply, not a duplicate's
+
+	mu       sync.Mutex // SetReply's, which goroutines fn starts may call
+	returned bool       // fn has returned: SetReply is refused
 }
 
 type replyKey struct{}
@@ -166,6 +170,9 @@ type replyKey struct{}
 // A reply set by an fn that then fails is dropped.
 func (r *replyRun) call(ctx context.Context) error {
 	err := r.fn(context.WithValue(ctx, replyKey{}, r))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.returned = true
 	if err != nil {
 		r.reply, r.has = "", false
 		return err
@@ -177,12 +184,18 @@ func (r *replyRun) call(ctx context.Context) error {
 // SetReply sets the reply of the run whose fn was given ctx, on a handler WithReplies
 // (Run): it is stored with the DONE record when fn returns nil, and every duplicate
 // gets it back (ItemResult.Reply). A later call replaces it; an fn that sets none
-// stores DONE without a reply. Call it from fn, before fn returns. Outside such a run
-// it does nothing and returns an error wrapping ErrInvalidOption.
+// stores DONE without a reply. Call it before fn returns (from fn, or a goroutine fn
+// waits for). Otherwise, and in a transactional run (which stores no reply), it
+// does nothing and returns an error wrapping ErrInvalidOption.
 func SetReply(ctx context.Context, reply []byte) error {
 	r, _ := ctx.Value(replyKey{}).(*replyRun)
 	if r == nil {
-		return fmt.Errorf("%w: SetReply outside the fn of a run on a handler WithReplies", ErrInvalidOption)
+		return fmt.Errorf("%w: SetReply outside the fn of a Run on a handler WithReplies (DoTx and RunTx store no reply)", ErrInvalidOption)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.returned {
+		return fmt.Errorf("%w: SetReply after its run's fn returned", ErrInvalidOption)
 	}
 	r.reply, r.has = string(reply), true
 	return nil
@@ -566,7 +579,7 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	out.one = one
 	h.claimBatch(ctx, one.items[:], 1, run, out, step)
 	if r != nil {
-		got := out.replies.items[0]
+		got := &out.replies.items[0]
 		r.reply, r.has, r.ran = got.reply, got.has, got.ran
 	}
 	return out.r[0].Result, out.r[0].Err

@@ -51,13 +51,17 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 			_, err := runReply(replies, nilCtx, "k", nil, rfn)
 			return err
 		},
-		"Mark, nil ctx":              func() error { _, err := h.Mark(nilCtx, "k"); return err },
-		"Mark, nil handler":          func() error { _, err := none.Mark(ctx, "k"); return err },
-		"Handle, nil msg":            func() error { _, err := h.Handle(ctx, nil, fn); return err },
-		"Handle, typed nil msg":      func() error { _, err := h.Handle(ctx, (*nilMsg)(nil), fn); return err },
-		"Handle, nil fn":             func() error { _, err := h.Handle(ctx, msg, nil); return err },
-		"HandleKey, nil fn":          func() error { _, err := handleKey(h, ctx, "k", nil, nil); return err },
-		"DoTx, nil transactor":       func() error { _, err := DoTx[*fakeTx](ctx, h, "k", nil, tfn); return err },
+		"Mark, nil ctx":         func() error { _, err := h.Mark(nilCtx, "k"); return err },
+		"Mark, nil handler":     func() error { _, err := none.Mark(ctx, "k"); return err },
+		"Handle, nil msg":       func() error { _, err := h.Handle(ctx, nil, fn); return err },
+		"Handle, typed nil msg": func() error { _, err := h.Handle(ctx, (*nilMsg)(nil), fn); return err },
+		"Handle, nil fn":        func() error { _, err := h.Handle(ctx, msg, nil); return err },
+		"HandleKey, nil fn":     func() error { _, err := handleKey(h, ctx, "k", nil, nil); return err },
+		"DoTx, nil transactor":  func() error { _, err := DoTx[*fakeTx](ctx, h, "k", nil, tfn); return err },
+		"DoTx on replies":       func() error { _, err := DoTx[*fakeTx](ctx, replies, "k", db, tfn); return err },
+		"RunTx on replies": func() error {
+			return batchErr(RunTx[*fakeTx](ctx, replies, items, db, func(context.Context, *fakeTx, int) error { ran++; return nil }))
+		},
 		"DoTx, typed nil":            func() error { _, err := DoTx[*fakeTx](ctx, h, "k", nilDB, tfn); return err },
 		"DoTx, nil fn":               func() error { _, err := DoTx[*fakeTx](ctx, h, "k", db, nil); return err },
 		"DoTx, nil handler":          func() error { _, err := DoTx[*fakeTx](ctx, none, "k", db, tfn); return err },

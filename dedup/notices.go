@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
 )
 
 // Forget notices tell every Deduper that a record was forgotten, so that it drops the

@@ -432,3 +432,38 @@ func notRun(t testing.TB) func(context.Context) ([]byte, error) {
 		return nil, errors.New("not to be run")
 	}
 }
+
+// SetReply after its run's fn has returned (from a goroutine fn left behind) is an
+// error, not a race with the completion that stores the reply; a refused Run still
+// hands every item's result to OnResult.
+func TestSetReplyAfterFnReturnedIsRefused(t *testing.T) {
+	ctx := context.Background()
+	mem, _ := NewMemoryStore()
+	h := register(t, newDeduper(t, mem), "orders", WithReplies(0))
+	late := make(chan error)
+	returned := make(chan struct{})
+	r := h.Run(ctx, []Item{{Key: "k"}}, func(ctx context.Context, _ int) error {
+		go func() {
+			<-returned
+			late <- SetReply(ctx, []byte("late"))
+		}()
+		return SetReply(ctx, []byte("on time"))
+	})[0]
+	close(returned)
+	if err := <-late; !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("SetReply after fn returned: %v, want ErrInvalidOption", err)
+	}
+	if r.Outcome != Processed || r.Reply != "on time" {
+		t.Fatalf("run: %+v", r)
+	}
+	if dup, _ := runReply(h, ctx, "k", nil, notRun(t)); dup.Reply != "on time" {
+		t.Fatalf("stored reply %q, want the one set before fn returned", dup.Reply)
+	}
+
+	var results int
+	h.Run(ctx, []Item{{Key: "a"}, {Key: "b"}}, func(context.Context, int) error { return nil },
+		Parallel(0), OnResult(func(int, ItemResult) { results++ }))
+	if results != 2 {
+		t.Fatalf("OnResult called %d times for a refused Run of 2 items", results)
+	}
+}

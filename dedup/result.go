@@ -2,7 +2,9 @@ package dedup
 
 import "time"
 
-// Outcome says what happened to one message. docs/design.md §5 maps each to a broker action.
+// Outcome says what happened to one message. docs/design.md §5 maps each to a broker
+// action. The zero Outcome ("invalid") answers a call refused before it started: its
+// error wraps ErrInvalidOption, and nothing ran.
 type Outcome uint8
 
 const (

@@ -71,8 +71,8 @@ const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 //
 // With concurrency above 1 it batches: the messages that arrive while earlier ones are
 // being checked are checked together, with one store round trip (MarkMany or
-// ClaimMany, through dedup.Handler.HandleBatchParallel; see there for ClaimMany's
-// second), and their fns then run, side
+// ClaimMany, through dedup.Handler.Run with Parallel; see docs/design.md §3 for
+// ClaimMany's second), and their fns then run, side
 // by side once one takes over a millisecond. In ModeDo the claim of each fn that
 // succeeds is completed as soon as it returns, while the others still run (coalesced
 // with the other completions ready at once: CompleteMany). Each
@@ -243,8 +243,8 @@ func (j *JetStream) handle(ctx context.Context, msg jetstream.Msg, run func(ctx 
 }
 
 // HandleBatch drains a Fetch batch and runs fn for each message, one at a time, with
-// one store round trip for the checks (dedup.Handler.HandleBatch, which says when there
-// is a second). Each message's claim
+// one store round trip for the checks (dedup.Handler.Run; docs/design.md §3 says
+// when there is a second). Each message's claim
 // is completed as soon as its fn returns, and the message acknowledged once that
 // completion is answered, while the next message's fn runs: a crash repeats at most
 // the messages whose completion is in flight. Messages waiting their turn are kept in

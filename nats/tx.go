@@ -64,7 +64,7 @@ func TxHandler[T any](ctx context.Context, j *JetStream, t dedup.Transactor[T], 
 }
 
 // HandleBatchTx is JetStream.HandleBatch for a transactional fn: a Fetch batch runs
-// through dedup.HandleBatchTx, one store round trip for the claims and one
+// through dedup.RunTx, one store round trip for the claims and one
 // transaction for the messages it claims (one marker statement, fn for each message
 // whose marker is new, each behind a savepoint, one COMMIT; at most dedup.MaxTxBatch
 // messages per transaction). Each message is acknowledged as soon as its result is

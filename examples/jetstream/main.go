@@ -152,7 +152,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (*tally, error) {
 			return t, fmt.Errorf("order %d ran %d times", seq, n)
 		}
 	}
-	fmt.Fprintf(stdout, "ok: each of %d orders ran exactly once (%d messages stored, %d deliveries, %d runs, %d crashes before an ack)\n",
+	fmt.Fprintf(stdout, "ok: each of %d orders ran exactly once (%d messages stored, %d deliveries, %d handler runs counting the injected failures and panics, %d crashes before an ack)\n",
 		*orders, t.info.Delivered.Stream, t.info.Delivered.Consumer, t.runs.Load(), t.crashes.Load())
 	return t, nil
 }
