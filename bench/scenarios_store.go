@@ -53,6 +53,11 @@ const (
 	varRueidis  = "rueidis-setnx"       // one SET NX PX per call, on rueidis
 	varRueidis2 = "rueidis-setnx-setxx" // SET NX PX, then SET XX PX, on rueidis
 	varGoAuto   = "goredis-auto-setnx"  // one SetNX per call, through go-redis's AutoPipeline
+	// dedup-filter and dedup-do on the same store code over go-redis's AutoPipeline
+	// instead of dedup's auto-pipeliner (issue 27 point 4: ours stays only if it
+	// beats go-redis's by 1.2x)
+	varFilterGoAP = "dedup-filter-goredis-ap"
+	varDoGoAP     = "dedup-do-goredis-ap"
 	// varMarkMany is the store's MarkMany of markManyKeys new keys per call from
 	// markManyConc goroutines (issue 22: the batch path against the ceiling); its
 	// rate is in keys.
@@ -62,15 +67,16 @@ const (
 )
 
 // storeVariants are scenario b's, in the order of the report.
-var storeVariants = []string{varFilter, varDo, varNaive, varRueidis, varRueidis2, varGoAuto}
+var storeVariants = []string{varFilter, varDo, varFilterGoAP, varDoGoAP, varNaive, varRueidis, varRueidis2, varGoAuto}
 
 // noop is the handler fn of Do: the bench measures what dedup costs, not work.
 func noop(context.Context) error { return nil }
 
 // storeState is what scenario b keeps across rounds.
 type storeState struct {
-	filter, do *dedup.Handler
-	redisBench string // redis-benchmark's path; empty when the ceiling is skipped
+	filter, do         *dedup.Handler
+	filterGoAP, doGoAP *dedup.Handler // the same over go-redis's AutoPipeline
+	redisBench         string         // redis-benchmark's path; empty when the ceiling is skipped
 }
 
 func (b *bench) setupStore(ctx context.Context) error {
@@ -80,6 +86,12 @@ func (b *bench) setupStore(ctx context.Context) error {
 		return err
 	}
 	if st.do, err = b.dd.Register("do", dedup.WithMode(dedup.ModeDo), dedup.WithRetention(retention)); err != nil {
+		return err
+	}
+	if st.filterGoAP, err = b.ddGoAuto.Register("filter-goap", dedup.WithMode(dedup.ModeFilter), dedup.WithRetention(retention)); err != nil {
+		return err
+	}
+	if st.doGoAP, err = b.ddGoAuto.Register("do-goap", dedup.WithMode(dedup.ModeDo), dedup.WithRetention(retention)); err != nil {
 		return err
 	}
 	switch path, lerr := exec.LookPath("redis-benchmark"); {
@@ -104,8 +116,11 @@ func (b *bench) setupStore(ctx context.Context) error {
 // storeOp returns variant's operation on the new keys of km.
 func (b *bench) storeOp(variant string, km keyMaker) op {
 	switch variant {
-	case varFilter:
+	case varFilter, varFilterGoAP:
 		h := b.store.filter
+		if variant == varFilterGoAP {
+			h = b.store.filterGoAP
+		}
 		return func(ctx context.Context, w, i int) error {
 			res, err := h.Mark(ctx, km.key(w, i))
 			if err == nil && res.Outcome != dedup.First {
@@ -113,8 +128,11 @@ func (b *bench) storeOp(variant string, km keyMaker) op {
 			}
 			return err
 		}
-	case varDo:
+	case varDo, varDoGoAP:
 		h := b.store.do
+		if variant == varDoGoAP {
+			h = b.store.doGoAP
+		}
 		return func(ctx context.Context, w, i int) error {
 			res, err := h.Do(ctx, km.key(w, i), noop)
 			if err == nil && res.Outcome != dedup.Processed {

@@ -10,8 +10,8 @@ import (
 // has out at once; the completions that come meanwhile queue and go together in the
 // next. maxCompletions bounds one round trip.
 const (
-	completionsInFlight = 4
-	maxCompletions      = 128
+	completionsInFlight = DefaultPipelinesInFlight
+	maxCompletions      = DefaultPipelineBatch
 )
 
 // A lazy completion (a committed transactional run's: its marker answers a

@@ -44,19 +44,12 @@ var (
 // *redis.Client that a first INFO shows to be a Redis server, not a sharding proxy),
 // ClaimMany and CompleteMany are one script call per batch (of up to maxScriptKeys
 // keys each, ClaimMany's for the keys that held a record); on a cluster, a ring or a
-// proxy, one pipeline of a command or script per key. Concurrent single calls share
-// round trips through go-redis's AutoPipeline (see WithoutAutoPipeline).
+// proxy, one pipeline of a command or script per key. Concurrent single calls are coalesced into pipelines (see
+// WithAutoPipeline).
 type RedisStore struct {
-	c redis.UniversalClient
-	// auto sends single calls through c's AutoPipeliner (go-redis's), fetched on
-	// first use into ap, and again should it be closed; false
-	// (WithoutAutoPipeline, or a Ring, which has none): through c, each on its own
-	auto bool
-	ap   atomic.Pointer[redis.AutoPipeliner]
-	// alone counts the single calls out through send: a call that finds none goes
-	// straight through the client, as a lone call has no company to wait for
-	alone atomic.Int64
-	wait  *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
+	c    redis.UniversalClient
+	pipe *autoPipe    // nil: every single call is sent on its own
+	wait *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
 	// scripts is how the batch calls go: scriptsOn (batch scripts), scriptsOff (a
 	// command or script per key: a cluster or ring, WithoutBatchScripts, or what the
 	// probe found behind a *redis.Client), or not known yet; probedAt is when a probe
@@ -77,7 +70,8 @@ const (
 // calls per key before it probes again.
 const reprobeAfter = time.Minute
 
-// WithoutBatchScripts sends ClaimMany and CompleteMany as a command or script per key, as on a cluster, also through a
+// WithoutBatchScripts sends ClaimMany and CompleteMany (and the auto-pipeliner's
+// Completes) as a command or script per key, as on a cluster, also through a
 // *redis.Client. The store finds a proxy by itself (see RedisStore.ClaimMany); this
 // option is for one it cannot tell from a server: a proxy in front of several servers
 // that routes each command by its key, answers INFO, and would run a script on the
@@ -113,6 +107,10 @@ func (s *RedisStore) batchScripts(ctx context.Context) bool {
 	}
 	return s.probeScripts(ctx)
 }
+
+// batchScriptsKnown is batchScripts without a probe: for the auto-pipeliner's merge,
+// which follows what the batch calls found.
+func (s *RedisStore) batchScriptsKnown() bool { return s.scripts.Load() == scriptsOn }
 
 // probeScripts asks the server for INFO. A Redis server answers it, and says
 // redis_mode:cluster when it is a cluster node; twemproxy and Envoy's Redis proxy do
@@ -176,8 +174,8 @@ func NewRedisStore(c redis.UniversalClient, opts ...RedisOption) (*RedisStore, e
 	if isNil(c) {
 		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidOption)
 	}
-	_, ring := c.(*redis.Ring)
-	s := &RedisStore{c: c, auto: !ring}
+	s := &RedisStore{c: c}
+	s.pipe = newAutoPipe(s, DefaultPipelineBatch, DefaultPipelinesInFlight)
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: nil RedisOption", ErrInvalidOption)
@@ -206,59 +204,14 @@ func storeErr(op string, err error) error {
 	return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
 }
 
-// WithoutAutoPipeline sends every single call (Claim, Complete, Release, Extend,
-// Mark, a Lookup of one key) through the client as a command of its own, instead of
-// through the client's AutoPipeline, where concurrent calls share round trips. Each
-// concurrent caller then holds a pooled connection for a whole round trip.
-func WithoutAutoPipeline() RedisOption {
-	return func(s *RedisStore) error {
-		s.auto = false
-		return nil
-	}
-}
-
-// send runs one command: through the client's AutoPipeliner, which sends it in one
-// round trip with the commands of concurrent callers, unless auto-pipelining is off.
-// A command that has reached the AutoPipeliner is sent whatever ctx says, and the
-// call waits for its reply (bounded by the client's timeouts), as a call through a
-// client without ContextTimeoutEnabled does: the engine's guard returns by the
-// deadline all the same. A call whose ctx has already ended is not sent. A call
-// made while no other is out goes straight through the client: the AutoPipeliner's
-// hand-off to its flusher would only add to a lone caller's latency.
+// send runs one command, coalesced with concurrent ones unless auto-pipelining is
+// off. On an error the command's reply must not be read: the call may have returned
+// early on ctx while the command was still queued.
 func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
-	ap := s.autoPipeliner()
-	if ap == nil {
-		return s.process(ctx, cmd)
+	if s.pipe != nil {
+		return s.pipe.do(ctx, cmd)
 	}
-	if err := ctx.Err(); err != nil {
-		cmd.SetErr(context.Cause(ctx))
-		return cmd.Err()
-	}
-	defer s.alone.Add(-1)
-	if s.alone.Add(1) == 1 {
-		return s.process(ctx, cmd)
-	}
-	_ = ap.Process(ctx, cmd)
-	return cmd.Err()
-}
-
-// autoPipeliner returns the client's AutoPipeliner, or nil when single calls go
-// through the client: auto-pipelining is off, or the client has none to give (it is
-// closed: its own calls then say so). The client's AutoPipeliner is shared by every
-// user of the client; if one of them closes it, the client makes a new one.
-func (s *RedisStore) autoPipeliner() *redis.AutoPipeliner {
-	if !s.auto {
-		return nil
-	}
-	if ap := s.ap.Load(); ap != nil && !ap.IsClosed() {
-		return ap
-	}
-	ap, err := s.c.AutoPipeline()
-	if err != nil {
-		return nil
-	}
-	s.ap.Store(ap)
-	return ap
+	return s.process(ctx, cmd)
 }
 
 // process sends one command on its own through the client. It returns the command's
@@ -422,6 +375,17 @@ func (s *RedisStore) complete(ctx context.Context, e Entry) error {
 	}
 	if s.wait != nil {
 		return s.completeWaiting(ctx, e)
+	}
+	if s.pipe != nil && s.batchScripts(ctx) {
+		// queued with others, it may go out merged into one complete_many call
+		cmd := scriptCmd(ctx, "evalsha", completeScript.Hash(), e.Key, completeArgs(e)...)
+		err := s.pipe.doComplete(ctx, cmd, &e)
+		if err != nil && (redis.HasErrorPrefix(err, "NOSCRIPT") || s.crossSlot(err)) {
+			// the server lost its scripts, or the merged call was refused: nothing
+			// ran; the complete script, on its own
+			cmd, err = s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
+		}
+		return ownedReply("complete", cmd, err)
 	}
 	cmd, err := s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
 	return ownedReply("complete", cmd, err)
@@ -714,11 +678,31 @@ func (s *RedisStore) completeManyScript(ctx context.Context, entries []Entry) ([
 	return out, nil
 }
 
+// completeManyCmds is the complete_many calls for entries, as completeManyScript
+// sends them (by SHA).
+func completeManyCmds(ctx context.Context, entries []Entry) []*redis.Cmd {
+	return batchScriptCmds(ctx, completeManyScript, entries, 4, completeManyArgs)
+}
+
 func completeManyArgs(args *batchArgs, e Entry) {
 	if e.HasReply {
 		args.args = append(args.args, e.Token, args.ms(e.TTL), "1", e.Reply)
 	} else {
 		args.args = append(args.args, e.Token, args.ms(e.TTL), "0")
+	}
+}
+
+// spreadCompletes gives each of the auto-pipeliner's single completions calls (sent
+// as the complete_many calls merged) the reply the complete script would have given
+// it: its element of its call's reply, or its call's error.
+func spreadCompletes(merged []*redis.Cmd, calls []*pcall) {
+	for i, v := range spreadBatchReplies(merged, len(calls)) {
+		cmd := calls[i].cmd.(*redis.Cmd)
+		if err, ok := v.(error); ok {
+			cmd.SetErr(err)
+		} else {
+			cmd.SetVal(v)
+		}
 	}
 }
 

@@ -77,7 +77,15 @@ func BenchmarkRedisDo(b *testing.B) {
 	c, prefix := benchRedis(b)
 	tc := &testenv.TripCounter{}
 	c.AddHook(tc)
-	s, _ := NewRedisStore(c)
+	var opts []RedisOption
+	if v := os.Getenv("DEDUP_BENCH_PIPELINE"); v != "" { // batch,inFlight
+		var batch, inFlight int
+		if _, err := fmt.Sscanf(v, "%d,%d", &batch, &inFlight); err != nil {
+			b.Fatalf("DEDUP_BENCH_PIPELINE=%q: want batch,inFlight", v)
+		}
+		opts = append(opts, WithAutoPipeline(batch, inFlight))
+	}
+	s, _ := NewRedisStore(c, opts...)
 	d, err := New(s, WithPrefix(prefix))
 	if err != nil {
 		b.Fatal(err)

@@ -28,8 +28,9 @@ var (
 const scanCount = 1000
 
 // Lookup implements RecordStore: one lookup script per key (GET and PTTL, read
-// together; one key each, so it runs on Redis Cluster), all in one pipeline; a
-// Lookup of one key goes as a single call does (through the AutoPipeline).
+// together; one key each, so it runs on Redis Cluster), all in one round trip,
+// coalesced with concurrent calls by the auto-pipeliner (a handler's former names on
+// a miss share round trips as its claims do), or a pipeline of its own without it.
 func (s *RedisStore) Lookup(ctx context.Context, keys []string) ([]Record, error) {
 	switch len(keys) {
 	case 0:
@@ -37,7 +38,11 @@ func (s *RedisStore) Lookup(ctx context.Context, keys []string) ([]Record, error
 	case 1:
 		return []Record{s.lookupOne(ctx, keys[0])}, nil
 	}
-	cmds, err := s.runScriptsVia(ctx, s.exec, lookupScript, lookupLua, keyEntries(keys), func(Entry) []any { return nil })
+	send := s.exec
+	if s.pipe != nil {
+		send = s.pipe.doAll
+	}
+	cmds, err := s.runScriptsVia(ctx, send, lookupScript, lookupLua, keyEntries(keys), func(Entry) []any { return nil })
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +60,7 @@ func (s *RedisStore) Lookup(ctx context.Context, keys []string) ([]Record, error
 	return out, nil
 }
 
-// lookupOne looks up one key through send (the AutoPipeline, unless it is off).
+// lookupOne looks up one key through send (the auto-pipeliner).
 func (s *RedisStore) lookupOne(ctx context.Context, key string) Record {
 	cmd, err := s.eval(ctx, lookupScript, lookupLua, key)
 	switch {

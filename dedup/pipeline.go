@@ -1,0 +1,311 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults for auto-pipelining (see WithAutoPipeline).
+const (
+	// DefaultPipelineBatch is the most commands one coalesced pipeline carries.
+	DefaultPipelineBatch = 128
+	// DefaultPipelinesInFlight is how many round trips (single commands or pipelines)
+	// the store keeps in flight at once before further calls queue up.
+	DefaultPipelinesInFlight = 4
+)
+
+// WithAutoPipeline sets how concurrent single calls (Claim, Complete, Release, Extend,
+// Mark) are coalesced. While fewer than inFlight round trips are outstanding a call
+// goes out at once, on its own, so a lone caller pays no wait. Once inFlight are
+// outstanding, further calls queue; as soon as a round trip ends, everything queued
+// (up to batch commands) goes out as one pipeline. There is no timer: nothing ever
+// waits for more work to arrive. Defaults: DefaultPipelineBatch and
+// DefaultPipelinesInFlight. batch must be 1 to 10000 and inFlight 1 to 1024.
+func WithAutoPipeline(batch, inFlight int) RedisOption {
+	return func(s *RedisStore) error {
+		if batch < 1 || batch > 10000 {
+			return fmt.Errorf("%w: auto-pipeline batch %d is outside 1..10000", ErrInvalidOption, batch)
+		}
+		if inFlight < 1 || inFlight > 1024 {
+			return fmt.Errorf("%w: auto-pipeline round trips in flight %d is outside 1..1024", ErrInvalidOption, inFlight)
+		}
+		s.pipe = newAutoPipe(s, batch, inFlight)
+		return nil
+	}
+}
+
+// WithoutAutoPipeline sends every single call as its own command: each concurrent
+// caller then holds a pooled connection for a full round trip.
+func WithoutAutoPipeline() RedisOption {
+	return func(s *RedisStore) error {
+		s.pipe = nil
+		return nil
+	}
+}
+
+// autoPipe coalesces commands from concurrent callers into pipelines. A caller that
+// finds a free round-trip slot and nothing queued sends its command itself; otherwise
+// it queues, and a flusher goroutine (started on demand, one per busy slot) sends the
+// queue in pipelines of at most batch commands until the queue is empty, then exits.
+// No goroutine outlives the calls that need it, so there is nothing to close.
+type autoPipe struct {
+	s        *RedisStore // sends each round trip (process, exec)
+	batch    int
+	inFlight int
+
+	mu       sync.Mutex
+	queue    []*pcall
+	spare    []*pcall // the other half of a double buffer for queue
+	flushers int      // round trips outstanding: inline senders and flushers
+}
+
+// pcall is one queued command. done receives once, when cmd holds its reply (or the
+// call was skipped because its context ended first). sent, under autoPipe.mu, says a
+// flusher has taken it into a round trip: from then on its caller waits for the reply.
+type pcall struct {
+	ctx  context.Context
+	cmd  redis.Cmder
+	done chan struct{}
+	sent bool
+	// comp, for a single Complete (doComplete), is its entry: a flush that takes
+	// several sends them as one complete_many call instead of a script each
+	comp *Entry
+}
+
+var pcallPool = sync.Pool{New: func() any { return &pcall{done: make(chan struct{}, 1)} }}
+
+func newAutoPipe(s *RedisStore, batch, inFlight int) *autoPipe {
+	return &autoPipe{s: s, batch: batch, inFlight: inFlight}
+}
+
+// do sends cmd and returns its reply. A call still queued when ctx ends returns at
+// once with ctx's cause, and its command is never sent (cmd must not be read then).
+// A call already in a round trip waits for its reply, whatever ctx says, as a direct
+// call would: returning early would report a failure for a command that may still
+// land (a Mark that lands after its caller reported StoreUnavailable would turn the
+// redelivery into a duplicate). The client's own timeouts bound that wait.
+func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
+	return p.doComplete(ctx, cmd, nil)
+}
+
+// doComplete is do for a command that is the complete script of comp's entry when
+// comp is not nil: queued with others, it may go out as part of one complete_many
+// call (see send), and its command then gets its own element of that call's reply.
+func (p *autoPipe) doComplete(ctx context.Context, cmd redis.Cmder, comp *Entry) error {
+	p.mu.Lock()
+	if len(p.queue) == 0 && p.flushers < p.inFlight {
+		p.flushers++
+		p.mu.Unlock()
+		defer p.release() // also when Process panics: the slot must come back
+		_ = p.s.process(ctx, cmd)
+		return cmd.Err()
+	}
+	c := p.enqueue(ctx, cmd)
+	c.comp = comp
+	p.spawnLocked()
+	return p.await(ctx, c)
+}
+
+// doAll sends cmds as do sends one: at once as one pipeline while a round trip is
+// free and nothing is queued, otherwise queued together, to go out with the next
+// flush (in one pipeline unless the batch limit splits them). Each command holds its
+// reply or error; it returns the round trip's error when it sent them itself, else
+// nil. A command still queued when ctx ends is never sent and holds ctx's cause.
+func (p *autoPipe) doAll(ctx context.Context, cmds ...redis.Cmder) error {
+	p.mu.Lock()
+	if len(p.queue) == 0 && p.flushers < p.inFlight {
+		p.flushers++
+		p.mu.Unlock()
+		defer p.release()
+		return p.s.exec(ctx, cmds...)
+	}
+	calls := make([]*pcall, len(cmds))
+	for i, cmd := range cmds {
+		calls[i] = p.enqueue(ctx, cmd)
+	}
+	p.spawnLocked()
+	for i, c := range calls {
+		if err := p.await(ctx, c); err != nil && cmds[i].Err() == nil {
+			cmds[i].SetErr(err) // never sent
+		}
+	}
+	return nil
+}
+
+// enqueue queues cmd. Called with p.mu held.
+func (p *autoPipe) enqueue(ctx context.Context, cmd redis.Cmder) *pcall {
+	c := pcallPool.Get().(*pcall)
+	c.ctx, c.cmd = ctx, cmd
+	p.queue = append(p.queue, c)
+	return c
+}
+
+// spawnLocked starts a flusher for the queue if a round trip is free, and unlocks
+// p.mu.
+func (p *autoPipe) spawnLocked() {
+	spawn := p.flushers < p.inFlight
+	if spawn {
+		p.flushers++
+	}
+	p.mu.Unlock()
+	if spawn {
+		go p.flush()
+	}
+}
+
+// await waits for the queued call c and returns its command's error, or ctx's cause
+// if ctx ended while c was still queued (it is then never sent).
+func (p *autoPipe) await(ctx context.Context, c *pcall) error {
+	cmd := c.cmd
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		if p.unqueue(c) {
+			c.ctx, c.cmd, c.comp = nil, nil, nil
+			pcallPool.Put(c)
+			return context.Cause(ctx)
+		}
+		<-c.done // in a round trip already: its reply decides
+	}
+	c.ctx, c.cmd, c.sent, c.comp = nil, nil, false, nil
+	pcallPool.Put(c)
+	return cmd.Err()
+}
+
+// unqueue takes c out of the queue if no flusher has taken it yet.
+func (p *autoPipe) unqueue(c *pcall) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c.sent {
+		return false
+	}
+	if i := slices.Index(p.queue, c); i >= 0 {
+		p.queue = slices.Delete(p.queue, i, i+1)
+	}
+	return true
+}
+
+// release gives back an inline sender's slot, or turns it into a flusher when calls
+// queued up meanwhile.
+func (p *autoPipe) release() {
+	p.mu.Lock()
+	if len(p.queue) > 0 {
+		p.mu.Unlock()
+		go p.flush()
+		return
+	}
+	p.flushers--
+	p.mu.Unlock()
+}
+
+// flush sends the queue until it is empty, then gives back its slot.
+func (p *autoPipe) flush() {
+	var batch []*pcall
+	for {
+		p.mu.Lock()
+		n := len(p.queue)
+		if n == 0 {
+			p.flushers--
+			p.spare = batch[:0]
+			p.mu.Unlock()
+			return
+		}
+		if n <= p.batch {
+			// take the whole queue, leaving an empty buffer in its place
+			next := batch[:0]
+			if next == nil {
+				next, p.spare = p.spare, nil
+			}
+			batch, p.queue = p.queue, next
+		} else {
+			batch = append(batch[:0], p.queue[:p.batch]...)
+			k := copy(p.queue, p.queue[p.batch:])
+			clear(p.queue[k:])
+			p.queue = p.queue[:k]
+		}
+		for _, c := range batch {
+			c.sent = true
+		}
+		p.mu.Unlock()
+		p.send(batch)
+		clear(batch)
+	}
+}
+
+// send runs one batch: a single command on its own, several as one pipeline. Calls
+// whose context has already ended are answered without being sent.
+func (p *autoPipe) send(batch []*pcall) {
+	live := 0
+	var deadline time.Time
+	bounded := true
+	for _, c := range batch {
+		if c.ctx.Err() != nil {
+			c.cmd.SetErr(context.Cause(c.ctx))
+			c.done <- struct{}{}
+			continue
+		}
+		batch[live] = c
+		live++
+		if d, ok := c.ctx.Deadline(); !ok {
+			bounded = false
+		} else if d.After(deadline) {
+			deadline = d
+		}
+	}
+	batch = batch[:live]
+	switch len(batch) {
+	case 0:
+		return
+	case 1:
+		_ = p.s.process(batch[0].ctx, batch[0].cmd)
+	default:
+		// One caller's deadline or cancellation must not fail the others' commands:
+		// the pipeline runs until the last deadline among them, or the client's own
+		// timeouts when one has none.
+		ctx := context.Background()
+		if bounded {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
+		cmds := make([]redis.Cmder, 0, len(batch))
+		var comps []*pcall
+		merge := p.s.batchScriptsKnown() // not if a refusal turned the scripts off meanwhile
+		for _, c := range batch {
+			if c.comp != nil && merge {
+				comps = append(comps, c)
+			} else {
+				cmds = append(cmds, c.cmd)
+			}
+		}
+		if len(comps) == 1 { // nothing to merge it with
+			cmds, comps = append(cmds, comps[0].cmd), nil
+		}
+		var merged []*redis.Cmd
+		if len(comps) > 0 {
+			entries := make([]Entry, len(comps))
+			for i, c := range comps {
+				entries[i] = *c.comp
+			}
+			merged = completeManyCmds(ctx, entries)
+			for _, m := range merged {
+				cmds = append(cmds, m)
+			}
+		}
+		_ = p.s.exec(ctx, cmds...)
+		if len(comps) > 0 {
+			// a server that lost its script cache gets complete_many's source (a
+			// failure of that round trip is on each call it sent again)
+			_ = evalAgain(ctx, p.s.exec, merged, completeManyLua)
+			spreadCompletes(merged, comps)
+		}
+	}
+	for _, c := range batch {
+		c.done <- struct{}{}
+	}
+}
