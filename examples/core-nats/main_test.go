@@ -13,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dedupkit/dedupkit/dedup"
-	"github.com/dedupkit/dedupkit/internal/testenv"
+	"github.com/dedupkit/dedupkit/dedupkittest"
 )
 
 // TestMain fails the package if a run leaves a goroutine behind.
@@ -29,7 +29,7 @@ func TestFilterRunsEachIDOnceOnEmbeddedServers(t *testing.T) {
 func TestFilterRunsOnRealServersAndDeletesItsRecords(t *testing.T) {
 	natsURL, redisAddr := os.Getenv("DEDUP_NATS_URL"), os.Getenv("DEDUP_REDIS_ADDR")
 	if natsURL == "" || redisAddr == "" {
-		testenv.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
+		dedupkittest.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
 	}
 	out := checkRun(t, "-nats", natsURL, "-redis", redisAddr)
 	m := regexp.MustCompile(`(?m)^run ([a-z2-7]+) on `).FindStringSubmatch(out)

@@ -9,15 +9,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedupkittest"
 	"github.com/dedupkit/dedupkit/internal/embedded"
-	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // On a Redis Cluster named by one seed node, the job runs the same and leaves no
 // record on any master.
 func TestJobRunsOnARedisClusterFromOneSeed(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		testenv.SkipNoServer(t, "redis-server is not on PATH: no Redis Cluster to spawn")
+		dedupkittest.SkipNoServer(t, "redis-server is not on PATH: no Redis Cluster to spawn")
 	}
 	addrs, stop, err := embedded.StartRedisCluster(t.TempDir(), 3)
 	if err != nil {

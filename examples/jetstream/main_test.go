@@ -17,7 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dedupkit/dedupkit/dedup"
-	"github.com/dedupkit/dedupkit/internal/testenv"
+	"github.com/dedupkit/dedupkit/dedupkittest"
 	dnats "github.com/dedupkit/dedupkit/nats"
 )
 
@@ -34,11 +34,11 @@ func TestJobRunsEveryOrderOnceOnEmbeddedServers(t *testing.T) {
 func TestJobRunsOnRealServersAndLeavesNothingBehind(t *testing.T) {
 	natsURL, redisAddr := os.Getenv("DEDUP_NATS_URL"), os.Getenv("DEDUP_REDIS_ADDR")
 	if natsURL == "" || redisAddr == "" {
-		testenv.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
+		dedupkittest.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
 	}
 	nc, err := natsgo.Connect(natsURL)
 	if err != nil {
-		testenv.SkipNoServer(t, "nats at %s: %v", natsURL, err)
+		dedupkittest.SkipNoServer(t, "nats at %s: %v", natsURL, err)
 	}
 	defer nc.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
@@ -46,7 +46,7 @@ func TestJobRunsOnRealServersAndLeavesNothingBehind(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
-		testenv.SkipNoServer(t, "redis at %s: %v", redisAddr, err)
+		dedupkittest.SkipNoServer(t, "redis at %s: %v", redisAddr, err)
 	}
 
 	id := runID(t, checkJob(t, "-nats", natsURL, "-redis", redisAddr))

@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/dedupkit/dedupkit/internal/testenv"
+	"github.com/dedupkit/dedupkit/dedupkittest"
 	dnats "github.com/dedupkit/dedupkit/nats"
 )
 
@@ -31,7 +31,7 @@ func TestRetriedRequestsCreateOneOrderOnEmbeddedServers(t *testing.T) {
 func TestRetriedRequestsOnRealServersLeaveNoRecords(t *testing.T) {
 	natsURL, redisAddr := os.Getenv("DEDUP_NATS_URL"), os.Getenv("DEDUP_REDIS_ADDR")
 	if natsURL == "" || redisAddr == "" {
-		testenv.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
+		dedupkittest.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
 	}
 	out := checkRun(t, "-nats", natsURL, "-redis", redisAddr)
 	m := regexp.MustCompile(`(?m)^run ([a-z2-7]+) on `).FindStringSubmatch(out)

@@ -11,7 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dedupkit/dedupkit/dedup"
-	"github.com/dedupkit/dedupkit/internal/testenv"
+	"github.com/dedupkit/dedupkit/dedupkittest"
 )
 
 // TestMain fails the package if a run leaves a goroutine behind.
@@ -28,9 +28,9 @@ func TestOrdersAreBilledOnceOnSQLite(t *testing.T) {
 func TestOrdersAreBilledOnceOnPostgreSQL(t *testing.T) {
 	natsURL, redisAddr := os.Getenv("DEDUP_NATS_URL"), os.Getenv("DEDUP_REDIS_ADDR")
 	if natsURL == "" || redisAddr == "" {
-		testenv.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
+		dedupkittest.SkipNoServer(t, "DEDUP_NATS_URL and DEDUP_REDIS_ADDR are not both set")
 	}
-	check(t, 600, "-nats", natsURL, "-redis", redisAddr, "-postgres", testenv.PostgresURL(t))
+	check(t, 600, "-nats", natsURL, "-redis", redisAddr, "-postgres", dedupkittest.PostgresURL(t))
 }
 
 func TestTransactionalRejectsBadFlags(t *testing.T) {

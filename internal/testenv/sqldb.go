@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"github.com/dedupkit/dedupkit/dedupkittest"
+
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -21,11 +23,7 @@ const (
 // PostgresURL returns DEDUP_POSTGRES_URL, or skips the test (SkipNoServer).
 func PostgresURL(t testing.TB) string {
 	t.Helper()
-	u := os.Getenv("DEDUP_POSTGRES_URL")
-	if u == "" {
-		SkipNoServer(t, "DEDUP_POSTGRES_URL is not set (CI uses %s)", DefaultPostgresURL)
-	}
-	return u
+	return dedupkittest.PostgresURL(t)
 }
 
 // MySQLDSN returns DEDUP_MYSQL_DSN (a go-sql-driver/mysql DSN), or skips the test

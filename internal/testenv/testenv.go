@@ -9,6 +9,8 @@
 package testenv
 
 import (
+	"github.com/dedupkit/dedupkit/dedupkittest"
+
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -28,16 +30,12 @@ import (
 
 // Required reports whether a test that would skip for want of a server must fail
 // instead: CI sets DEDUP_REQUIRE_SERVERS=1.
-func Required() bool { return os.Getenv("DEDUP_REQUIRE_SERVERS") == "1" }
+func Required() bool { return dedupkittest.RequireServers() }
 
 // SkipNoServer skips the test with the reason, or fails it when Required.
 func SkipNoServer(t testing.TB, format string, args ...any) {
 	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if Required() {
-		t.Fatalf("DEDUP_REQUIRE_SERVERS=1 but %s", msg)
-	}
-	t.Skip(msg)
+	dedupkittest.SkipNoServer(t, format, args...)
 }
 
 // Prefix returns a key prefix (or name part) no other test or run shares.
