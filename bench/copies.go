@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -539,35 +540,23 @@ func copiesDrained(ctx context.Context, js jetstream.JetStream, stream string, o
 }
 
 // fmtOutcomes renders outcome counts, e.g. "processed=1000 duplicate=1000".
-func fmtOutcomes(m map[dedup.Outcome]uint64) string {
-	keys := make([]dedup.Outcome, 0, len(m))
-	for o := range m {
-		keys = append(keys, o)
-	}
-	slices.Sort(keys)
-	var parts []string
-	for _, o := range keys {
-		parts = append(parts, fmt.Sprintf("%v=%d", o, m[o]))
-	}
-	if len(parts) == 0 {
-		return "none"
-	}
-	return strings.Join(parts, " ")
-}
+func fmtOutcomes(m map[dedup.Outcome]uint64) string { return fmtCounts(m) }
 
 // fmtActions renders the adapters' action counts, e.g. "ack=2000 nak-with-delay=3".
-func fmtActions(m map[dnats.Action]uint64) string {
-	keys := make([]dnats.Action, 0, len(m))
-	for a := range m {
-		keys = append(keys, a)
-	}
-	slices.Sort(keys)
-	var parts []string
-	for _, a := range keys {
-		parts = append(parts, fmt.Sprintf("%v=%d", a, m[a]))
-	}
-	if len(parts) == 0 {
+func fmtActions(m map[dnats.Action]uint64) string { return fmtCounts(m) }
+
+// fmtCounts renders counts by key, in key order, as "key=n ..."; "none" when empty.
+func fmtCounts[K interface {
+	~uint8
+	fmt.Stringer
+}](m map[K]uint64) string {
+	keys := slices.Sorted(maps.Keys(m))
+	if len(keys) == 0 {
 		return "none"
+	}
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%v=%d", k, m[k]))
 	}
 	return strings.Join(parts, " ")
 }
