@@ -27,6 +27,8 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/dedupkittest"
 	dnats "github.com/dedupkit/dedupkit/nats"
 	"github.com/dedupkit/dedupkit/sqltx"
@@ -35,7 +37,7 @@ import (
 // consumeOrders runs the inventory handler on the ORDERS stream's inventory consumer
 // until ctx is cancelled.
 func consumeOrders(ctx context.Context, js jetstream.JetStream, rdb redis.UniversalClient) error {
-	store, err := dedup.NewRedisStore(rdb) // build rdb with ContextTimeoutEnabled: true
+	store, err := redisstore.New(rdb) // build rdb with ContextTimeoutEnabled: true
 	if err != nil {
 		return err
 	}
@@ -279,7 +281,7 @@ func Example_jetStreamTransactional() {
 	defer markers.Close()
 	_ = markers.Migrate(ctx)
 	_, _ = db.ExecContext(ctx, `CREATE TABLE payments (order_id TEXT)`)
-	store, _ := dedup.NewMemoryStore()
+	store, _ := memstore.New()
 	d, _ := dedup.New(store)
 	defer d.Close()
 
@@ -313,7 +315,7 @@ func Example_requestReply() {
 	defer srv.Close()
 	nc, _ := nats.Connect(srv.URL())
 	defer nc.Close()
-	store, _ := dedup.NewMemoryStore()
+	store, _ := memstore.New()
 	d, _ := dedup.New(store)
 	defer d.Close()
 

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 )
 
@@ -168,7 +169,7 @@ func (b *bench) connect(ctx context.Context) error {
 	if err := b.plainRDB.Ping(pctx).Err(); err != nil {
 		return fmt.Errorf("redis at %s: %w", b.srv.redisAddr, err)
 	}
-	store, err := dedup.NewRedisStore(b.storeRDB)
+	store, err := redisstore.New(b.storeRDB)
 	if err != nil {
 		return err
 	}
@@ -200,7 +201,7 @@ func (b *bench) connect(ctx context.Context) error {
 		return fmt.Errorf("go-redis AutoPipeline: %w", err)
 	}
 	b.closers = append(b.closers, ap.Close)
-	apStore, err := dedup.NewRedisStore(ap, dedup.WithoutAutoPipeline())
+	apStore, err := redisstore.New(ap, redisstore.WithoutAutoPipeline())
 	if err != nil {
 		return err
 	}

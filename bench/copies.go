@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	dnats "github.com/dedupkit/dedupkit/nats"
 )
@@ -443,7 +444,7 @@ func (in *copiesInstance) start(ctx context.Context, srv servers, stream, prefix
 		return fmt.Errorf("consumer: %w", err)
 	}
 	in.rdb = redis.NewClient(&redis.Options{Addr: srv.redisAddr})
-	st, err := dedup.NewRedisStore(in.rdb)
+	st, err := redisstore.New(in.rdb)
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 	_ "modernc.org/sqlite" // database/sql driver "sqlite"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	dnats "github.com/dedupkit/dedupkit/nats"
 	"github.com/dedupkit/dedupkit/sqltx"
@@ -252,7 +253,7 @@ func outage(ctx context.Context, cfg outageConfig, stdout io.Writer) (err error)
 		insert = "INSERT INTO " + effects + " (msg, worker) VALUES ($1, $2)"
 	}
 
-	st, err := dedup.NewRedisStore(rdb)
+	st, err := redisstore.New(rdb)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/lru"
 )
 
@@ -21,7 +22,7 @@ import (
 // look them up in a shuffled order from spread-out offsets. Three variants:
 // lru.Cache.Contains (the local tier itself), sync.Map.Load (the baseline), and
 // Handler.Mark on a key the local tier holds (what a caller sees: the full path of a
-// local duplicate). Mark's handler is on a MemoryStore, which a local hit never
+// local duplicate). Mark's handler is on a memstore.Store, which a local hit never
 // reaches, so the scenario writes nothing to Redis. A fourth, lru-add, is the insert
 // (issue 4 §3: at most 400 ns), as BenchmarkAdd measures it: the same goroutines add
 // the 64Ki keys over and over to a cache that holds an eighth of them, each goroutine
@@ -70,7 +71,7 @@ func (b *bench) setupLocal(ctx context.Context) error {
 		return err
 	}
 	b.closers = append(b.closers, func() error { st.cache.Close(); return nil })
-	mem, err := dedup.NewMemoryStore()
+	mem, err := memstore.New()
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
 // Scenario b: unique keys through Redis.
@@ -366,16 +367,16 @@ func (b *bench) markMany(ctx context.Context, r int) error {
 	store := b.dd.Store()
 	km := keyMaker{head: fmt.Sprintf("%s:mm-r%d-", b.prefix, r)}
 	op := func(ctx context.Context, w, i int) error {
-		entries := make([]dedup.Entry, markManyKeys)
+		entries := make([]driver.Entry, markManyKeys)
 		for j := range entries {
-			entries[j] = dedup.Entry{Key: km.key(w, i*markManyKeys+j), Token: "t", TTL: retention}
+			entries[j] = driver.Entry{Key: km.key(w, i*markManyKeys+j), Token: "t", TTL: retention}
 		}
 		answers, err := store.MarkMany(ctx, entries)
 		if err != nil {
 			return err
 		}
 		for _, a := range answers {
-			if a.Err != nil || a.Status != dedup.StatusAcquired {
+			if a.Err != nil || a.Status != driver.StatusAcquired {
 				return fmt.Errorf("MarkMany of a new key answered %v %v", a.Status, a.Err)
 			}
 		}

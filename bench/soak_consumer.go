@@ -20,6 +20,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	dnats "github.com/dedupkit/dedupkit/nats"
 	"github.com/dedupkit/dedupkit/pgxtx"
 )
@@ -95,12 +97,12 @@ func parseConsumerFlags(args []string, stderr io.Writer) (consumerConfig, error)
 	return c, nil
 }
 
-// soakStore is the consumer's dedup store: the RedisStore, watched. It lets the
+// soakStore is the consumer's dedup store: the redisstore.Store, watched. It lets the
 // handler learn its claim's token (the ledger names runs by it), records each
 // completion in the ledger as soon as Complete has answered, and remembers the
 // completions whose DONE write failed (NotRecorded).
 type soakStore struct {
-	dedup.Store
+	driver.Store
 	ledger *redis.Client
 	fatal  func(error)
 	pid    int
@@ -112,20 +114,20 @@ type soakStore struct {
 // Claim remembers an acquired claim's token for the handler. Only one run of a key
 // is in hand in a process at a time (dedup's in-flight table), so the record key
 // names it.
-func (s *soakStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (dedup.Answer, error) {
+func (s *soakStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
 	a, err := s.Store.Claim(ctx, key, token, fingerprint, lease)
-	if err == nil && a.Status == dedup.StatusAcquired {
+	if err == nil && a.Status == driver.StatusAcquired {
 		s.tokens.Store(key, token)
 	}
 	return a, err
 }
 
 // ClaimMany is Claim for a batch (the adapter's Handler batches its claims).
-func (s *soakStore) ClaimMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+func (s *soakStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	as, err := s.Store.ClaimMany(ctx, entries)
 	if err == nil {
 		for i, a := range as {
-			if a.Err == nil && a.Status == dedup.StatusAcquired {
+			if a.Err == nil && a.Status == driver.StatusAcquired {
 				s.tokens.Store(entries[i].Key, entries[i].Token)
 			}
 		}
@@ -141,7 +143,7 @@ func (s *soakStore) Complete(ctx context.Context, key, token string, retention t
 }
 
 // CompleteMany is Complete for a batch.
-func (s *soakStore) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+func (s *soakStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	errs, err := s.Store.CompleteMany(ctx, entries)
 	for i, e := range entries {
 		ierr := err
@@ -371,7 +373,7 @@ func consume(ctx context.Context, cfg consumerConfig, stderr io.Writer) error {
 	defer rdb.Close()
 	ledger := redis.NewClient(&redis.Options{Addr: cfg.ledgerAddr, PoolSize: 4 * cfg.concurrency})
 	defer ledger.Close()
-	rs, err := dedup.NewRedisStore(rdb)
+	rs, err := redisstore.New(rdb)
 	if err != nil {
 		return err
 	}

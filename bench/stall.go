@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	dnats "github.com/dedupkit/dedupkit/nats"
 )
@@ -130,7 +131,7 @@ func stall(ctx context.Context, cfg stallConfig, srv servers, stdout io.Writer) 
 			defer cancel()
 			_ = embedded.DeleteKeys(dctx, rdb, prefix)
 		}()
-		st, err := dedup.NewRedisStore(rdb)
+		st, err := redisstore.New(rdb)
 		if err != nil {
 			return err
 		}

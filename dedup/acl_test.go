@@ -11,10 +11,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
+	"github.com/dedupkit/dedupkit/dedup/storetest"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-// aclSetUser is the README's ACL line for a user that may run a RedisStore and nothing
+// aclSetUser is the README's ACL line for a user that may run a redisstore.Store and nothing
 // else: only keys and channels under <prefix>:, only the scripts (EVALSHA, and EVAL
 // when the server has lost its script cache), the commands they call (GET, SET,
 // PEXPIRE, PTTL, DEL, and PUBLISH for Forget's notices) and Mark's SET, and the
@@ -55,12 +59,12 @@ func (s aclServer) setUser(t *testing.T, line string) {
 	}
 }
 
-// user returns a client logged in as name, and a RedisStore over it.
-func (s aclServer) user(t *testing.T, name, password string) (*redis.Client, *RedisStore) {
+// user returns a client logged in as name, and a redisstore.Store over it.
+func (s aclServer) user(t *testing.T, name, password string) (*redis.Client, *redisstore.Store) {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: s.addr, Username: name, Password: password, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
-	st, err := NewRedisStore(c)
+	st, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,23 +79,20 @@ func isNoPerm(err error) bool {
 func TestEveryConformanceCasePassesAsTheACLUser(t *testing.T) {
 	t.Parallel()
 	srv := newACLServer(t)
-	for _, c := range conformanceCases {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			prefix, user := testenv.Prefix(), testenv.Prefix()
-			srv.setUser(t, fmt.Sprintf(aclSetUser, user, "pw-"+user, prefix))
-			_, st := srv.user(t, user, "pw-"+user)
-			// The suite reads raw TTLs through the admin client, so that only the
-			// store's own commands run as the user.
-			c.run(t, &suite{t: t, b: backend{store: st, prefix: prefix, advance: time.Sleep, rdb: srv.admin}, ctx: context.Background()})
-		})
-	}
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		prefix, user := testenv.Prefix(), testenv.Prefix()
+		srv.setUser(t, fmt.Sprintf(aclSetUser, user, "pw-"+user, prefix))
+		_, st := srv.user(t, user, "pw-"+user)
+		// The suite reads raw values through the admin client, so that only the
+		// store's own commands run as the user.
+		return storetest.Backend{Store: st, Prefix: prefix, Advance: time.Sleep, Raw: testenv.RedisRaw(srv.admin)}
+	})
 }
 
 // storeFlow drives every Store operation, the batch forms and the EVAL fallback (the
 // admin flushes the script cache first) on keys under prefix, and returns the first
 // error.
-func storeFlow(ctx context.Context, s Store, admin *redis.Client, prefix string) error {
+func storeFlow(ctx context.Context, s driver.Store, admin *redis.Client, prefix string) error {
 	k := func(n string) string { return prefix + ":orders:" + n }
 	step := func(name string, err error) error {
 		if err != nil {
@@ -99,7 +100,7 @@ func storeFlow(ctx context.Context, s Store, admin *redis.Client, prefix string)
 		}
 		return nil
 	}
-	wantStatus := func(name string, a Answer, err error, want Status) error {
+	wantStatus := func(name string, a driver.Answer, err error, want driver.Status) error {
 		if err == nil && a.Status != want {
 			err = fmt.Errorf("status %v, want %v", a.Status, want)
 		}
@@ -109,11 +110,11 @@ func storeFlow(ctx context.Context, s Store, admin *redis.Client, prefix string)
 		return err
 	}
 	a, err := s.Claim(ctx, k("1"), "A", "fp", time.Minute)
-	if err := wantStatus("claim", a, err, StatusAcquired); err != nil {
+	if err := wantStatus("claim", a, err, driver.StatusAcquired); err != nil {
 		return err
 	}
 	a, err = s.Claim(ctx, k("1"), "B", "fp", time.Minute)
-	if err := wantStatus("claim in progress", a, err, StatusInProgress); err != nil {
+	if err := wantStatus("claim in progress", a, err, driver.StatusInProgress); err != nil {
 		return err
 	}
 	if err := step("extend", s.Extend(ctx, k("1"), "A", time.Minute)); err != nil {
@@ -123,43 +124,43 @@ func storeFlow(ctx context.Context, s Store, admin *redis.Client, prefix string)
 		return err
 	}
 	a, err = s.Claim(ctx, k("1"), "B", "fp", time.Minute)
-	if err := wantStatus("claim done", a, err, StatusDuplicate); err != nil {
+	if err := wantStatus("claim done", a, err, driver.StatusDuplicate); err != nil {
 		return err
 	}
 	a, err = s.Claim(ctx, k("2"), "A", "", time.Minute)
-	if err := wantStatus("claim 2", a, err, StatusAcquired); err != nil {
+	if err := wantStatus("claim 2", a, err, driver.StatusAcquired); err != nil {
 		return err
 	}
 	if err := step("release", s.Release(ctx, k("2"), "A")); err != nil {
 		return err
 	}
 	a, err = s.Claim(ctx, k("2"), "B", "", time.Minute)
-	if err := wantStatus("claim released", a, err, StatusAcquired); err != nil {
+	if err := wantStatus("claim released", a, err, driver.StatusAcquired); err != nil {
 		return err
 	}
 	a, err = s.Mark(ctx, k("3"), "A", "", time.Hour)
-	if err := wantStatus("mark", a, err, StatusAcquired); err != nil {
+	if err := wantStatus("mark", a, err, driver.StatusAcquired); err != nil {
 		return err
 	}
-	claims, err := s.ClaimMany(ctx, []Entry{{Key: k("4"), Token: "A", TTL: time.Minute}, {Key: k("1"), Token: "C", Fingerprint: "fp", TTL: time.Minute}})
+	claims, err := s.ClaimMany(ctx, []driver.Entry{{Key: k("4"), Token: "A", TTL: time.Minute}, {Key: k("1"), Token: "C", Fingerprint: "fp", TTL: time.Minute}})
 	if err == nil && (claims[0].Err != nil || claims[1].Err != nil) {
 		err = errors.Join(claims[0].Err, claims[1].Err)
 	}
 	if err := step("claim many", err); err != nil {
 		return err
 	}
-	errs, err := s.CompleteMany(ctx, []Entry{{Key: k("4"), Token: "A", TTL: time.Hour}})
+	errs, err := s.CompleteMany(ctx, []driver.Entry{{Key: k("4"), Token: "A", TTL: time.Hour}})
 	if err == nil {
 		err = errs[0]
 	}
 	if err := step("complete many", err); err != nil {
 		return err
 	}
-	marks, err := s.MarkMany(ctx, []Entry{{Key: k("5"), Token: "A", TTL: time.Hour}, {Key: k("3"), Token: "B", TTL: time.Hour}})
+	marks, err := s.MarkMany(ctx, []driver.Entry{{Key: k("5"), Token: "A", TTL: time.Hour}, {Key: k("3"), Token: "B", TTL: time.Hour}})
 	if err == nil && (marks[0].Err != nil || marks[1].Err != nil) {
 		err = errors.Join(marks[0].Err, marks[1].Err)
 	}
-	if err == nil && (marks[0].Status != StatusAcquired || marks[1].Status != StatusDuplicate) {
+	if err == nil && (marks[0].Status != driver.StatusAcquired || marks[1].Status != driver.StatusDuplicate) {
 		err = fmt.Errorf("statuses %v, %v", marks[0].Status, marks[1].Status)
 	}
 	if err := step("mark many", err); err != nil {
@@ -170,38 +171,38 @@ func storeFlow(ctx context.Context, s Store, admin *redis.Client, prefix string)
 
 // recordsFlow drives Lookup, Forget and the forget notices (subscribe, PING, a
 // notice) on the DONE record k("1") of storeFlow, and returns the first error.
-func recordsFlow(ctx context.Context, s Store, prefix string, k func(string) string) error {
-	rs := s.(RecordStore)
+func recordsFlow(ctx context.Context, s driver.Store, prefix string, k func(string) string) error {
+	rs := s.(driver.RecordStore)
 	recs, err := rs.Lookup(ctx, []string{k("1")})
 	if err == nil && recs[0].Err != nil {
 		err = recs[0].Err
 	}
-	if err == nil && recs[0].State != RecordDone {
+	if err == nil && recs[0].State != driver.RecordDone {
 		err = fmt.Errorf("state %v", recs[0].State)
 	}
 	if err != nil {
 		return fmt.Errorf("lookup: %w", err)
 	}
-	sub := s.(noticeBus).subscribeNotices()
-	defer sub.close()
-	next := func(want noticeKind) error {
+	sub := s.(storekit.Notifier).ForgetNotices().Subscribe()
+	defer sub.Close()
+	next := func(want storekit.NoticeKind) error {
 		for {
-			n, err := sub.receive(ctx, 2*time.Second)
-			if err != nil || n.kind == want {
+			n, err := sub.Receive(ctx, 2*time.Second)
+			if err != nil || n.Kind == want {
 				return err
 			}
 		}
 	}
-	if err := sub.add(ctx, prefix+":orders"); err != nil {
+	if err := sub.Add(ctx, prefix+":orders"); err != nil {
 		return fmt.Errorf("subscribe: %w", err)
 	}
-	if err := next(noticeSubscribed); err != nil {
+	if err := next(storekit.Subscribed); err != nil {
 		return fmt.Errorf("subscribe: %w", err)
 	}
-	if err := sub.ping(ctx); err != nil {
+	if err := sub.Ping(ctx); err != nil {
 		return fmt.Errorf("ping: %w", err)
 	}
-	if err := next(noticeHeard); err != nil {
+	if err := next(storekit.Heard); err != nil {
 		return fmt.Errorf("ping: %w", err)
 	}
 	recs, err = rs.Forget(ctx, []string{k("1")}, false)
@@ -211,8 +212,8 @@ func recordsFlow(ctx context.Context, s Store, prefix string, k func(string) str
 	if err != nil {
 		return fmt.Errorf("forget: %w", err)
 	}
-	if err := next(noticeForgotten); err != nil {
-		return fmt.Errorf("forget notice: %w", err)
+	if err := next(storekit.Forgotten); err != nil {
+		return fmt.Errorf("forget storekit.Notice: %w", err)
 	}
 	return nil
 }
@@ -328,7 +329,7 @@ func TestTenantsWithTheirOwnACLUsersDoNotInterfere(t *testing.T) {
 	ctx := context.Background()
 	type tenant struct {
 		prefix string
-		store  *RedisStore
+		store  *redisstore.Store
 		h      *Handler
 	}
 	newTenant := func() tenant {

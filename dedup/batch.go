@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -382,7 +384,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			if first.HasReply && !errors.Is(first.Err, ErrReplyTooLarge) {
 				rb.of(i).dup(first.Reply, true) // the first item's, as stored
 			}
-			if fingerprintsDiffer(b.fp, h.fingerprint(items[i].Payload)) {
+			if storekit.FingerprintsDiffer(b.fp, h.fingerprint(items[i].Payload)) {
 				res = Result{Outcome: KeyReuse}
 			}
 		case KeyReuse:
@@ -508,9 +510,9 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 }
 
 func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
-	entries := make([]Entry, len(leads))
+	entries := make([]driver.Entry, len(leads))
 	for j, b := range leads {
-		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.retention}
+		entries[j] = driver.Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.retention}
 	}
 	answers, err := h.store.MarkMany(ctx, entries)
 	// First answer every flight, then run: an fn that checks a later key of the batch
@@ -521,7 +523,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 	}
 	var runs []pending
 	for j, b := range leads {
-		var a Answer
+		var a driver.Answer
 		if err == nil {
 			a = answers[j]
 		}
@@ -638,17 +640,17 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 var errGoexit = fmt.Errorf("%w: fn called runtime.Goexit", ErrPanic)
 
 func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
-	entries := make([]Entry, len(leads))
+	entries := make([]driver.Entry, len(leads))
 	for j, b := range leads {
-		entries[j] = Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
+		entries[j] = driver.Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
 	}
 	sent := time.Now()
-	var answers []Answer
+	var answers []driver.Answer
 	var err error
 	if out.single { // one script call, where ClaimMany may take two round trips
-		var a Answer
+		var a driver.Answer
 		if a, err = h.store.Claim(ctx, entries[0].Key, entries[0].Token, entries[0].Fingerprint, entries[0].TTL); err == nil {
-			answers = []Answer{a}
+			answers = []driver.Answer{a}
 		}
 	} else {
 		answers, err = h.store.ClaimMany(ctx, entries)
@@ -659,7 +661,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 	var unguarded []*batchItem
 	unguardedErr := make(map[*batchItem]error)
 	for j, b := range leads {
-		var a Answer
+		var a driver.Answer
 		if err == nil {
 			a = answers[j]
 		}
@@ -677,13 +679,13 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			continue
 		}
 		switch a.Status {
-		case StatusAcquired:
+		case driver.StatusAcquired:
 			b.f.leaseEnd.Store(sent.Add(h.cfg.lease).UnixNano())
 			h.leases.add(b)
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
 			claimed = append(claimed, b)
-		case StatusDuplicate:
+		case driver.StatusDuplicate:
 			h.rememberFor(b.f, b.lk, a.TTL)
 			if a.HasReply {
 				h.rememberReply(b.f, b.lk, a.Reply, a.TTL)
@@ -691,7 +693,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			b.f.knowReply(a.Reply, a.HasReply)
 			out.replies.of(b.i).dup(a.Reply, a.HasReply)
 			h.settle(out, b, Result{Outcome: Duplicate, Tier: TierStore}, nil)
-		case StatusConflict:
+		case driver.StatusConflict:
 			h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(b.k))
 			h.settle(out, b, Result{Outcome: KeyReuse}, nil)
 		default:
@@ -949,7 +951,7 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, c *completer, claimed [
 		switch {
 		case !found[j].Found:
 			run = append(run, b)
-		case fingerprintsDiffer(found[j].Fingerprint, b.fp):
+		case storekit.FingerprintsDiffer(found[j].Fingerprint, b.fp):
 			h.leases.forget(b)
 			res, rerr := h.stepAnswered(ctx, b.claimed(), found[j], nil, nil, true)
 			out.set(b.i, ItemResult{Result: res, Err: rerr})

@@ -10,10 +10,12 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
-func failOpenPair(t *testing.T, lease time.Duration) (*Deduper, *Handler, *MemoryStore) {
-	mem, _ := NewMemoryStore()
+func failOpenPair(t *testing.T, lease time.Duration) (*Deduper, *Handler, *memstore.Store) {
+	mem, _ := memstore.New()
 	d0, _ := New(mem, WithLogger(quiet))
 	h0, _ := d0.Register("rv")
 	bad := h0.RecordKey("a")
@@ -102,7 +104,7 @@ func children(ctx context.Context) int {
 
 // Goexit in a batch fn leaks fn's context (never cancelled) and its AfterFunc on d.ctx.
 func TestBatchGoexitReleasesContexts(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(mem, WithLogger(quiet))
 	defer d.Close()
 	h, _ := d.Register("lk", WithLocalCache(0, 0))

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
 // Batches (parallel and not), Do calls and batches on goroutines of their own race on
@@ -25,7 +27,7 @@ func TestBatchesAndCallsOnHotKeys(t *testing.T) {
 }
 
 func hotKeys(t *testing.T, fpOn bool, lc int) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(mem, WithLogger(quiet))
 	defer d.Close()
 	opts := []HandlerOption{WithLease(2 * time.Second), WithFingerprint(fpOn)}

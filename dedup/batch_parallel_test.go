@@ -1,14 +1,18 @@
 package dedup
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -22,7 +26,7 @@ func TestParallelRunRunsItemsAtOnce(t *testing.T) {
 }
 
 func testParallelRunRunsItemsAtOnce(t *testing.T, mode Mode) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	hs := &hookStore{Store: mem}
 	h := newDeduperOver(t, hs).mustRegister(t, "par", WithMode(mode))
 	const n = 8
@@ -87,7 +91,7 @@ func TestParallelRunGoexitEndsOnlyItsOwnItem(t *testing.T) {
 }
 
 func testParallelRunGoexitEndsOnlyItsOwnItem(t *testing.T, mode Mode) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(mem, WithLogger(quiet))
 	h, _ := d.Register("par-goexit", WithMode(mode))
 	started := make(chan struct{}, 2)
@@ -121,7 +125,7 @@ func testParallelRunGoexitEndsOnlyItsOwnItem(t *testing.T, mode Mode) {
 		for _, k := range []string{"d", "e"} { // released in the background: Close waits for it
 			testenv.Eventually(t, 10*time.Second, "the claim of "+k+" given back", func() bool {
 				a, err := mem.Claim(context.Background(), h.RecordKey(k), "other", "", time.Minute)
-				return err == nil && a.Status == StatusAcquired
+				return err == nil && a.Status == driver.StatusAcquired
 			})
 		}
 	}
@@ -143,7 +147,7 @@ func TestParallelRunReportsEachItemWhenDone(t *testing.T) {
 }
 
 func testParallelRunReportsEachItemWhenDone(t *testing.T, mode Mode) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := newDeduperOver(t, mem).mustRegister(t, "par-done", WithMode(mode))
 	release := make(chan struct{})
 	reported := make(chan int, 2)
@@ -163,7 +167,7 @@ func testParallelRunReportsEachItemWhenDone(t *testing.T, mode Mode) {
 		if i != 1 {
 			t.Fatalf("item %d reported first, want the fast one (1)", i)
 		}
-		if a, err := mem.Claim(context.Background(), h.RecordKey("fast"), "other", "", time.Minute); err != nil || a.Status != StatusDuplicate {
+		if a, err := mem.Claim(context.Background(), h.RecordKey("fast"), "other", "", time.Minute); err != nil || a.Status != driver.StatusDuplicate {
 			t.Fatalf("the fast item's record: %+v, %v; want DONE (Duplicate)", a, err)
 		}
 	case <-time.After(10 * time.Second):
@@ -178,11 +182,11 @@ func testParallelRunReportsEachItemWhenDone(t *testing.T, mode Mode) {
 // slowMark holds single Marks until release, so that a batch meets the key while its
 // mark is out; entered says one has begun.
 type slowMark struct {
-	Store
+	driver.Store
 	entered, release chan struct{}
 }
 
-func (s *slowMark) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (Answer, error) {
+func (s *slowMark) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (driver.Answer, error) {
 	close(s.entered)
 	<-s.release
 	return s.Store.Mark(ctx, key, token, fp, retention)
@@ -192,7 +196,7 @@ func (s *slowMark) Mark(ctx context.Context, key, token, fp string, retention ti
 // call's answer and is a Duplicate, as the per-message path is; it used to be
 // answered InProgress (a Nak, and a Term on the last delivery).
 func TestBatchItemWaitsForAnotherCallsMark(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	sm := &slowMark{Store: mem, entered: make(chan struct{}), release: make(chan struct{})}
 	h := newDeduperOver(t, sm).mustRegister(t, "joined", WithMode(ModeFilter))
 	first := make(chan Result, 1)
@@ -225,7 +229,7 @@ func TestParallelRunCallerGoexitStillReportsEveryItem(t *testing.T) {
 	// the caller's (seen once in a full go test ./... run).
 	defer func(d time.Duration) { spawnAfter = d }(spawnAfter)
 	spawnAfter = time.Hour
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(mem, WithLogger(quiet), WithPrefix("cg"))
 	defer d.Close()
 	h, _ := d.Register("caller-goexit", WithMode(ModeFilter), WithMissingKey(ProcessMissingKey))
@@ -251,7 +255,7 @@ func TestParallelRunCallerGoexitStillReportsEveryItem(t *testing.T) {
 // round trip has answered every other key: done may be slow (an ack), and must not
 // hold up the flights that other callers wait on.
 func TestParallelRunHoldsEarlyResultsUntilTheRoundTripAnswers(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	hs := &hookStore{Store: mem}
 	h := newDeduperOver(t, hs).mustRegister(t, "early", WithMode(ModeFilter), WithLocalCache(100, time.Hour))
 	if r, err := h.Mark(context.Background(), "seen"); err != nil || r.Outcome != First {
@@ -271,7 +275,7 @@ func TestParallelRunHoldsEarlyResultsUntilTheRoundTripAnswers(t *testing.T) {
 // Fns that end within spawnAfter run on the caller's goroutine, one after the other:
 // no goroutine each.
 func TestParallelRunKeepsFastFnsOnTheCaller(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := newDeduperOver(t, mem).mustRegister(t, "par-fast", WithMode(ModeFilter))
 	// however slow the machine, they are "fast" here: only the wait decides
 	defer func(d time.Duration) { spawnAfter = d }(spawnAfter)
@@ -297,7 +301,7 @@ func TestParallelRunKeepsFastFnsOnTheCaller(t *testing.T) {
 // one lease cancels that item's fn only: the other fn of the batch, running beside
 // it, goes on and completes.
 func TestParallelRunLeaseLostCancelsItsItemOnly(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	const lease = 150 * time.Millisecond
 	h := newDeduperOver(t, mem).mustRegister(t, "par-lease", WithLease(lease))
 	var started sync.WaitGroup
@@ -309,9 +313,12 @@ func TestParallelRunLeaseLostCancelsItsItemOnly(t *testing.T) {
 		if i == 0 {
 			started.Wait()
 			// another owner takes the key: the next extension finds the lease gone
-			mem.mu.Lock()
-			mem.set(h.RecordKey("lost"), memRecord{state: stateInProgress, token: "rival", expires: time.Now().Add(time.Minute)})
-			mem.mu.Unlock()
+			if _, err := mem.Forget(context.Background(), []string{h.RecordKey("lost")}, true); err != nil {
+				t.Error(err)
+			}
+			if a, err := mem.Claim(context.Background(), h.RecordKey("lost"), "rival", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
+				t.Errorf("rival claim: %v %v", a.Status, err)
+			}
 			close(stolen)
 			select {
 			case <-ctx.Done():
@@ -333,7 +340,7 @@ func TestParallelRunLeaseLostCancelsItsItemOnly(t *testing.T) {
 	if got != [2]ItemResult(res) {
 		t.Errorf("done reported %+v, the call returned %+v", got, res)
 	}
-	if a, _ := mem.Claim(context.Background(), h.RecordKey("kept"), "x", "", time.Minute); a.Status != StatusDuplicate {
+	if a, _ := mem.Claim(context.Background(), h.RecordKey("kept"), "x", "", time.Minute); a.Status != driver.StatusDuplicate {
 		t.Errorf("kept item's record: %+v; want DONE", a)
 	}
 }
@@ -342,7 +349,7 @@ func TestParallelRunLeaseLostCancelsItsItemOnly(t *testing.T) {
 // the caller's goroutine does not leave the items after it unrun: they are marked
 // DONE already, so unrun they would be lost (their redeliveries are duplicates).
 func TestFilterBatchGoexitStillRunsTheMarkedItems(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := newDeduperOver(t, mem).mustRegister(t, "serial-goexit", WithMode(ModeFilter))
 	var mu sync.Mutex
 	ran := map[int]bool{}
@@ -388,4 +395,13 @@ func batchOnItsOwn(h *Handler, items []Item, parallel int, fn func(ctx context.C
 	mu.Lock()
 	defer mu.Unlock()
 	return got, returned
+}
+
+// goid returns the current goroutine's id, read from its stack header.
+func goid() uint64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	id, _ := strconv.ParseUint(string(b[:bytes.IndexByte(b, ' ')]), 10, 64)
+	return id
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
 // Batch calls whose keys fall in many hash slots (on the cluster: on every master)
@@ -27,28 +29,28 @@ func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 			}
 
 			// ClaimMany over five states, interleaved by i%5.
-			wantClaim := make([]Status, n)
-			entries := make([]Entry, n)
+			wantClaim := make([]driver.Status, n)
+			entries := make([]driver.Entry, n)
 			for i := range n {
 				k := key("claim", i)
 				fp := "fp"
 				switch i % 5 {
 				case 0: // absent
-					wantClaim[i] = StatusAcquired
+					wantClaim[i] = driver.StatusAcquired
 				case 1: // IN PROGRESS, mine
 					mustClaim(t, s, k, "A")
-					wantClaim[i] = StatusAcquired
+					wantClaim[i] = driver.StatusAcquired
 				case 2: // IN PROGRESS, another owner's
 					mustClaim(t, s, k, "X")
-					wantClaim[i] = StatusInProgress
+					wantClaim[i] = driver.StatusInProgress
 				case 3: // DONE, same payload
 					mustMark(t, s, k, "X", "fp")
-					wantClaim[i] = StatusDuplicate
+					wantClaim[i] = driver.StatusDuplicate
 				case 4: // DONE, another payload
 					mustMark(t, s, k, "X", "other")
-					wantClaim[i] = StatusConflict
+					wantClaim[i] = driver.StatusConflict
 				}
-				entries[i] = Entry{Key: k, Token: "A", Fingerprint: fp, TTL: cLease}
+				entries[i] = driver.Entry{Key: k, Token: "A", Fingerprint: fp, TTL: cLease}
 			}
 			got, err := s.ClaimMany(ctx, entries)
 			if err != nil {
@@ -61,16 +63,16 @@ func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 				if a.Err != nil || a.Status != wantClaim[i] {
 					t.Fatalf("claim entry %d: %v %v, want %v", i, a.Status, a.Err, wantClaim[i])
 				}
-				if wantLeft := map[Status]bool{StatusInProgress: true, StatusDuplicate: true}; wantLeft[a.Status] && (a.TTL <= 0 || a.TTL > cRetention) {
+				if wantLeft := map[driver.Status]bool{driver.StatusInProgress: true, driver.StatusDuplicate: true}; wantLeft[a.Status] && (a.TTL <= 0 || a.TTL > cRetention) {
 					t.Fatalf("claim entry %d: %v with %v left", i, a.Status, a.TTL)
 				}
 			}
 
 			// CompleteMany: the entries this token holds complete, the others' lease is lost.
 			done := make([]error, n)
-			cs := make([]Entry, n)
+			cs := make([]driver.Entry, n)
 			for i := range n {
-				cs[i] = Entry{Key: key("claim", i), Token: "A", TTL: cRetention}
+				cs[i] = driver.Entry{Key: key("claim", i), Token: "A", TTL: cRetention}
 			}
 			errs, err := s.CompleteMany(ctx, cs)
 			if err != nil {
@@ -94,30 +96,30 @@ func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if done[i] == nil && a.Status != StatusDuplicate {
+				if done[i] == nil && a.Status != driver.StatusDuplicate {
 					t.Fatalf("entry %d completed but a claim answers %v", i, a.Status)
 				}
 			}
 
 			// MarkMany over four states.
-			wantMark := make([]Status, n)
-			marks := make([]Entry, n)
+			wantMark := make([]driver.Status, n)
+			marks := make([]driver.Entry, n)
 			for i := range n {
 				k := key("mark", i)
 				switch i % 4 {
 				case 0:
-					wantMark[i] = StatusAcquired
+					wantMark[i] = driver.StatusAcquired
 				case 1:
 					mustClaim(t, s, k, "X")
-					wantMark[i] = StatusInProgress
+					wantMark[i] = driver.StatusInProgress
 				case 2:
 					mustMark(t, s, k, "A", "fp") // mine, retried
-					wantMark[i] = StatusAcquired
+					wantMark[i] = driver.StatusAcquired
 				case 3:
 					mustMark(t, s, k, "X", "fp")
-					wantMark[i] = StatusDuplicate
+					wantMark[i] = driver.StatusDuplicate
 				}
-				marks[i] = Entry{Key: k, Token: "A", Fingerprint: "fp", TTL: cRetention}
+				marks[i] = driver.Entry{Key: k, Token: "A", Fingerprint: "fp", TTL: cRetention}
 			}
 			got, err = s.MarkMany(ctx, marks)
 			if err != nil {
@@ -132,16 +134,16 @@ func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 	}
 }
 
-func mustClaim(t *testing.T, s Store, k, token string) {
+func mustClaim(t *testing.T, s driver.Store, k, token string) {
 	t.Helper()
-	if a, err := s.Claim(context.Background(), k, token, "fp", cLease); err != nil || a.Status != StatusAcquired {
+	if a, err := s.Claim(context.Background(), k, token, "fp", cLease); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatalf("claim %s: %v %v", k, a.Status, err)
 	}
 }
 
-func mustMark(t *testing.T, s Store, k, token, fp string) {
+func mustMark(t *testing.T, s driver.Store, k, token, fp string) {
 	t.Helper()
-	if a, err := s.Mark(context.Background(), k, token, fp, cRetention); err != nil || a.Status != StatusAcquired {
+	if a, err := s.Mark(context.Background(), k, token, fp, cRetention); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatalf("mark %s: %v %v", k, a.Status, err)
 	}
 }

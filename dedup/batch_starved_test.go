@@ -6,6 +6,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
 // lateClaimMany makes the reply to ClaimMany arrive after the lease as the batch
@@ -13,12 +16,12 @@ import (
 // are fresh: what a starved process sees when its reply sits unread. after, when set,
 // runs on the records once they are claimed.
 type lateClaimMany struct {
-	Store
+	driver.Store
 	delay time.Duration
-	after func(entries []Entry)
+	after func(entries []driver.Entry)
 }
 
-func (s *lateClaimMany) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (s *lateClaimMany) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	time.Sleep(s.delay)
 	a, err := s.Store.ClaimMany(ctx, entries)
 	if err == nil && s.after != nil {
@@ -29,7 +32,7 @@ func (s *lateClaimMany) ClaimMany(ctx context.Context, entries []Entry) ([]Answe
 
 // starvedBatch runs a batch of keys a, b, c through store with a 300ms lease, the
 // claims' reply arriving 400ms late. It returns the results and the items fn ran.
-func starvedBatch(t *testing.T, store Store) (*Handler, []ItemResult, []int) {
+func starvedBatch(t *testing.T, store driver.Store) (*Handler, []ItemResult, []int) {
 	t.Helper()
 	d, err := New(store, WithLogger(quiet))
 	if err != nil {
@@ -56,7 +59,7 @@ func starvedBatch(t *testing.T, store Store) (*Handler, []ItemResult, []int) {
 // claimed or completed the key. Before, every item of such a batch was LeaseLost and
 // its claim left to expire, and each redelivery was InProgress meanwhile.
 func TestBatchRenewsClaimsTheHeartbeatLostTrackOf(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	_, res, ran := starvedBatch(t, &lateClaimMany{Store: mem, delay: 400 * time.Millisecond})
 	for i, r := range res {
 		if r.Outcome != Processed || r.Err != nil {
@@ -71,14 +74,14 @@ func TestBatchRenewsClaimsTheHeartbeatLostTrackOf(t *testing.T) {
 // A renewal never takes a key another owner holds: the item is LeaseLost, fn does not
 // run for it, and the other owner's claim is left alone.
 func TestBatchRenewalRefusedForAnotherOwner(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	ctx := context.Background()
-	store := &lateClaimMany{Store: mem, delay: 400 * time.Millisecond, after: func(e []Entry) {
+	store := &lateClaimMany{Store: mem, delay: 400 * time.Millisecond, after: func(e []driver.Entry) {
 		// b's lease ended and a rival claimed it
 		if err := mem.Release(ctx, e[1].Key, e[1].Token); err != nil {
 			t.Error(err)
 		}
-		if a, err := mem.Claim(ctx, e[1].Key, "rival", "", time.Minute); err != nil || a.Status != StatusAcquired {
+		if a, err := mem.Claim(ctx, e[1].Key, "rival", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 			t.Errorf("rival's claim: %v, %v", a.Status, err)
 		}
 	}}
@@ -94,7 +97,7 @@ func TestBatchRenewalRefusedForAnotherOwner(t *testing.T) {
 	if res[0].Outcome != Processed || res[2].Outcome != Processed {
 		t.Errorf("items a, c: %v, %v; want Processed", res[0].Outcome, res[2].Outcome)
 	}
-	if a, _ := mem.Claim(ctx, h.RecordKey("b"), "third", "", time.Minute); a.Status != StatusInProgress {
+	if a, _ := mem.Claim(ctx, h.RecordKey("b"), "third", "", time.Minute); a.Status != driver.StatusInProgress {
 		t.Errorf("b after the batch: %v, want still the rival's (InProgress)", a.Status)
 	}
 }
@@ -102,7 +105,7 @@ func TestBatchRenewalRefusedForAnotherOwner(t *testing.T) {
 // When the renewal itself fails (the store errs), the item is LeaseLost and its claim,
 // still ours, is given back at once rather than left for a rival to wait out.
 func TestBatchReleasesAClaimItCouldNotRenew(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	hs := &hookStore{Store: mem}
 	hs.onFail(func(op string) error {
 		if op == "extend" {
@@ -124,7 +127,7 @@ func TestBatchReleasesAClaimItCouldNotRenew(t *testing.T) {
 			t.Errorf("item %d: %v, want LeaseLost", i, r.Outcome)
 		}
 		a, _ := mem.Claim(context.Background(), h.RecordKey(string(rune('a'+i))), "rival", "", time.Minute)
-		if a.Status != StatusAcquired {
+		if a.Status != driver.StatusAcquired {
 			t.Errorf("item %d: a rival's claim got %v (ttl %v), want the claim released", i, a.Status, a.TTL)
 		}
 	}
@@ -133,11 +136,11 @@ func TestBatchReleasesAClaimItCouldNotRenew(t *testing.T) {
 // Once Close has begun, a batch renews nothing: its remaining items are Cancelled and
 // their claims given back, without a round trip each.
 func TestBatchDoesNotRenewWhileClosing(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	hs := &hookStore{Store: mem}
 	var d *Deduper
 	closed := make(chan struct{})
-	store := &lateClaimMany{Store: hs, delay: 400 * time.Millisecond, after: func([]Entry) {
+	store := &lateClaimMany{Store: hs, delay: 400 * time.Millisecond, after: func([]driver.Entry) {
 		go func() { d.Close(); close(closed) }() // waits for this batch and its releases
 		for d.ctx.Err() == nil {
 			time.Sleep(time.Millisecond)
@@ -163,7 +166,7 @@ func TestBatchDoesNotRenewWhileClosing(t *testing.T) {
 	}
 	<-closed
 	for _, k := range []string{"a", "b"} {
-		if a, _ := mem.Claim(context.Background(), h.RecordKey(k), "rival", "", time.Minute); a.Status != StatusAcquired {
+		if a, _ := mem.Claim(context.Background(), h.RecordKey(k), "rival", "", time.Minute); a.Status != driver.StatusAcquired {
 			t.Errorf("%s after the batch: %v, want its claim released", k, a.Status)
 		}
 	}

@@ -9,12 +9,15 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
 // slowFirstComplete holds the first completion (Complete or CompleteMany) until its
 // deadline.
 type slowFirstComplete struct {
-	Store
+	driver.Store
 	n atomic.Int64
 }
 
@@ -33,7 +36,7 @@ func (s *slowFirstComplete) Complete(ctx context.Context, key, token string, ret
 	return s.Store.Complete(ctx, key, token, retention)
 }
 
-func (s *slowFirstComplete) CompleteMany(ctx context.Context, e []Entry) ([]error, error) {
+func (s *slowFirstComplete) CompleteMany(ctx context.Context, e []driver.Entry) ([]error, error) {
 	if s.hang(ctx) {
 		return nil, ctx.Err()
 	}
@@ -48,7 +51,7 @@ func (s *slowFirstComplete) CompleteMany(ctx context.Context, e []Entry) ([]erro
 func TestBatchCompletionIsNotHeldBehindAnother(t *testing.T) {
 	for _, parallel := range []int{1, 2} {
 		t.Run(fmt.Sprint("parallel=", parallel), func(t *testing.T) {
-			mem, _ := NewMemoryStore()
+			mem, _ := memstore.New()
 			st := &slowFirstComplete{Store: mem}
 			h := newDeduperOver(t, st).mustRegister(t, "q", WithLease(300*time.Millisecond))
 			d2, _ := New(mem, WithLogger(quiet)) // another process
@@ -94,7 +97,7 @@ func TestBatchCompletionIsNotHeldBehindAnother(t *testing.T) {
 // done. They used to wait for each other for a whole lease, and then answer
 // InProgress for keys already processed.
 func TestBatchesWithCrossedKeysDoNotWaitForEachOther(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := newDeduperOver(t, mem).mustRegister(t, "x", WithLease(2*time.Second))
 	ctx := WaitForRunning(context.Background())
 	fn := func(context.Context, int) error { return nil }
@@ -127,7 +130,7 @@ func TestBatchesWithCrossedKeysDoNotWaitForEachOther(t *testing.T) {
 // local tier): an item that meets another call's flight with another fingerprint
 // waits, unbounded, for that flight to be left. That used to be a deadlock.
 func TestBatchesWithCrossedKeysAndFingerprintsEnd(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := newDeduperOver(t, mem).mustRegister(t, "fp", WithFingerprint(true), WithLocalCache(0, 0))
 	ctx := WaitForRunning(context.Background())
 	fn := func(context.Context, int) error { return nil }
@@ -161,7 +164,7 @@ func TestBatchesWithCrossedKeysAndFingerprintsEnd(t *testing.T) {
 // An item waiting for another batch's run of its key waits for that run only, not
 // for that batch's slowest fn.
 func TestBatchJoinerWaitsForTheRunOnly(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := newDeduperOver(t, mem).mustRegister(t, "w", WithLease(time.Second))
 	ctx := WaitForRunning(context.Background())
 	go h.Run(ctx, []Item{{Key: "x"}, {Key: "z"}}, func(ctx context.Context, i int) error {
@@ -182,7 +185,7 @@ func TestBatchJoinerWaitsForTheRunOnly(t *testing.T) {
 	}
 }
 
-type failExtend struct{ Store }
+type failExtend struct{ driver.Store }
 
 func (failExtend) Extend(context.Context, string, string, time.Duration) error {
 	return errors.New("extend down")
@@ -191,7 +194,7 @@ func (failExtend) Extend(context.Context, string, string, time.Duration) error {
 // Items of a parallel batch renew their claims on several goroutines at once (for
 // the race detector: the batch's no-more-renewals flag is shared).
 func TestParallelItemsRenewTheirClaimsConcurrently(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := newDeduperOver(t, failExtend{mem}).mustRegister(t, "r", WithLease(300*time.Millisecond))
 	items := []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}, {Key: "d"}}
 	res := h.Run(context.Background(), items, func(ctx context.Context, i int) error {
@@ -209,7 +212,7 @@ func TestParallelItemsRenewTheirClaimsConcurrently(t *testing.T) {
 }
 
 // slowRelease takes 100ms to give a claim back.
-type slowRelease struct{ Store }
+type slowRelease struct{ driver.Store }
 
 func (s slowRelease) Release(ctx context.Context, key, token string) error {
 	time.Sleep(100 * time.Millisecond)
@@ -220,7 +223,7 @@ func (s slowRelease) Release(ctx context.Context, key, token string) error {
 // claim back before its result lets a Do waiting for the key go on: that Do then
 // claims and runs, rather than meeting the claim and answering InProgress for a lease.
 func TestBatchGoexitReleasesBeforeWaitersGoOn(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := newDeduperOver(t, slowRelease{mem}).mustRegister(t, "g", WithLease(5*time.Second))
 	ctx := WaitForRunning(context.Background())
 	started := make(chan struct{})
@@ -243,16 +246,16 @@ func TestBatchGoexitReleasesBeforeWaitersGoOn(t *testing.T) {
 }
 
 // claimDown fails every ClaimMany.
-type claimDown struct{ Store }
+type claimDown struct{ driver.Store }
 
-func (claimDown) ClaimMany(context.Context, []Entry) ([]Answer, error) {
+func (claimDown) ClaimMany(context.Context, []driver.Entry) ([]driver.Answer, error) {
 	return nil, errors.New("down")
 }
 
 // WhenChecked's f comes before the fns also when the claims failed and the items run
 // unguarded (FailOpen).
 func TestWhenCheckedRunsBeforeUnguardedFns(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := newDeduperOver(t, claimDown{mem}).mustRegister(t, "c", WithStoreFailure(FailOpen))
 	var called, calls atomic.Int64
 	ctx := WhenChecked(context.Background(), func() { calls.Add(1) })

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -18,7 +20,7 @@ import (
 // FailClosed one answers StoreUnavailable. A probe closes the breaker once the store
 // answers again, and claims go to the store again. Nothing runs twice throughout.
 func TestBreakerSkipsAStoreKnownDownAndProbesItBack(t *testing.T) {
-	mem, err := NewMemoryStore()
+	mem, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +108,7 @@ func TestBreakerSkipsAStoreKnownDownAndProbesItBack(t *testing.T) {
 // A store that answers resets the count: failures spread between successes never
 // open the breaker.
 func TestBreakerNeedsFailuresInARow(t *testing.T) {
-	mem, err := NewMemoryStore()
+	mem, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +142,7 @@ func TestBreakerNeedsFailuresInARow(t *testing.T) {
 // A claim still waiting for the store when the breaker opens gives up then, instead
 // of waiting out the client's retries.
 func TestBreakerOpeningEndsTheClaimsStillWaiting(t *testing.T) {
-	mem, err := NewMemoryStore()
+	mem, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,13 +184,13 @@ func TestBreakerOpeningEndsTheClaimsStillWaiting(t *testing.T) {
 
 // slowClaims holds the claim of key until stuck is closed.
 type slowClaims struct {
-	Store
+	driver.Store
 	key   string
 	stuck chan struct{}
 	out   atomic.Bool
 }
 
-func (s *slowClaims) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (Answer, error) {
+func (s *slowClaims) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (driver.Answer, error) {
 	if strings.HasSuffix(key, ":"+s.key) {
 		s.out.Store(true)
 		<-s.stuck

@@ -7,6 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -56,20 +58,20 @@ func (h afterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 
 // hookedStores returns a store on a client with hook, and a plain one beside it (the
 // other owner), on the real server, under a prefix of their own.
-func hookedStores(t *testing.T, hook redis.Hook) (mine, other *RedisStore, prefix string) {
+func hookedStores(t *testing.T, hook redis.Hook) (mine, other *redisstore.Store, prefix string) {
 	t.Helper()
 	prefix = testenv.Prefix()
-	plain := realRedis(t, prefix)
+	plain := testenv.Redis(t, prefix)
 	opt := *plain.Options()
 	hooked := redis.NewClient(&opt)
 	hooked.AddHook(hook)
 	t.Cleanup(func() { hooked.Close() })
 	var err error
 	// the pipeline these tests split: a cluster's ClaimMany
-	if mine, err = NewRedisStore(hooked, WithoutBatchScripts()); err != nil {
+	if mine, err = redisstore.New(hooked, redisstore.WithoutBatchScripts()); err != nil {
 		t.Fatal(err)
 	}
-	if other, err = NewRedisStore(plain); err != nil {
+	if other, err = redisstore.New(plain); err != nil {
 		t.Fatal(err)
 	}
 	return mine, other, prefix
@@ -80,7 +82,7 @@ func hookedStores(t *testing.T, hook redis.Hook) (mine, other *RedisStore, prefi
 // NATS adapter Naks with it).
 func TestClaimManyInProgressTTLStaysWithinTheLease(t *testing.T) {
 	ctx := context.Background()
-	var other *RedisStore
+	var other *redisstore.Store
 	var key string
 	mine, other, prefix := hookedStores(t, splitHook{between: func() {
 		if err := other.Complete(ctx, key, "X", 24*time.Hour); err != nil {
@@ -88,14 +90,14 @@ func TestClaimManyInProgressTTLStaysWithinTheLease(t *testing.T) {
 		}
 	}})
 	key = prefix + ":h:k"
-	if a, err := other.Claim(ctx, key, "X", "", 30*time.Second); err != nil || a.Status != StatusAcquired {
+	if a, err := other.Claim(ctx, key, "X", "", 30*time.Second); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatal(a, err)
 	}
-	got, err := mine.ClaimMany(ctx, []Entry{{Key: key, Token: "A", TTL: 30 * time.Second}})
+	got, err := mine.ClaimMany(ctx, []driver.Entry{{Key: key, Token: "A", TTL: 30 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got[0].Err != nil || got[0].Status != StatusInProgress || got[0].TTL > 30*time.Second {
+	if got[0].Err != nil || got[0].Status != driver.StatusInProgress || got[0].TTL > 30*time.Second {
 		t.Fatalf("got %+v: want InProgress for at most the 30s lease", got[0])
 	}
 }
@@ -106,11 +108,11 @@ func TestClaimManyInProgressTTLStaysWithinTheLease(t *testing.T) {
 // the message would never run.
 func TestClaimManyDuplicateOfAnEndedRecordIsNotCached(t *testing.T) {
 	ctx := context.Background()
-	var other *RedisStore
+	var other *redisstore.Store
 	var rk string
 	mine, other, prefix := hookedStores(t, splitHook{between: func() {
 		time.Sleep(60 * time.Millisecond) // the DONE record (50ms) ends
-		if a, err := other.Claim(ctx, rk, "X", "", 30*time.Second); err != nil || a.Status != StatusAcquired {
+		if a, err := other.Claim(ctx, rk, "X", "", 30*time.Second); err != nil || a.Status != driver.StatusAcquired {
 			t.Error(a, err)
 		}
 	}})
@@ -124,7 +126,7 @@ func TestClaimManyDuplicateOfAnEndedRecordIsNotCached(t *testing.T) {
 		t.Fatal(err)
 	}
 	rk = h.RecordKey("m1")
-	if a, err := other.Mark(ctx, rk, "Y", "", 50*time.Millisecond); err != nil || a.Status != StatusAcquired {
+	if a, err := other.Mark(ctx, rk, "Y", "", 50*time.Millisecond); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatal(a, err)
 	}
 	res := h.Run(ctx, []Item{{Key: "m1"}}, func(context.Context, int) error { return nil }, asBatch)
@@ -146,23 +148,23 @@ func TestClaimManyDuplicateOfAnEndedRecordIsNotCached(t *testing.T) {
 // failure, which a FailOpen handler would answer by running fn unguarded.
 func TestClaimManyOwnClaimThatLapsedIsClaimedAgain(t *testing.T) {
 	ctx := context.Background()
-	var other *RedisStore
+	var other *redisstore.Store
 	var key string
 	mine, other, prefix := hookedStores(t, afterHook{after: func() {
 		time.Sleep(60 * time.Millisecond) // our 50ms lease ends
-		if a, err := other.Claim(ctx, key, "X", "", 30*time.Second); err != nil || a.Status != StatusAcquired {
+		if a, err := other.Claim(ctx, key, "X", "", 30*time.Second); err != nil || a.Status != driver.StatusAcquired {
 			t.Error(a, err)
 		}
 	}})
 	key = prefix + ":h:k"
-	if a, err := mine.Claim(ctx, key, "A", "", 50*time.Millisecond); err != nil || a.Status != StatusAcquired {
+	if a, err := mine.Claim(ctx, key, "A", "", 50*time.Millisecond); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatal(a, err)
 	}
-	got, err := mine.ClaimMany(ctx, []Entry{{Key: key, Token: "A", TTL: 50 * time.Millisecond}})
+	got, err := mine.ClaimMany(ctx, []driver.Entry{{Key: key, Token: "A", TTL: 50 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got[0].Err != nil || got[0].Status != StatusInProgress || got[0].TTL <= 0 || got[0].TTL > 30*time.Second {
+	if got[0].Err != nil || got[0].Status != driver.StatusInProgress || got[0].TTL <= 0 || got[0].TTL > 30*time.Second {
 		t.Fatalf("got %+v, want InProgress with the other owner's lease", got[0])
 	}
 }

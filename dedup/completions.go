@@ -4,14 +4,16 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
 // completionsInFlight is how many completion round trips (CompleteMany) a handler
 // has out at once; the completions that come meanwhile queue and go together in the
 // next. maxCompletions bounds one round trip.
 const (
-	completionsInFlight = DefaultPipelinesInFlight
-	maxCompletions      = DefaultPipelineBatch
+	completionsInFlight = 4
+	maxCompletions      = 128
 )
 
 // A lazy completion (a committed transactional run's: its marker answers a
@@ -46,7 +48,7 @@ type completions struct {
 // when it stores one; the flush sets the retention); to gets the store's answer.
 type pendingCompletion struct {
 	ctx  context.Context // for its values (tracing): not its cancellation
-	e    Entry
+	e    driver.Entry
 	lazy bool // may wait lazyDelay for company
 	to   completionAnswer
 }
@@ -58,7 +60,7 @@ type completionAnswer interface{ completionAnswered(cerr error) }
 
 // pendingFor is the completion of c's claim, answered to to.
 func pendingFor(ctx context.Context, c *claimed, lazy bool, to completionAnswer) pendingCompletion {
-	p := pendingCompletion{ctx: ctx, e: Entry{Key: c.rk, Token: c.token}, lazy: lazy, to: to}
+	p := pendingCompletion{ctx: ctx, e: driver.Entry{Key: c.rk, Token: c.token}, lazy: lazy, to: to}
 	if c.storesReply() { // a reply batch's item carries its reply here, to its DONE record
 		p.e.Reply, p.e.HasReply = c.reply, true
 	}
@@ -68,7 +70,7 @@ func pendingFor(ctx context.Context, c *claimed, lazy bool, to completionAnswer)
 // flushScratch is a flusher's buffers, kept between flushes.
 type flushScratch struct {
 	batch   []pendingCompletion
-	entries []Entry
+	entries []driver.Entry
 }
 
 var flushScratchPool = sync.Pool{New: func() any { return new(flushScratch) }}

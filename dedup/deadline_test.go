@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -30,7 +32,7 @@ func TestEveryCallReturnsByItsDeadlineAgainstASilentRedis(t *testing.T) {
 			opts.Addr = testenv.SilentAddr(t)
 			rdb := redis.NewClient(opts)
 			t.Cleanup(func() { rdb.Close() })
-			store, err := NewRedisStore(rdb)
+			store, err := redisstore.New(rdb)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -92,7 +94,7 @@ func TestEveryCallReturnsByItsDeadlineAgainstASilentRedis(t *testing.T) {
 				{"Lookup", func(ctx context.Context, hs handlers) { _, _ = hs.h.Lookup(ctx, "k1") }},
 				{"Forget", func(ctx context.Context, hs handlers) { _, _ = hs.h.Forget(ctx, "k1") }},
 				{"Health", func(ctx context.Context, hs handlers) {
-					if rep := hs.d.Health(ctx); rep.Status != HealthFail {
+					if rep := hs.d.Health(ctx); rep.Status != driver.HealthFail {
 						t.Errorf("Health of a silent store: %v", rep.Status)
 					}
 				}},

@@ -8,16 +8,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/lru"
 )
 
 // Deduper guards message handlers with a Store. Register one Handler per (stable) name;
 // each has its own retention, lease, local tier and policies. Safe for concurrent use.
 type Deduper struct {
-	store Store
+	store driver.Store
 	cfg   config
-	base  Store    // the store given to New; store wraps it when metrics are on
-	met   *metrics // nil: metrics off (metrics.go)
+	base  driver.Store // the store given to New; store wraps it when metrics are on
+	met   *metrics     // nil: metrics off (metrics.go)
 
 	// ctx is cancelled by Close, cancelling every running fn.
 	ctx    context.Context
@@ -41,7 +42,7 @@ type Deduper struct {
 
 // New returns a Deduper over store. A nil store or a bad option is an error wrapping
 // ErrInvalidOption.
-func New(store Store, opts ...Option) (*Deduper, error) {
+func New(store driver.Store, opts ...Option) (*Deduper, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: store is nil", ErrInvalidOption)
 	}
@@ -72,8 +73,8 @@ func New(store Store, opts ...Option) (*Deduper, error) {
 // registered (as a name or a former name) or a closed Deduper is an error (the first
 // three wrap ErrInvalidOption, the last is ErrClosed).
 //
-// A handler with a local tier, on a store that carries forget notices (RedisStore,
-// MemoryStore), subscribes the Deduper to its notices (see WithForgetBound): on
+// A handler with a local tier, on a store that carries forget notices (redisstore.Store,
+// memstore.Store), subscribes the Deduper to its notices (see WithForgetBound): on
 // Redis, the first one opens a subscription connection, and one goroutine, which
 // Close stops.
 func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error) {
@@ -117,10 +118,10 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		h.store = &formerStore{Store: d.store, h: h, records: rs}
 	}
 	if cfg.replyLimit > 0 {
-		if _, ok := d.base.(ReplyStore); !ok {
+		if _, ok := d.base.(driver.ReplyStore); !ok {
 			return nil, fmt.Errorf("%w: handler %q: WithReplies needs a store that keeps replies (dedup.ReplyStore); %T does not", ErrInvalidOption, name, d.base)
 		}
-		h.replyStore = h.store.(ReplyStore) // formerStore and meteredStore pass it on
+		h.replyStore = h.store.(driver.ReplyStore) // formerStore and meteredStore pass it on
 	}
 	if cfg.localSize > 0 {
 		c, err := lru.New(cfg.localSize, cfg.localTTL, cfg.localOpts...)
@@ -181,7 +182,7 @@ func (d *Deduper) Handlers() []string {
 }
 
 // Store returns the store the Deduper was built with.
-func (d *Deduper) Store() Store {
+func (d *Deduper) Store() driver.Store {
 	if d == nil {
 		return nil
 	}

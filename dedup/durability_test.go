@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -29,7 +30,7 @@ type instance struct {
 
 func newInstance(t *testing.T, c redis.UniversalClient, prefix string, opts ...HandlerOption) instance {
 	t.Helper()
-	store, err := NewRedisStore(c)
+	store, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,12 +10,13 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
 // Mount the health check on a mux: 200 with a JSON report while the store serves,
 // 503 when it cannot.
 func ExampleDeduper_HealthHandler() {
-	store, _ := dedup.NewMemoryStore()
+	store, _ := memstore.New()
 	d, _ := dedup.New(store)
 	defer d.Close()
 	orders, _ := d.Register("orders", dedup.WithLocalCache(1000, 0))
@@ -40,7 +41,7 @@ func ExampleWithMeterProvider() {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
 
-	store, _ := dedup.NewMemoryStore()
+	store, _ := memstore.New()
 	d, _ := dedup.New(store, dedup.WithMeterProvider(mp))
 	defer d.Close()
 	orders, _ := d.Register("orders")

@@ -6,16 +6,14 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
-
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
 // Guard a handler so a redelivered message does not run it twice.
 func Example() {
-	store, _ := dedup.NewMemoryStore()
+	store, _ := memstore.New()
 	d, _ := dedup.New(store)
 	defer d.Close()
 	charge, _ := d.Register("charge-card", dedup.WithRetention(72*time.Hour))
@@ -36,31 +34,9 @@ func Example() {
 	// order-1 duplicate local <nil>
 }
 
-// The Redis store accepts any redis.UniversalClient; miniredis stands in for Redis here.
-func ExampleNewRedisStore() {
-	srv, _ := miniredis.Run()
-	defer srv.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer rdb.Close()
-
-	store, _ := dedup.NewRedisStore(rdb)
-	ctx := context.Background()
-	// two processes, so the second learns of the first through Redis
-	for i := 0; i < 2; i++ {
-		d, _ := dedup.New(store)
-		h, _ := d.Register("send-email")
-		res, _ := h.Do(ctx, "welcome:user-7", func(context.Context) error { return nil })
-		fmt.Println(res.Outcome, res.Tier)
-		d.Close()
-	}
-	// Output:
-	// processed none
-	// duplicate store
-}
-
 // A failed handler releases its claim, so the redelivery runs it again.
 func ExampleHandler_Do_retry() {
-	store, _ := dedup.NewMemoryStore()
+	store, _ := memstore.New()
 	d, _ := dedup.New(store)
 	defer d.Close()
 	h, _ := d.Register("ship")
@@ -85,7 +61,7 @@ func ExampleHandler_Do_retry() {
 
 // Filter mode: one round trip per message, no lease.
 func ExampleHandler_Mark() {
-	store, _ := dedup.NewMemoryStore()
+	store, _ := memstore.New()
 	d, _ := dedup.New(store)
 	defer d.Close()
 	h, _ := d.Register("page-views", dedup.WithMode(dedup.ModeFilter), dedup.WithRetention(time.Hour))
@@ -103,7 +79,7 @@ func ExampleHandler_Mark() {
 // Handle reads the key from the message with the handler's key strategy; with
 // fingerprinting on, a reused key with another payload is reported, not dropped.
 func ExampleHandler_Handle() {
-	store, _ := dedup.NewMemoryStore()
+	store, _ := memstore.New()
 	d, _ := dedup.New(store)
 	defer d.Close()
 	h, _ := d.Register("payments",
@@ -131,7 +107,7 @@ func ExampleHandler_Handle() {
 // handler WithReplies, the reply fn sets (SetReply) is stored with DONE, and Run
 // hands it back to every duplicate.
 func ExampleSetReply() {
-	store, _ := dedup.NewMemoryStore()
+	store, _ := memstore.New()
 	d, _ := dedup.New(store)
 	defer d.Close()
 	create, _ := d.Register("create-order", dedup.WithReplies(0)) // replies up to 64 KiB

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
 // A signal releases the callers that waited before it fired and those that come
@@ -80,7 +82,7 @@ func TestFlightWithoutWaitersAllocatesOnlyItself(t *testing.T) {
 // The fns of a filter batch share one context for the batch, and it still ends with
 // ErrClosed when the Deduper closes while they run.
 func TestFilterBatchFnsSeeErrClosedWhenTheDeduperCloses(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	dd := newDeduperOver(t, mem)
 	h := dd.mustRegister(t, "close-batch", WithMode(ModeFilter))
 	started := make(chan struct{}, 2)
@@ -118,7 +120,7 @@ func TestFilterBatchFnsSeeErrClosedWhenTheDeduperCloses(t *testing.T) {
 // token, one record key, one local-tier node, the memory store's record, and the
 // batch's share of its own. The fns share one context (14 per item before).
 func TestFilterBatchAllocatesAFewObjectsPerItem(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := newDeduperOver(t, mem).mustRegister(t, "allocs", WithMode(ModeFilter))
 	const n = 64
 	items := make([]Item, n)

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -85,41 +87,41 @@ func (d *Deduper) checkFormerNames(h *Handler) error {
 // place the former names are checked; every path (Do, Mark, Handle, the batches, the
 // transactional runs) reaches the store through it.
 type formerStore struct {
-	Store
+	driver.Store
 	h       *Handler
-	records RecordStore
+	records driver.RecordStore
 }
 
 // CompleteReply implements ReplyStore when the Deduper's store does (Register
 // checks, for a handler WithReplies).
 func (s *formerStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
-	return s.Store.(ReplyStore).CompleteReply(ctx, key, token, reply, retention)
+	return s.Store.(driver.ReplyStore).CompleteReply(ctx, key, token, reply, retention)
 }
 
 // Claim implements Store.
-func (s *formerStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (Answer, error) {
+func (s *formerStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
 	a, err := s.Store.Claim(ctx, key, token, fingerprint, lease)
-	if err != nil || a.Status != StatusAcquired {
+	if err != nil || a.Status != driver.StatusAcquired {
 		return a, err
 	}
-	as := []Answer{a}
-	s.settle(ctx, []Entry{{Key: key, Token: token, Fingerprint: fingerprint, TTL: lease}}, as, true)
+	as := []driver.Answer{a}
+	s.settle(ctx, []driver.Entry{{Key: key, Token: token, Fingerprint: fingerprint, TTL: lease}}, as, true)
 	return as[0], as[0].Err
 }
 
 // Mark implements Store.
-func (s *formerStore) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error) {
+func (s *formerStore) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
 	a, err := s.Store.Mark(ctx, key, token, fingerprint, retention)
-	if err != nil || a.Status != StatusAcquired {
+	if err != nil || a.Status != driver.StatusAcquired {
 		return a, err
 	}
-	as := []Answer{a}
-	s.settle(ctx, []Entry{{Key: key, Token: token, Fingerprint: fingerprint, TTL: retention}}, as, false)
+	as := []driver.Answer{a}
+	s.settle(ctx, []driver.Entry{{Key: key, Token: token, Fingerprint: fingerprint, TTL: retention}}, as, false)
 	return as[0], nil
 }
 
 // ClaimMany implements Store.
-func (s *formerStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (s *formerStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	as, err := s.Store.ClaimMany(ctx, entries)
 	if err == nil {
 		s.settle(ctx, entries, as, true)
@@ -128,7 +130,7 @@ func (s *formerStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer,
 }
 
 // MarkMany implements Store.
-func (s *formerStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (s *formerStore) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	as, err := s.Store.MarkMany(ctx, entries)
 	if err == nil {
 		s.settle(ctx, entries, as, false)
@@ -140,11 +142,11 @@ func (s *formerStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, 
 // store answered Acquired (claims, or marks), and changes those answers to what a
 // former record says; see WithFormerNames. Claims answered so are given back
 // (giveBack) before it returns.
-func (s *formerStore) settle(ctx context.Context, entries []Entry, answers []Answer, claims bool) {
+func (s *formerStore) settle(ctx context.Context, entries []driver.Entry, answers []driver.Answer, claims bool) {
 	h := s.h
 	var acquired []int
 	for i, a := range answers {
-		if a.Err == nil && a.Status == StatusAcquired {
+		if a.Err == nil && a.Status == driver.StatusAcquired {
 			acquired = append(acquired, i)
 		}
 	}
@@ -160,38 +162,38 @@ func (s *formerStore) settle(ctx context.Context, entries []Entry, answers []Ans
 		}
 	}
 	recs, err := s.records.Lookup(ctx, keys)
-	var undo []Entry // claims to give back: TTL > 0 copies the record forward
+	var undo []driver.Entry // claims to give back: TTL > 0 copies the record forward
 	for j, i := range acquired {
 		e := entries[i]
-		var r Record
+		var r driver.Record
 		rerr := err
 		if rerr == nil {
 			r, rerr = formerRecord(recs[j*formers : (j+1)*formers])
 		}
 		if rerr != nil {
 			if claims { // the caller gives the claim back, as for any failed claim
-				answers[i] = Answer{Err: storeErr("claim: former names", rerr)}
+				answers[i] = driver.Answer{Err: storekit.StoreErr("claim: former names", rerr)}
 			} else {
 				h.log.Warn("dedup: former names could not be read; the mark's first sighting stands", "key_hash", keyHash(e.Key[len(h.keyHead):]), "err", rerr)
 			}
 			continue
 		}
 		switch {
-		case r.State == RecordDone && fingerprintsDiffer(r.Fingerprint, e.Fingerprint):
-			answers[i] = Answer{Status: StatusConflict}
-		case r.State == RecordDone:
-			answers[i] = Answer{Status: StatusDuplicate, TTL: r.TTL, Reply: r.reply, HasReply: r.HasReply}
-		case r.State == RecordInProgress:
-			answers[i] = Answer{Status: StatusInProgress, TTL: r.TTL}
+		case r.State == driver.RecordDone && storekit.FingerprintsDiffer(r.Fingerprint, e.Fingerprint):
+			answers[i] = driver.Answer{Status: driver.StatusConflict}
+		case r.State == driver.RecordDone:
+			answers[i] = driver.Answer{Status: driver.StatusDuplicate, TTL: r.TTL, Reply: r.Reply, HasReply: r.HasReply}
+		case r.State == driver.RecordInProgress:
+			answers[i] = driver.Answer{Status: driver.StatusInProgress, TTL: r.TTL}
 		default:
 			continue
 		}
 		h.log.Debug("dedup: key found under a former name", "key_hash", keyHash(e.Key[len(h.keyHead):]), "state", r.State.String())
 		if claims {
 			e.TTL = 0
-			if r.State == RecordDone && r.Fingerprint == e.Fingerprint && r.TTL > 0 {
+			if r.State == driver.RecordDone && r.Fingerprint == e.Fingerprint && r.TTL > 0 {
 				e.TTL = r.TTL
-				e.Reply, e.HasReply = r.reply, r.HasReply // copied forward with its reply
+				e.Reply, e.HasReply = r.Reply, r.HasReply // copied forward with its reply
 			}
 			undo = append(undo, e)
 		}
@@ -206,19 +208,19 @@ func (s *formerStore) settle(ctx context.Context, entries []Entry, answers []Ans
 // It waits for them: until then the key would answer InProgress for a whole lease
 // to a copy checked elsewhere, instead of Duplicate. That costs the caller a round
 // trip on a key found under a former name (a duplicate), never on a new key.
-func (s *formerStore) giveBack(ctx context.Context, claims []Entry) {
+func (s *formerStore) giveBack(ctx context.Context, claims []driver.Entry) {
 	h := s.h
 	bg, done := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
 	defer done()
 	var wg sync.WaitGroup
-	release := func(e Entry) {
+	release := func(e driver.Entry) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			h.release(bg, e.Key[len(h.keyHead):], e.Key, e.Token)
 		}()
 	}
-	var forward []Entry
+	var forward []driver.Entry
 	for _, e := range claims {
 		if e.TTL > 0 {
 			forward = append(forward, e)
@@ -245,9 +247,9 @@ func (s *formerStore) giveBack(ctx context.Context, claims []Entry) {
 // formerRecord picks what a key's records under the former names say: the first
 // DONE one, else the first IN PROGRESS one, else none (absent). A record that could
 // not be read is an error unless a DONE one decides anyway.
-func formerRecord(row []Record) (Record, error) {
-	if j := decide(append([]Record{{}}, row...)); j > 0 {
+func formerRecord(row []driver.Record) (driver.Record, error) {
+	if j := decide(append([]driver.Record{{}}, row...)); j > 0 {
 		return row[j-1], row[j-1].Err
 	}
-	return Record{}, nil
+	return driver.Record{}, nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -21,7 +22,7 @@ func BenchmarkFormerNames(b *testing.B) {
 	c, prefix := benchRedis(b)
 	tc := &testenv.TripCounter{}
 	c.AddHook(tc)
-	s, _ := NewRedisStore(c)
+	s, _ := redisstore.New(c)
 	d, err := New(s, WithPrefix(prefix))
 	if err != nil {
 		b.Fatal(err)

@@ -8,13 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // Former names are validated, and may not be the handler's own name or any name of
 // another handler, whichever registers first.
 func TestInvalidOrTakenFormerNamesAreRefused(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	for _, tc := range []struct {
 		name   string
 		first  func(d *Deduper) error // registered first, must succeed
@@ -128,17 +131,17 @@ func TestDoneRecordUnderAFormerNameIsADuplicateOnEveryPath(t *testing.T) {
 					if o := p.run(ctx, r.cur, "order-2", fn); (o != Processed && o != First) || ran.Load() != 1 {
 						t.Fatalf("a new key: %v, fn ran %d times", o, ran.Load())
 					}
-					if info, err := r.old.Lookup(ctx, "order-2"); err != nil || info.State != RecordAbsent {
+					if info, err := r.old.Lookup(ctx, "order-2"); err != nil || info.State != driver.RecordAbsent {
 						t.Fatalf("a new key under the old name: %+v %v; want nothing written there", info, err)
 					}
 					own, err := r.cur.Lookup(ctx, "order-2")
-					if err != nil || own.State != RecordDone || own.Handler != "orders-v2" || own.RecordKey != r.cur.RecordKey("order-2") {
+					if err != nil || own.State != driver.RecordDone || own.Handler != "orders-v2" || own.RecordKey != r.cur.RecordKey("order-2") {
 						t.Fatalf("a new key under the current name: %+v %v", own, err)
 					}
 					// the duplicate's record is copied forward (by the claim's completion,
 					// or it is the mark's own): found under the current name now
 					fwd, err := r.cur.LookupMany(ctx, []string{"order-1"})
-					if err != nil || fwd[0].State != RecordDone || fwd[0].Handler != "orders-v2" {
+					if err != nil || fwd[0].State != driver.RecordDone || fwd[0].Handler != "orders-v2" {
 						t.Fatalf("copied forward: %+v %v", fwd, err)
 					}
 					if p.mode == ModeDo {
@@ -181,7 +184,7 @@ func TestFormerNamesRecordsAnswerInProgressAndKeyReuse(t *testing.T) {
 				t.Fatalf("RetryAfter %v", res.RetryAfter)
 			}
 			info, err := r.cur.Lookup(ctx, "order-1")
-			if err != nil || info.State != RecordInProgress || info.Handler != "orders" {
+			if err != nil || info.State != driver.RecordInProgress || info.Handler != "orders" {
 				t.Fatalf("Lookup: %+v %v; want the former name's claim (its own was given back)", info, err)
 			}
 			if _, err := r.cur.Forget(ctx, "order-1"); !errors.Is(err, ErrRecordInProgress) {
@@ -197,11 +200,11 @@ func TestFormerNamesRecordsAnswerInProgressAndKeyReuse(t *testing.T) {
 			want(t, res, err, Duplicate)
 
 			// Forget deletes under every name: the key runs again
-			if info, err := r.cur.Forget(ctx, "order-1"); err != nil || info.State != RecordDone {
+			if info, err := r.cur.Forget(ctx, "order-1"); err != nil || info.State != driver.RecordDone {
 				t.Fatalf("Forget: %+v %v", info, err)
 			}
 			for _, h := range []*Handler{r.old, r.cur} {
-				if info, err := h.Lookup(ctx, "order-1"); err != nil || info.State != RecordAbsent {
+				if info, err := h.Lookup(ctx, "order-1"); err != nil || info.State != driver.RecordAbsent {
 					t.Fatalf("%s after Forget: %+v %v", h.Name(), info, err)
 				}
 			}
@@ -216,10 +219,10 @@ func TestFormerNamesRecordsAnswerInProgressAndKeyReuse(t *testing.T) {
 // key answered by the current name's own record costs nothing more.
 func TestFormerNamesCostANewKeyOneMoreRoundTrip(t *testing.T) {
 	prefix := testenv.Prefix()
-	c := realRedis(t, prefix)
+	c := testenv.Redis(t, prefix)
 	tc := &testenv.TripCounter{}
 	c.AddHook(tc)
-	s, err := NewRedisStore(c, WithoutAutoPipeline())
+	s, err := redisstore.New(c, redisstore.WithoutAutoPipeline())
 	if err != nil {
 		t.Fatal(err)
 	}

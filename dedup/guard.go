@@ -8,6 +8,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
 // guard is the store as the engine calls it (Deduper.store). It keeps two promises
@@ -25,7 +28,7 @@ import (
 //     closes the breaker at its first answer. Completions, releases and extensions are
 //     always tried: they settle what has already run.
 type guard struct {
-	s      Store
+	s      driver.Store
 	d      *Deduper
 	detach bool // calls run on a goroutine of their own (see detaches)
 
@@ -53,7 +56,7 @@ const (
 // errBreakerOpen is the cause of a call refused while the breaker is open.
 var errBreakerOpen = errors.New("dedup: store known down (breaker open); probing it in the background")
 
-func newGuard(d *Deduper, s Store) *guard {
+func newGuard(d *Deduper, s driver.Store) *guard {
 	g := &guard{s: s, d: d, detach: detaches(d.base)}
 	c := make(chan struct{})
 	g.opened.Store(&c)
@@ -61,14 +64,14 @@ func newGuard(d *Deduper, s Store) *guard {
 }
 
 // detaches reports whether calls to s need a goroutine of their own to return by
-// their deadline: every store but MemoryStore, which never waits on a network.
-func detaches(s Store) bool {
-	_, mem := s.(*MemoryStore)
+// their deadline: every store but memstore.Store, which never waits on a network.
+func detaches(s driver.Store) bool {
+	_, mem := s.(*memstore.Store)
 	return !mem
 }
 
 // Pinger is implemented by a store that can tell cheaply whether it answers; the
-// breaker probes it with Ping (RedisStore: PING). A store without it is probed with
+// breaker probes it with Ping (redisstore.Store: PING). A store without it is probed with
 // a Release of a key no record uses.
 type Pinger interface {
 	Ping(ctx context.Context) error
@@ -266,25 +269,25 @@ func (d *Deduper) Breaker() (open bool) {
 	return ok && g.open.Load()
 }
 
-func (g *guard) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (Answer, error) {
+func (g *guard) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
 	if err := g.refused("claim"); err != nil {
-		return Answer{}, err
+		return driver.Answer{}, err
 	}
-	return detached(g, ctx, "claim", true, func(ctx context.Context) (Answer, error) {
+	return detached(g, ctx, "claim", true, func(ctx context.Context) (driver.Answer, error) {
 		return g.s.Claim(ctx, key, token, fingerprint, lease)
-	}, func(a Answer, err error) {
-		if err != nil || a.Status == StatusAcquired {
-			g.giveBack([]Entry{{Key: key, Token: token}})
+	}, func(a driver.Answer, err error) {
+		if err != nil || a.Status == driver.StatusAcquired {
+			g.giveBack([]driver.Entry{{Key: key, Token: token}})
 		}
 	})
 }
 
-func (g *guard) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error) {
+func (g *guard) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
 	if err := g.refused("mark"); err != nil {
-		return Answer{}, err
+		return driver.Answer{}, err
 	}
 	// a mark given up on may have written DONE: filter mode's trade-off, as a crash
-	return detached(g, ctx, "mark", true, func(ctx context.Context) (Answer, error) {
+	return detached(g, ctx, "mark", true, func(ctx context.Context) (driver.Answer, error) {
 		return g.s.Mark(ctx, key, token, fingerprint, retention)
 	}, nil)
 }
@@ -299,7 +302,7 @@ func (g *guard) Complete(ctx context.Context, key, token string, retention time.
 // CompleteReply implements ReplyStore when the store below does (Register checks).
 func (g *guard) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
 	_, err := detached(g, ctx, "complete", false, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, g.s.(ReplyStore).CompleteReply(ctx, key, token, reply, retention)
+		return struct{}{}, g.s.(driver.ReplyStore).CompleteReply(ctx, key, token, reply, retention)
 	}, nil)
 	return err
 }
@@ -318,19 +321,19 @@ func (g *guard) Extend(ctx context.Context, key, token string, lease time.Durati
 	return err
 }
 
-func (g *guard) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (g *guard) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := g.refused("claim"); err != nil {
 		return nil, err
 	}
 	if g.detach {
 		entries = slices.Clone(entries) // the caller may reuse its slice once answered
 	}
-	return detached(g, ctx, "claim", true, func(ctx context.Context) ([]Answer, error) {
+	return detached(g, ctx, "claim", true, func(ctx context.Context) ([]driver.Answer, error) {
 		return g.s.ClaimMany(ctx, entries)
-	}, func(as []Answer, err error) {
-		var back []Entry
+	}, func(as []driver.Answer, err error) {
+		var back []driver.Entry
 		for i, e := range entries {
-			if err != nil || i >= len(as) || as[i].Err != nil || as[i].Status == StatusAcquired {
+			if err != nil || i >= len(as) || as[i].Err != nil || as[i].Status == driver.StatusAcquired {
 				back = append(back, e)
 			}
 		}
@@ -338,19 +341,19 @@ func (g *guard) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error
 	})
 }
 
-func (g *guard) MarkMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (g *guard) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := g.refused("mark"); err != nil {
 		return nil, err
 	}
 	if g.detach {
 		entries = slices.Clone(entries)
 	}
-	return detached(g, ctx, "mark", true, func(ctx context.Context) ([]Answer, error) {
+	return detached(g, ctx, "mark", true, func(ctx context.Context) ([]driver.Answer, error) {
 		return g.s.MarkMany(ctx, entries)
 	}, nil)
 }
 
-func (g *guard) CompleteMany(ctx context.Context, entries []Entry) ([]error, error) {
+func (g *guard) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	if g.detach {
 		entries = slices.Clone(entries)
 	}
@@ -360,29 +363,29 @@ func (g *guard) CompleteMany(ctx context.Context, entries []Entry) ([]error, err
 }
 
 // Lookup implements RecordStore when the store below does (Deduper.records checks).
-func (g *guard) Lookup(ctx context.Context, keys []string) ([]Record, error) {
-	return detached(g, ctx, "lookup", false, func(ctx context.Context) ([]Record, error) {
-		return g.s.(RecordStore).Lookup(ctx, keys)
+func (g *guard) Lookup(ctx context.Context, keys []string) ([]driver.Record, error) {
+	return detached(g, ctx, "lookup", false, func(ctx context.Context) ([]driver.Record, error) {
+		return g.s.(driver.RecordStore).Lookup(ctx, keys)
 	}, nil)
 }
 
 // Forget implements RecordStore when the store below does (Deduper.records checks).
-func (g *guard) Forget(ctx context.Context, keys []string, force bool) ([]Record, error) {
-	return detached(g, ctx, "forget", false, func(ctx context.Context) ([]Record, error) {
-		return g.s.(RecordStore).Forget(ctx, keys, force)
+func (g *guard) Forget(ctx context.Context, keys []string, force bool) ([]driver.Record, error) {
+	return detached(g, ctx, "forget", false, func(ctx context.Context) ([]driver.Record, error) {
+		return g.s.(driver.RecordStore).Forget(ctx, keys, force)
 	}, nil)
 }
 
 // CountRecords implements RecordStore when the store below does.
 func (g *guard) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
 	return detached(g, ctx, "count", false, func(ctx context.Context) (map[string]int64, error) {
-		return g.s.(RecordStore).CountRecords(ctx, prefix, handler)
+		return g.s.(driver.RecordStore).CountRecords(ctx, prefix, handler)
 	}, nil)
 }
 
 // giveBack releases claims whose answer came after their caller had given up on it
 // (the caller released them too, and may have done so before they landed).
-func (g *guard) giveBack(entries []Entry) {
+func (g *guard) giveBack(entries []driver.Entry) {
 	for _, e := range entries {
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		_ = g.s.Release(ctx, e.Key, e.Token)

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/keys"
 	"github.com/dedupkit/dedupkit/lru"
 )
@@ -23,7 +24,7 @@ type Handler struct {
 	cfg  handlerConfig
 	// store is the Deduper's store, as the handler sees it: behind formerStore when
 	// it has former names (former.go)
-	store Store
+	store driver.Store
 	local *lru.Cache // DONE keys only; nil when the tier is off
 	// listening says the local tier may take keys: forget notices reach it (its
 	// subscription is confirmed), or it needs none (notices.go)
@@ -34,7 +35,7 @@ type Handler struct {
 	// above cannot answer it.
 	replies *lru.Bytes
 	// replyStore is store as a ReplyStore, for a handler WithReplies (Register checks)
-	replyStore ReplyStore
+	replyStore driver.ReplyStore
 	flights    *flights
 	// completions coalesces the completions that need not hold their caller: batch
 	// items' and committed transactional runs' (completions.go)
@@ -762,16 +763,16 @@ func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 
 // marked turns a store's answer to Mark, for the leader of flight f, into a result,
 // caching only what is DONE.
-func (h *Handler) marked(f *flight, k, lk string, ans Answer) Result {
+func (h *Handler) marked(f *flight, k, lk string, ans driver.Answer) Result {
 	switch ans.Status {
-	case StatusAcquired:
+	case driver.StatusAcquired:
 		h.remember(f, lk)
 		f.knowReply("", false) // the mark wrote DONE without a reply
 		return Result{Outcome: First}
-	case StatusConflict:
+	case driver.StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
 		return Result{Outcome: KeyReuse}
-	case StatusInProgress:
+	case driver.StatusInProgress:
 		// another owner is running it: a duplicate for a filter, but not DONE, so
 		// not for the local tier (the owner may fail and release it)
 		return Result{Outcome: Duplicate, Tier: TierStore}

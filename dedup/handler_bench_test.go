@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
 // BenchmarkDo measures a check answered by the local tier (a duplicate: no store call,
@@ -21,14 +23,14 @@ func benchDo(b *testing.B, suffix string, opts ...Option) {
 	for i := range trace {
 		trace[i] = fmt.Sprintf("order-%d", i)
 	}
-	newHandler := func(b *testing.B, mem *MemoryStore, local int) *Handler {
+	newHandler := func(b *testing.B, mem *memstore.Store, local int) *Handler {
 		d, _ := New(mem, append([]Option{WithLogger(quiet)}, opts...)...)
 		b.Cleanup(func() { d.Close() })
 		h, _ := d.Register("bench", WithLocalCache(local, 0))
 		return h
 	}
 	b.Run("tier:local"+suffix, func(b *testing.B) {
-		mem, _ := NewMemoryStore()
+		mem, _ := memstore.New()
 		h := newHandler(b, mem, 2*n) // room for uneven shards
 		for _, k := range trace {
 			h.Do(ctx, k, ok)
@@ -46,7 +48,7 @@ func benchDo(b *testing.B, suffix string, opts ...Option) {
 		})
 	})
 	b.Run("tier:memory-store"+suffix, func(b *testing.B) {
-		mem, _ := NewMemoryStore(WithMemoryLimit(1 << 24))
+		mem, _ := memstore.New(memstore.WithLimit(1 << 24))
 		h := newHandler(b, mem, 0)
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -72,7 +74,7 @@ func BenchmarkRun(b *testing.B) {
 	for _, mode := range []Mode{ModeFilter, ModeDo} {
 		name := map[Mode]string{ModeFilter: "filter", ModeDo: "do"}[mode]
 		b.Run(fmt.Sprintf("mode:%s/batch:%d/store:memory", name, n), func(b *testing.B) {
-			mem, _ := NewMemoryStore(WithMemoryLimit(1 << 26))
+			mem, _ := memstore.New(memstore.WithLimit(1 << 26))
 			d, _ := New(mem, WithLogger(quiet))
 			b.Cleanup(func() { d.Close() })
 			h, _ := d.Register("bench", WithMode(mode))
@@ -101,7 +103,7 @@ func BenchmarkRun(b *testing.B) {
 func BenchmarkMark(b *testing.B) {
 	ctx := context.Background()
 	const n = 1 << 14
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(mem, WithLogger(quiet))
 	b.Cleanup(func() { d.Close() })
 	h, _ := d.Register("bench", WithMode(ModeFilter), WithLocalCache(2*n, 0))
@@ -137,7 +139,7 @@ func BenchmarkDoReply(b *testing.B) {
 	reply := make([]byte, 1024)
 	fn := func(context.Context) ([]byte, error) { return reply, nil }
 	b.Run("tier:local", func(b *testing.B) {
-		mem, _ := NewMemoryStore()
+		mem, _ := memstore.New()
 		d, _ := New(mem, WithLogger(quiet))
 		b.Cleanup(func() { d.Close() })
 		h, _ := d.Register("bench", WithReplies(0), WithLocalCache(2*n, 0), WithLocalReplies(8<<20))
@@ -157,7 +159,7 @@ func BenchmarkDoReply(b *testing.B) {
 		})
 	})
 	b.Run("tier:memory-store", func(b *testing.B) {
-		mem, _ := NewMemoryStore(WithMemoryLimit(1 << 24))
+		mem, _ := memstore.New(memstore.WithLimit(1 << 24))
 		d, _ := New(mem, WithLogger(quiet))
 		b.Cleanup(func() { d.Close() })
 		h, _ := d.Register("bench", WithReplies(0), WithLocalCache(0, 0))

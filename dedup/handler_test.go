@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
+	"github.com/dedupkit/dedupkit/dedup/storetest"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -19,8 +23,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 type fixture struct {
 	t     *testing.T
-	clk   *fakeClock // nil when the memory store runs on the real clock
-	mem   *MemoryStore
+	clk   *storetest.Clock // nil when the memory store runs on the real clock
+	mem   *memstore.Store
 	store *hookStore
 	d     *Deduper
 }
@@ -30,12 +34,12 @@ type fixture struct {
 func newFixture(t *testing.T, realClock bool) *fixture {
 	t.Helper()
 	f := &fixture{t: t}
-	opts := []MemoryOption{}
+	opts := []memstore.Option{}
 	if !realClock {
-		f.clk = newFakeClock()
-		opts = append(opts, WithMemoryClock(f.clk.Now))
+		f.clk = storetest.NewClock()
+		opts = append(opts, memstore.WithClock(f.clk.Now))
 	}
-	mem, err := NewMemoryStore(opts...)
+	mem, err := memstore.New(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +110,7 @@ func TestDoProcessedThenDuplicate(t *testing.T) {
 
 type deduper struct{ *Deduper }
 
-func newDeduperOver(t *testing.T, s Store) deduper {
+func newDeduperOver(t *testing.T, s driver.Store) deduper {
 	d, err := New(s, WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)
@@ -262,7 +266,7 @@ func TestLostLeaseCancelsHandler(t *testing.T) {
 		<-started
 		// the lease runs out (store time) and another owner claims the key
 		f.clk.Add(2 * lease)
-		if a, err := f.mem.Claim(ctx, h.RecordKey("k"), "thief", "", time.Minute); err != nil || a.Status != StatusAcquired {
+		if a, err := f.mem.Claim(ctx, h.RecordKey("k"), "thief", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 			t.Errorf("thief: %v %v", a, err)
 		}
 	}()
@@ -284,7 +288,7 @@ func TestLostLeaseCancelsHandler(t *testing.T) {
 		t.Fatal("lease loss not counted")
 	}
 	// the thief's claim is untouched
-	if a, _ := f.mem.Claim(ctx, h.RecordKey("k"), "thief", "", time.Minute); a.Status != StatusAcquired {
+	if a, _ := f.mem.Claim(ctx, h.RecordKey("k"), "thief", "", time.Minute); a.Status != driver.StatusAcquired {
 		t.Fatalf("thief lost its claim: %v", a)
 	}
 }
@@ -391,7 +395,7 @@ func TestShutdownMidHandlerReleases(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	// released: another consumer can take the message now
-	if a, _ := f.mem.Claim(context.Background(), h.RecordKey("k"), "next", "", time.Minute); a.Status != StatusAcquired {
+	if a, _ := f.mem.Claim(context.Background(), h.RecordKey("k"), "next", "", time.Minute); a.Status != driver.StatusAcquired {
 		t.Fatalf("claim after shutdown: %v", a.Status)
 	}
 }
@@ -580,11 +584,11 @@ func TestInvalidOptionsAreErrInvalidOptionNamingTheSetting(t *testing.T) {
 			t.Errorf("bad engine option: %v", err)
 		}
 	}
-	if _, err := NewRedisStore(nil); !errors.Is(err, ErrInvalidOption) {
+	if _, err := redisstore.New(nil); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("nil client: %v", err)
 	}
-	for _, o := range []MemoryOption{WithMemoryLimit(0), WithMemoryClock(nil)} {
-		if _, err := NewMemoryStore(o); !errors.Is(err, ErrInvalidOption) {
+	for _, o := range []memstore.Option{memstore.WithLimit(0), memstore.WithClock(nil)} {
+		if _, err := memstore.New(o); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("bad memory option: %v", err)
 		}
 	}
@@ -615,7 +619,7 @@ func TestRecordKeyMatchesKeysPackage(t *testing.T) {
 		if res, err := h.Do(ctx, k, ok); res.Outcome != Processed {
 			t.Fatal(res, err)
 		}
-		if a, _ := f.mem.Claim(ctx, keys.RecordKey(DefaultPrefix, "orders", k), "x", "", time.Minute); a.Status != StatusDuplicate {
+		if a, _ := f.mem.Claim(ctx, keys.RecordKey(DefaultPrefix, "orders", k), "x", "", time.Minute); a.Status != driver.StatusDuplicate {
 			t.Fatalf("%q: record not under keys.RecordKey (%v)", k, a.Status)
 		}
 	}

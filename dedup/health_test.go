@@ -14,6 +14,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -34,7 +37,7 @@ func serve(t *testing.T, d *Deduper) (int, HealthReport, string) {
 }
 
 // find returns the check named name of server (any server when server is "*").
-func find(t *testing.T, rep HealthReport, name, server string) HealthCheck {
+func find(t *testing.T, rep HealthReport, name, server string) driver.HealthCheck {
 	t.Helper()
 	for _, c := range rep.Checks {
 		if c.Name == name && (server == "*" || c.Server == server) {
@@ -42,10 +45,10 @@ func find(t *testing.T, rep HealthReport, name, server string) HealthCheck {
 		}
 	}
 	t.Fatalf("no %s check for %q in %+v", name, server, rep.Checks)
-	return HealthCheck{}
+	return driver.HealthCheck{}
 }
 
-func wantCheck(t *testing.T, c HealthCheck, st HealthStatus) {
+func wantCheck(t *testing.T, c driver.HealthCheck, st driver.HealthStatus) {
 	t.Helper()
 	if c.Status != st {
 		t.Fatalf("%s on %q: %s (%q, %s), want %s", c.Name, c.Server, c.Status, c.Value, c.Detail, st)
@@ -55,7 +58,7 @@ func wantCheck(t *testing.T, c HealthCheck, st HealthStatus) {
 // A memory store reports itself reachable; every handler's local tier is listed with
 // its fill; a closed Deduper fails, and the HTTP handler answers 503.
 func TestHealthReportsAMemoryStoreAndItsLocalTiers(t *testing.T) {
-	mem, _ := NewMemoryStore(WithMemoryLimit(100))
+	mem, _ := memstore.New(memstore.WithLimit(100))
 	d, err := New(mem, WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)
@@ -71,11 +74,11 @@ func TestHealthReportsAMemoryStoreAndItsLocalTiers(t *testing.T) {
 		want(t, res, err, Processed)
 	}
 	code, rep, body := serve(t, d)
-	if code != http.StatusOK || rep.Status != HealthOK {
+	if code != http.StatusOK || rep.Status != driver.HealthOK {
 		t.Fatalf("%d %s", code, body)
 	}
-	c := find(t, rep, CheckStoreReachable, "")
-	wantCheck(t, c, HealthOK)
+	c := find(t, rep, driver.CheckStoreReachable, "")
+	wantCheck(t, c, driver.HealthOK)
 	if !strings.Contains(c.Detail, "3 of 100 records") {
 		t.Fatalf("detail %q", c.Detail)
 	}
@@ -86,28 +89,28 @@ func TestHealthReportsAMemoryStoreAndItsLocalTiers(t *testing.T) {
 
 	d.Close()
 	code, rep, body = serve(t, d)
-	if code != http.StatusServiceUnavailable || rep.Status != HealthFail {
+	if code != http.StatusServiceUnavailable || rep.Status != driver.HealthFail {
 		t.Fatalf("after Close: %d %s", code, body)
 	}
-	wantCheck(t, find(t, rep, CheckDeduper, ""), HealthFail)
+	wantCheck(t, find(t, rep, CheckDeduper, ""), driver.HealthFail)
 }
 
 // A store that does not implement HealthChecker is unknown, which does not fail the
 // report.
 func TestHealthOfAStoreWithoutChecksIsUnknownNotFailed(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(&hookStore{Store: mem}, WithLogger(quiet))
 	defer d.Close()
 	code, rep, body := serve(t, d)
-	if code != http.StatusOK || rep.Status != HealthOK {
+	if code != http.StatusOK || rep.Status != driver.HealthOK {
 		t.Fatalf("%d %s", code, body)
 	}
-	wantCheck(t, find(t, rep, CheckStoreReachable, ""), HealthUnknown)
+	wantCheck(t, find(t, rep, driver.CheckStoreReachable, ""), driver.HealthUnknown)
 }
 
 func redisDeduper(t *testing.T, c redis.UniversalClient) *Deduper {
 	t.Helper()
-	st, err := NewRedisStore(c)
+	st, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,8 +128,8 @@ func TestHealthReportsRedisVersionPolicyAndMemory(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		policy string
-		want   HealthStatus
-	}{{"noeviction", HealthOK}, {"allkeys-lru", HealthWarn}, {"volatile-ttl", HealthWarn}} {
+		want   driver.HealthStatus
+	}{{"noeviction", driver.HealthOK}, {"allkeys-lru", driver.HealthWarn}, {"volatile-ttl", driver.HealthWarn}} {
 		t.Run(c.policy, func(t *testing.T) {
 			t.Parallel()
 			addr := spawnRedis(t, "--maxmemory", "1gb", "--maxmemory-policy", c.policy)
@@ -137,23 +140,23 @@ func TestHealthReportsRedisVersionPolicyAndMemory(t *testing.T) {
 			if code != http.StatusOK || rep.Status != c.want {
 				t.Fatalf("%d %s", code, body)
 			}
-			reach := find(t, rep, CheckStoreReachable, addr)
-			wantCheck(t, reach, HealthOK)
+			reach := find(t, rep, driver.CheckStoreReachable, addr)
+			wantCheck(t, reach, driver.HealthOK)
 			if reach.Latency <= 0 || !strings.Contains(body, `"latency_seconds":`) {
 				t.Fatalf("no latency: %+v in %s", reach, body)
 			}
-			v := find(t, rep, CheckRedisVersion, addr)
-			wantCheck(t, v, HealthOK)
+			v := find(t, rep, driver.CheckRedisVersion, addr)
+			wantCheck(t, v, driver.HealthOK)
 			if info := rdb.Info(context.Background(), "server").Val(); !strings.Contains(info, "redis_version:"+v.Value+"\r\n") {
 				t.Fatalf("version %q, INFO says %q", v.Value, info)
 			}
-			p := find(t, rep, CheckRedisEviction, addr)
+			p := find(t, rep, driver.CheckRedisEviction, addr)
 			wantCheck(t, p, c.want)
 			if p.Value != c.policy {
 				t.Fatalf("policy %q, want %q", p.Value, c.policy)
 			}
-			m := find(t, rep, CheckRedisMemory, addr)
-			wantCheck(t, m, HealthOK)
+			m := find(t, rep, driver.CheckRedisMemory, addr)
+			wantCheck(t, m, driver.HealthOK)
 			if !strings.HasSuffix(m.Value, fmt.Sprintf("/%d", 1<<30)) {
 				t.Fatalf("memory %q, want used/%d", m.Value, 1<<30)
 			}
@@ -174,19 +177,19 @@ func TestHealthAsTheACLUserIsOkWithoutINFO(t *testing.T) {
 	uc, _ := srv.user(t, user, "pw")
 	d := redisDeduper(t, uc)
 	code, rep, body := serve(t, d)
-	if code != http.StatusOK || rep.Status != HealthOK {
+	if code != http.StatusOK || rep.Status != driver.HealthOK {
 		t.Fatalf("%d %s", code, body)
 	}
 	t.Log(body)
-	reach := find(t, rep, CheckStoreReachable, srv.addr)
-	wantCheck(t, reach, HealthOK)
+	reach := find(t, rep, driver.CheckStoreReachable, srv.addr)
+	wantCheck(t, reach, driver.HealthOK)
 	if reach.Value != "PONG" { // the ACL line allows PING, for the forget notices' subscription
 		t.Fatalf("PING as the ACL user: %+v (the ACL line refuses PING?)", reach)
 	}
-	wantCheck(t, find(t, rep, CheckRedisVersion, srv.addr), HealthOK)
-	for _, name := range []string{CheckRedisEviction, CheckRedisMemory} {
+	wantCheck(t, find(t, rep, driver.CheckRedisVersion, srv.addr), driver.HealthOK)
+	for _, name := range []string{driver.CheckRedisEviction, driver.CheckRedisMemory} {
 		c := find(t, rep, name, srv.addr)
-		wantCheck(t, c, HealthUnknown)
+		wantCheck(t, c, driver.HealthUnknown)
 		if !strings.Contains(c.Detail, "refused by the ACL") {
 			t.Fatalf("%s: detail %q", name, c.Detail)
 		}
@@ -197,16 +200,16 @@ func TestHealthAsTheACLUserIsOkWithoutINFO(t *testing.T) {
 	srv.setUser(t, "ACL SETUSER "+noPing+" -ping")
 	npc, _ := srv.user(t, noPing, "pw")
 	code, rep, body = serve(t, redisDeduper(t, npc))
-	if reach := find(t, rep, CheckStoreReachable, srv.addr); code != http.StatusOK || reach.Status != HealthOK || reach.Value != "NOPERM" {
+	if reach := find(t, rep, driver.CheckStoreReachable, srv.addr); code != http.StatusOK || reach.Status != driver.HealthOK || reach.Value != "NOPERM" {
 		t.Fatalf("PING refused: %d %s", code, body)
 	}
 	bad := redis.NewClient(&redis.Options{Addr: srv.addr, Username: user, Password: "wrong", MaxRetries: -1})
 	t.Cleanup(func() { bad.Close() })
 	code, rep, body = serve(t, redisDeduper(t, bad))
-	if code != http.StatusServiceUnavailable || rep.Status != HealthFail {
+	if code != http.StatusServiceUnavailable || rep.Status != driver.HealthFail {
 		t.Fatalf("wrong password: %d %s", code, body)
 	}
-	wantCheck(t, find(t, rep, CheckStoreReachable, srv.addr), HealthFail)
+	wantCheck(t, find(t, rep, driver.CheckStoreReachable, srv.addr), driver.HealthFail)
 }
 
 // An unreachable server fails the report; so does one that accepts connections and
@@ -220,7 +223,7 @@ func TestHealthFailsForAnUnreachableOrSilentServer(t *testing.T) {
 	if code != http.StatusServiceUnavailable {
 		t.Fatalf("%d %s", code, body)
 	}
-	wantCheck(t, find(t, rep, CheckStoreReachable, addr), HealthFail)
+	wantCheck(t, find(t, rep, driver.CheckStoreReachable, addr), driver.HealthFail)
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -249,11 +252,11 @@ func TestHealthFailsForAnUnreachableOrSilentServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	rep = d.Health(ctx)
-	if rep.Status != HealthFail {
+	if rep.Status != driver.HealthFail {
 		t.Fatalf("stalled server: %+v", rep)
 	}
-	c := find(t, rep, CheckStoreReachable, l.Addr().String())
-	wantCheck(t, c, HealthFail)
+	c := find(t, rep, driver.CheckStoreReachable, l.Addr().String())
+	wantCheck(t, c, driver.HealthFail)
 	if !strings.Contains(c.Detail, "deadline") {
 		t.Fatalf("detail %q", c.Detail)
 	}
@@ -262,10 +265,10 @@ func TestHealthFailsForAnUnreachableOrSilentServer(t *testing.T) {
 // On Redis Cluster every master is checked.
 func TestHealthChecksEveryClusterMaster(t *testing.T) {
 	t.Parallel()
-	c := clusterRedis(t, testenv.Prefix())
+	c := testenv.Cluster(t, testenv.Prefix())
 	d := redisDeduper(t, c)
 	code, rep, body := serve(t, d)
-	if code != http.StatusOK || rep.Status == HealthFail {
+	if code != http.StatusOK || rep.Status == driver.HealthFail {
 		t.Fatalf("%d %s", code, body)
 	}
 	var mu sync.Mutex
@@ -282,62 +285,31 @@ func TestHealthChecksEveryClusterMaster(t *testing.T) {
 		t.Fatalf("%d masters", len(masters))
 	}
 	for _, m := range masters {
-		wantCheck(t, find(t, rep, CheckStoreReachable, m), HealthOK)
-		wantCheck(t, find(t, rep, CheckRedisVersion, m), HealthOK)
-		find(t, rep, CheckRedisEviction, m)
+		wantCheck(t, find(t, rep, driver.CheckStoreReachable, m), driver.HealthOK)
+		wantCheck(t, find(t, rep, driver.CheckRedisVersion, m), driver.HealthOK)
+		find(t, rep, driver.CheckRedisEviction, m)
 	}
 }
 
 // On miniredis (no INFO fields, no CONFIG) nothing fails.
 func TestHealthOnMiniredisFailsNothing(t *testing.T) {
-	_, c := newMiniredis(t)
+	_, c := testenv.Miniredis(t)
 	code, rep, body := serve(t, redisDeduper(t, c))
 	if code != http.StatusOK {
 		t.Fatalf("%d %s", code, body)
 	}
 	t.Log(body)
-	wantCheck(t, find(t, rep, CheckStoreReachable, "*"), HealthOK)
+	wantCheck(t, find(t, rep, driver.CheckStoreReachable, "*"), driver.HealthOK)
 }
 
-func TestHealthFailsRedisBefore7AndWarnsOnEvictingPolicies(t *testing.T) {
-	for v, st := range map[string]HealthStatus{
-		"6.0.16": HealthFail, "6.2.14": HealthFail, "5.0.7": HealthFail, "7.0.0": HealthOK,
-		"7.0.15": HealthOK, "7.2.4": HealthOK, "8.0.2": HealthOK, "10.1.0": HealthOK, "x": HealthUnknown, "7": HealthUnknown,
-	} {
-		if c := versionCheck("s", v); c.Status != st {
-			t.Errorf("version %s: %s, want %s", v, c.Status, st)
-		} else if st == HealthFail && !strings.Contains(c.Detail, "NX and GET") {
-			t.Errorf("version %s: detail %q does not say why", v, c.Detail)
-		}
-	}
-	for p, st := range map[string]HealthStatus{
-		"noeviction": HealthOK, "allkeys-lru": HealthWarn, "allkeys-lfu": HealthWarn, "allkeys-random": HealthWarn,
-		"volatile-lru": HealthWarn, "volatile-lfu": HealthWarn, "volatile-random": HealthWarn, "volatile-ttl": HealthWarn,
-		"": HealthUnknown, "other": HealthUnknown,
-	} {
-		if c := policyCheck("s", p); c.Status != st {
-			t.Errorf("policy %q: %s, want %s", p, c.Status, st)
-		}
-	}
-	for _, c := range []struct {
-		used, max string
-		want      HealthStatus
-	}{{"100", "0", HealthOK}, {"100", "1000", HealthOK}, {"899", "1000", HealthOK}, {"900", "1000", HealthWarn}, {"1200", "1000", HealthWarn}, {"", "1000", HealthUnknown}} {
-		if got := memoryCheck("s", map[string]string{"used_memory": c.used, "maxmemory": c.max}); got.Status != c.want {
-			t.Errorf("memory %s/%s: %s, want %s", c.used, c.max, got.Status, c.want)
-		}
-	}
-	info := "# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\n\r\n# Memory\r\nused_memory:1000\r\nmaxmemory_policy:noeviction\r\n"
-	if f := parseInfo(info); f["redis_version"] != "7.0.15" || f["maxmemory_policy"] != "noeviction" || f["used_memory"] != "1000" {
-		t.Fatalf("parseInfo: %v", f)
-	}
-	if got := worst([]HealthCheck{{Status: HealthOK}, {Status: HealthUnknown}}); got != HealthOK {
+func TestAReportIsItsWorstCheck(t *testing.T) {
+	if got := worst([]driver.HealthCheck{{Status: driver.HealthOK}, {Status: driver.HealthUnknown}}); got != driver.HealthOK {
 		t.Fatalf("ok+unknown: %s", got)
 	}
-	if got := worst([]HealthCheck{{Status: HealthWarn}, {Status: HealthUnknown}}); got != HealthWarn {
+	if got := worst([]driver.HealthCheck{{Status: driver.HealthWarn}, {Status: driver.HealthUnknown}}); got != driver.HealthWarn {
 		t.Fatalf("warn+unknown: %s", got)
 	}
-	if got := worst([]HealthCheck{{Status: HealthWarn}, {Status: HealthFail}, {Status: HealthOK}}); got != HealthFail {
+	if got := worst([]driver.HealthCheck{{Status: driver.HealthWarn}, {Status: driver.HealthFail}, {Status: driver.HealthOK}}); got != driver.HealthFail {
 		t.Fatalf("warn+fail: %s", got)
 	}
 }

@@ -11,11 +11,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
 // runtime.Goexit in a batch fn: running.Done never called -> Close hangs; claims not released.
 func TestBatchGoexitReleasesAndCloses(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(mem, WithLogger(quiet))
 	h, _ := d.Register("b1", WithLease(time.Minute))
 	done := make(chan struct{})
@@ -29,7 +32,7 @@ func TestBatchGoexitReleasesAndCloses(t *testing.T) {
 	<-done
 	// are the claims still held?
 	a, _ := mem.Claim(context.Background(), h.RecordKey("b"), "other", "", time.Minute)
-	if a.Status != StatusAcquired {
+	if a.Status != driver.StatusAcquired {
 		t.Errorf("claim of b by another owner after the Goexit: %v (ttl %v), want it released", a.Status, a.TTL)
 	}
 	closed := make(chan struct{})
@@ -57,7 +60,7 @@ func TestBatchRunsItemsInOrder(t *testing.T) {
 }
 
 // blackholed Extend: waits for its context (a partitioned Redis).
-type blackholeExtend struct{ Store }
+type blackholeExtend struct{ driver.Store }
 
 func (s blackholeExtend) Extend(ctx context.Context, key, token string, lease time.Duration) error {
 	<-ctx.Done()
@@ -69,7 +72,7 @@ func (s blackholeExtend) Extend(ctx context.Context, key, token string, lease ti
 // still ran with a live context: the lease table sends them side by side, and the
 // running item is cancelled before its lease can end.
 func TestBatchHeartbeatCancelsRunningItemInTime(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(blackholeExtend{mem}, WithLogger(quiet))
 	defer d.Close()
 	lease := 300 * time.Millisecond
@@ -127,7 +130,7 @@ func TestBatchHeartbeatCancelsRunningItemInTime(t *testing.T) {
 // deafExtend ignores its context, as go-redis does without ContextTimeoutEnabled: a
 // stalled connection holds the call for its own ReadTimeout and retries.
 type deafExtend struct {
-	Store
+	driver.Store
 	stall time.Duration
 }
 
@@ -139,7 +142,7 @@ func (s deafExtend) Extend(context.Context, string, string, time.Duration) error
 // The heartbeat stops waiting at its own deadline, so fn is cancelled while the lease
 // is still ours even when the store ignores deadlines.
 func TestHeartbeatDoesNotWaitForADeafStore(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(deafExtend{mem, 2 * time.Second}, WithLogger(quiet))
 	lease := 300 * time.Millisecond
 	h, _ := d.Register("deaf", WithLease(lease))

@@ -4,12 +4,14 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
 // hookStore wraps a Store, counting calls per operation and letting a test inject an
 // error into any of them.
 type hookStore struct {
-	Store
+	driver.Store
 	claims, completes, releases, extends, marks, batches atomic.Int64
 	completeManys                                        atomic.Int64 // also counted in batches
 	// fail, when set, is asked before each call; a non-nil error is returned instead.
@@ -26,9 +28,9 @@ func (s *hookStore) hook(op string, n *atomic.Int64) error {
 	return nil
 }
 
-func (s *hookStore) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (Answer, error) {
+func (s *hookStore) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (driver.Answer, error) {
 	if err := s.hook("claim", &s.claims); err != nil {
-		return Answer{}, err
+		return driver.Answer{}, err
 	}
 	return s.Store.Claim(ctx, key, token, fp, lease)
 }
@@ -54,28 +56,28 @@ func (s *hookStore) Extend(ctx context.Context, key, token string, lease time.Du
 	return s.Store.Extend(ctx, key, token, lease)
 }
 
-func (s *hookStore) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (Answer, error) {
+func (s *hookStore) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (driver.Answer, error) {
 	if err := s.hook("mark", &s.marks); err != nil {
-		return Answer{}, err
+		return driver.Answer{}, err
 	}
 	return s.Store.Mark(ctx, key, token, fp, retention)
 }
 
-func (s *hookStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (s *hookStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := s.hook("claim-many", &s.batches); err != nil {
 		return nil, err
 	}
 	return s.Store.ClaimMany(ctx, entries)
 }
 
-func (s *hookStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (s *hookStore) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := s.hook("mark-many", &s.batches); err != nil {
 		return nil, err
 	}
 	return s.Store.MarkMany(ctx, entries)
 }
 
-func (s *hookStore) CompleteMany(ctx context.Context, entries []Entry) ([]error, error) {
+func (s *hookStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	s.completeManys.Add(1)
 	if err := s.hook("complete-many", &s.batches); err != nil {
 		return nil, err
@@ -91,5 +93,5 @@ func (s replyHookStore) CompleteReply(ctx context.Context, key, token, reply str
 	if err := s.hook("complete-reply", &s.completes); err != nil {
 		return err
 	}
-	return s.Store.(ReplyStore).CompleteReply(ctx, key, token, reply, retention)
+	return s.Store.(driver.ReplyStore).CompleteReply(ctx, key, token, reply, retention)
 }

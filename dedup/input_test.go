@@ -7,6 +7,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -19,7 +22,7 @@ func (m *nilMsg) Data() []byte              { return []byte(m.h["body"]) }
 // Bad input to every entry point is an error wrapping ErrInvalidOption, never a
 // panic, and runs nothing.
 func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
-	mem, err := NewMemoryStore()
+	mem, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,11 +79,11 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 		"Register, nil Deduper":      func() error { _, err := (*Deduper)(nil).Register("x"); return err },
 		"New, nil option":            func() error { _, err := New(mem, nil); return err },
 		"New, nil store":             func() error { _, err := New(nil); return err },
-		"NewRedisStore, nil client":  func() error { _, err := NewRedisStore(nil); return err },
-		"NewMemoryStore, nil option": func() error { _, err := NewMemoryStore(nil); return err },
-		"NewRedisStore, typed nil client": func() error {
+		"NewRedisStore, nil client":  func() error { _, err := redisstore.New(nil); return err },
+		"NewMemoryStore, nil option": func() error { _, err := memstore.New(nil); return err },
+		"redisstore.New, typed nil client": func() error {
 			var c *redis.Client
-			_, err := NewRedisStore(c)
+			_, err := redisstore.New(c)
 			return err
 		},
 		"Do, a zero Handler":       func() error { _, err := (&Handler{}).Do(ctx, "k", fn); return err },
@@ -118,7 +121,7 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 	if ran != 0 {
 		t.Fatalf("%d functions ran on bad input", ran)
 	}
-	if rep := (*Deduper)(nil).Health(nilCtx); rep.Status != HealthFail {
+	if rep := (*Deduper)(nil).Health(nilCtx); rep.Status != driver.HealthFail {
 		t.Fatalf("Health of a nil Deduper: %v", rep.Status)
 	}
 	if err := (*Deduper)(nil).Close(); err != nil {
@@ -136,7 +139,7 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 	if nd.Breaker() || nd.Handlers() != nil || nd.Store() != nil {
 		t.Fatal("a nil Deduper's accessors")
 	}
-	if rep := d.Health(nilCtx); rep.Status != HealthOK {
+	if rep := d.Health(nilCtx); rep.Status != driver.HealthOK {
 		t.Fatalf("Health with a nil context: %+v", rep)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -90,7 +91,7 @@ func TestLogsHoldNoKeyOrPayload(t *testing.T) {
 	for _, key := range []string{secretPlainKey, secretHashedKey} {
 		for _, sc := range scenarios {
 			t.Run(fmt.Sprintf("%s/%s", sc.name, map[bool]string{true: "plain", false: "hashed"}[key == secretPlainKey]), func(t *testing.T) {
-				mem, _ := NewMemoryStore()
+				mem, _ := memstore.New()
 				store := &hookStore{Store: mem}
 				logs := &testenv.LogBuffer{}
 				d, err := New(store, WithLogger(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
@@ -158,7 +159,7 @@ func TestLogsHoldNoReply(t *testing.T) {
 			func(ctx context.Context, h *Handler, key string) { runReply(h, ctx, key, nil, reply(0)) }, "running without dedup"},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
-			mem, _ := NewMemoryStore()
+			mem, _ := memstore.New()
 			store := replyHookStore{&hookStore{Store: mem}}
 			logs := &testenv.LogBuffer{}
 			d, err := New(store, WithLogger(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))

@@ -7,8 +7,5 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.Main(m, func() {
-		stopSharedRedis()
-		stopSharedCluster()
-	})
+	testenv.Main(m, nil)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -76,7 +77,7 @@ func BenchmarkRecordMemory(b *testing.B) {
 
 func recordMemory(b *testing.B, c *redis.Client, name string, fp bool, key func() string, replySize int, ownServer bool) {
 	ctx := context.Background()
-	st, err := NewRedisStore(c)
+	st, err := redisstore.New(c)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func recordMemory(b *testing.B, c *redis.Client, name string, fp bool, key func(
 	reply := make([]byte, replySize)
 	_, _ = rand.Read(reply)
 	usedMemory := func() int64 {
-		n, _ := strconv.ParseInt(parseInfo(c.Info(ctx, "memory").Val())["used_memory"], 10, 64)
+		n, _ := strconv.ParseInt(infoField(c.Info(ctx, "memory").Val(), "used_memory"), 10, 64)
 		return n
 	}
 	const chunk = 500
@@ -141,4 +142,14 @@ func recordMemory(b *testing.B, c *redis.Client, name string, fp bool, key func(
 	b.ReportMetric(float64(len(sample[0])), "key-bytes")
 	v, _ := c.Get(ctx, sample[0]).Result()
 	b.ReportMetric(float64(len(v)), "value-bytes")
+}
+
+// infoField returns a field of an INFO reply.
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			return v
+		}
+	}
+	return ""
 }

@@ -11,19 +11,23 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/dedup/storetest"
 )
 
 // Tenants on one store cannot share a record: a prefix may not hold ':', which could
 // reproduce another tenant's keys ("acme"+"eu"+"orders:123" against "acme:eu"+"orders"+"123").
 func TestPrefixWithSeparatorRejected(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	if _, err := New(mem, WithPrefix("acme:eu")); !errors.Is(err, ErrInvalidOption) {
 		t.Fatalf("prefix with ':' accepted: %v", err)
 	}
 }
 
 func TestMarkDoesNotCacheInProgress(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	p1, _ := New(mem, WithLogger(quiet))
 	p2, _ := New(mem, WithLogger(quiet))
 	defer p1.Close()
@@ -61,14 +65,14 @@ func TestGoexitStopsHeartbeatAndReleases(t *testing.T) {
 	e0 := f.store.extends.Load()
 	time.Sleep(5 * lease)
 	a, _ := f.mem.Claim(context.Background(), h.RecordKey("k"), "rival", "", lease)
-	if f.store.extends.Load() > e0 || a.Status != StatusAcquired {
+	if f.store.extends.Load() > e0 || a.Status != driver.StatusAcquired {
 		t.Errorf("after Close: extends %d -> %d, rival claim %v", e0, f.store.extends.Load(), a.Status)
 	}
 }
 
 func TestMemoryStoreSweepsEarlierExpiry(t *testing.T) {
-	clk := newFakeClock()
-	s, _ := NewMemoryStore(WithMemoryLimit(2), WithMemoryClock(clk.Now))
+	clk := storetest.NewClock()
+	s, _ := memstore.New(memstore.WithLimit(2), memstore.WithClock(clk.Now))
 	ctx := context.Background()
 	s.Claim(ctx, "x", "x", "", time.Hour)
 	s.Mark(ctx, "y", "y", "", time.Hour)
@@ -112,13 +116,13 @@ func TestFilterCloseBetweenMarkAndRunNeverDropsTheMessage(t *testing.T) {
 	ran := false
 	res, err := h.Handle(context.Background(), rawMsgT{"m1"}, func(context.Context) error { ran = true; return nil })
 	a, _ := f.mem.Claim(context.Background(), h.RecordKey("m1"), "redelivery", "", time.Minute)
-	if !ran && a.Status == StatusDuplicate {
+	if !ran && a.Status == driver.StatusDuplicate {
 		t.Errorf("Handle %v (%v), fn not run, redelivery sees %v", res.Outcome, err, a.Status)
 	}
 }
 
 type slowExtend struct {
-	Store
+	driver.Store
 	n atomic.Int64
 }
 
@@ -132,7 +136,7 @@ func (s *slowExtend) Extend(ctx context.Context, key, token string, lease time.D
 }
 
 func TestHeartbeatStopsFnBeforeLeaseEnds(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(&slowExtend{Store: mem}, WithLogger(quiet))
 	defer d.Close()
 	lease := 300 * time.Millisecond

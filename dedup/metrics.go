@@ -9,6 +9,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
 // MeterName is the instrumentation scope of every instrument a Deduper creates.
@@ -19,7 +21,7 @@ const (
 	attrHandler   = attribute.Key("dedup.handler.name")   // the handler's name
 	attrOutcome   = attribute.Key("dedup.outcome")        // Outcome, in snake_case: "store_unavailable"
 	attrTier      = attribute.Key("dedup.tier")           // Tier: "local" or "store"
-	attrOperation = attribute.Key("dedup.operation.name") // a Store method in snake_case: "claim_many"
+	attrOperation = attribute.Key("dedup.operation.name") // a driver.Store method in snake_case: "claim_many"
 )
 
 // Store operations as AttrOperation values.
@@ -296,11 +298,11 @@ func (h *Handler) invoke(ctx context.Context, fn func(context.Context) error) (p
 // meteredStore times every call to the store and counts its failures. The Deduper
 // puts it in front of its store only when metrics are on.
 type meteredStore struct {
-	s Store
+	s driver.Store
 	m *metrics
 }
 
-var _ Store = (*meteredStore)(nil)
+var _ driver.Store = (*meteredStore)(nil)
 
 // done records one call of op that started at start and ended with err, plus
 // itemErrs failed items of a batch that did not fail whole.
@@ -328,7 +330,7 @@ func isStoreError(ctx context.Context, err error) bool {
 	return true
 }
 
-func (s *meteredStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (Answer, error) {
+func (s *meteredStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
 	start := time.Now()
 	a, err := s.s.Claim(ctx, key, token, fingerprint, lease)
 	s.done(ctx, opClaim, start, err, 0)
@@ -346,7 +348,7 @@ func (s *meteredStore) Complete(ctx context.Context, key, token string, retentio
 // checks); it is timed and counted as a complete.
 func (s *meteredStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
 	start := time.Now()
-	err := s.s.(ReplyStore).CompleteReply(ctx, key, token, reply, retention)
+	err := s.s.(driver.ReplyStore).CompleteReply(ctx, key, token, reply, retention)
 	s.done(ctx, opComplete, start, err, 0)
 	return err
 }
@@ -365,28 +367,28 @@ func (s *meteredStore) Extend(ctx context.Context, key, token string, lease time
 	return err
 }
 
-func (s *meteredStore) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error) {
+func (s *meteredStore) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
 	start := time.Now()
 	a, err := s.s.Mark(ctx, key, token, fingerprint, retention)
 	s.done(ctx, opMark, start, err, 0)
 	return a, err
 }
 
-func (s *meteredStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (s *meteredStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	start := time.Now()
 	as, err := s.s.ClaimMany(ctx, entries)
 	s.done(ctx, opClaimMany, start, err, answerErrs(ctx, as))
 	return as, err
 }
 
-func (s *meteredStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (s *meteredStore) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	start := time.Now()
 	as, err := s.s.MarkMany(ctx, entries)
 	s.done(ctx, opMarkMany, start, err, answerErrs(ctx, as))
 	return as, err
 }
 
-func (s *meteredStore) CompleteMany(ctx context.Context, entries []Entry) ([]error, error) {
+func (s *meteredStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	start := time.Now()
 	errs, err := s.s.CompleteMany(ctx, entries)
 	n := 0
@@ -399,7 +401,7 @@ func (s *meteredStore) CompleteMany(ctx context.Context, entries []Entry) ([]err
 	return errs, err
 }
 
-func answerErrs(ctx context.Context, as []Answer) int {
+func answerErrs(ctx context.Context, as []driver.Answer) int {
 	n := 0
 	for _, a := range as {
 		if isStoreError(ctx, a.Err) {
@@ -410,18 +412,18 @@ func answerErrs(ctx context.Context, as []Answer) int {
 }
 
 // Lookup implements RecordStore when the store does (Deduper.records checks).
-func (s *meteredStore) Lookup(ctx context.Context, keys []string) ([]Record, error) {
+func (s *meteredStore) Lookup(ctx context.Context, keys []string) ([]driver.Record, error) {
 	start := time.Now()
-	rs, err := s.s.(RecordStore).Lookup(ctx, keys)
+	rs, err := s.s.(driver.RecordStore).Lookup(ctx, keys)
 	s.done(ctx, opLookup, start, err, recordErrs(ctx, rs))
 	return rs, err
 }
 
 // Forget implements RecordStore when the store does (Deduper.records checks). A
 // record left alone because it is IN PROGRESS is an answer, not a store error.
-func (s *meteredStore) Forget(ctx context.Context, keys []string, force bool) ([]Record, error) {
+func (s *meteredStore) Forget(ctx context.Context, keys []string, force bool) ([]driver.Record, error) {
 	start := time.Now()
-	rs, err := s.s.(RecordStore).Forget(ctx, keys, force)
+	rs, err := s.s.(driver.RecordStore).Forget(ctx, keys, force)
 	s.done(ctx, opForget, start, err, recordErrs(ctx, rs))
 	return rs, err
 }
@@ -429,12 +431,12 @@ func (s *meteredStore) Forget(ctx context.Context, keys []string, force bool) ([
 // CountRecords implements RecordStore when the store does (Deduper.records checks).
 func (s *meteredStore) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
 	start := time.Now()
-	n, err := s.s.(RecordStore).CountRecords(ctx, prefix, handler)
+	n, err := s.s.(driver.RecordStore).CountRecords(ctx, prefix, handler)
 	s.done(ctx, opCount, start, err, 0)
 	return n, err
 }
 
-func recordErrs(ctx context.Context, rs []Record) int {
+func recordErrs(ctx context.Context, rs []driver.Record) int {
 	n := 0
 	for _, r := range rs {
 		if isStoreError(ctx, r.Err) && !errors.Is(r.Err, ErrRecordInProgress) {

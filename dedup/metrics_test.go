@@ -11,6 +11,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -24,7 +26,7 @@ type metered struct {
 
 func newMetered(t *testing.T) *metered {
 	t.Helper()
-	mem, err := NewMemoryStore()
+	mem, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +316,7 @@ func TestMetricsCountAWholeBatchFailureOnceAndCancellationsNever(t *testing.T) {
 	// item errors, straight through the metered store
 	items := &allItemsFailStore{Store: m.d.base}
 	ms := &meteredStore{s: items, m: m.d.met}
-	entries := []Entry{{Key: "x:orders:1", Token: "t", TTL: time.Minute}, {Key: "x:orders:2", Token: "t", TTL: time.Minute}}
+	entries := []driver.Entry{{Key: "x:orders:1", Token: "t", TTL: time.Minute}, {Key: "x:orders:2", Token: "t", TTL: time.Minute}}
 	if _, err := ms.ClaimMany(ctx, entries); err != nil {
 		t.Fatal(err)
 	}
@@ -335,10 +337,10 @@ func TestMetricsCountAWholeBatchFailureOnceAndCancellationsNever(t *testing.T) {
 }
 
 // allItemsFailStore fails every item of ClaimMany on its own.
-type allItemsFailStore struct{ Store }
+type allItemsFailStore struct{ driver.Store }
 
-func (s *allItemsFailStore) ClaimMany(_ context.Context, entries []Entry) ([]Answer, error) {
-	out := make([]Answer, len(entries))
+func (s *allItemsFailStore) ClaimMany(_ context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	out := make([]driver.Answer, len(entries))
 	for i := range out {
 		out[i].Err = fmt.Errorf("%w: item", ErrStoreUnavailable)
 	}
@@ -348,7 +350,7 @@ func (s *allItemsFailStore) ClaimMany(_ context.Context, entries []Entry) ([]Ans
 // Without a meter provider nothing is instrumented: the store is called directly,
 // handlers carry no metrics, and a local hit still allocates nothing.
 func TestWithoutAMeterProviderNothingIsInstrumented(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, err := New(mem, WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)
@@ -358,7 +360,7 @@ func TestWithoutAMeterProviderNothingIsInstrumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.met != nil || h.met != nil || d.store.(*guard).s != Store(mem) || d.Store() != Store(mem) {
+	if d.met != nil || h.met != nil || d.store.(*guard).s != driver.Store(mem) || d.Store() != driver.Store(mem) {
 		t.Fatalf("metrics are on without a provider: %T, %v, %v", d.store.(*guard).s, d.met != nil, h.met != nil)
 	}
 	if _, err := New(mem, WithMeterProvider(nil)); !errors.Is(err, ErrInvalidOption) {
@@ -394,7 +396,7 @@ func TestMetricsKeepTheLocalHitAllocationFree(t *testing.T) {
 // answered without one, for handlers WithReplies (and for them only); a completion
 // with a reply is timed as a complete.
 func TestMetricsCountRepliesTooLargeToStore(t *testing.T) {
-	mem, err := NewMemoryStore()
+	mem, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)
 	}

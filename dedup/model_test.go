@@ -2,723 +2,81 @@ package dedup
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"math/rand/v2"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
+	"github.com/dedupkit/dedupkit/dedup/storetest"
 	"github.com/dedupkit/dedupkit/internal/testenv"
-	"github.com/dedupkit/dedupkit/keys"
 	"github.com/dedupkit/dedupkit/lru"
 )
 
-// The model-based test: seeded random sequences of store operations (Claim, Complete,
-// Release, Extend, Mark, their batch forms, invalid arguments) and time advances run
-// against a reference model of docs/design.md §3's table (a map and explicit time) and against
-// MemoryStore (fake clock), miniredis (FastForward) and a real redis-server. Every
-// answer must be one the model allows: status, error class and TTL (exact on fake
-// clocks, within modelEps on the real server).
-//
-// On the fake clocks the sequence also drives the engine (Handler.Do, Mark, a failing
-// Do, a Do whose fn calls Do and Mark for its own key) with a local tier on the same
-// clock, and checks each result against the model: above all, the local tier answers
-// Duplicate only for a record that is DONE in the model, never for one that is IN
+// The engine agrees with storetest's reference model: on fake clocks the model's
+// sequences also drive a handler (Do, Mark, a failing Do, a Do whose fn calls Do and
+// Mark for its own key) with a local tier on the store's clock. Above all, the local
+// tier answers Duplicate only for a record the model holds DONE, never for one IN
 // PROGRESS or gone.
-//
-// The real server can only sleep, so its time advances are real sleeps on the same
-// short scale (leases of 30..200ms, advances of 10..130ms) and it runs fewer steps. The
-// model then knows each expiry only to within the round trip of the operation that
-// set it, so it keeps every state the record may be in (alive or expired) and prunes
-// those the server's answers rule out: an operation that lands at an expiry passes
-// whichever way it falls, and no time margin decides a result. The engine is not run
-// there (its local tier and heartbeats would need the same bookkeeping).
-//
-// DEDUP_MODEL_SEED=n runs the one seed n (as a failure reports it).
-
-const (
-	modelTick  = 10 * time.Millisecond
-	modelKeys  = 3
-	modelEps   = 5 * time.Millisecond // real server: clock granularity and ms rounding
-	memSeeds   = 40                   // seeds on the memory store
-	miniSeeds  = 20                   // seeds on miniredis (its Lua is slower)
-	modelSteps = 400
-	modelReal  = 2 // seeds on the real server
-	realSteps  = 150
-	engineRet  = 30 * modelTick // the engine handler's retention
-)
-
-// mRec is a record in the model. Its expiry is a window in model time: exact on a
-// fake clock (lo == hi), the set op's round trip on the real server.
-type mRec struct {
-	state     byte
-	token, fp string
-	lo, hi    time.Duration
-}
-
-type errClass uint8
-
-const (
-	errNone errClass = iota
-	errLeaseLost
-	errInvalid
-	errUnavailable
-	errOther
-)
-
-var errClassNames = [...]string{"nil", "ErrLeaseLost", "ErrInvalidOption", "ErrStoreUnavailable", "other"}
-
-func (c errClass) String() string { return errClassNames[c] }
-
-func classOf(err error) errClass {
-	switch {
-	case err == nil:
-		return errNone
-	case errors.Is(err, ErrLeaseLost):
-		return errLeaseLost
-	case errors.Is(err, ErrInvalidOption):
-		return errInvalid
-	case errors.Is(err, ErrStoreUnavailable):
-		return errUnavailable
-	}
-	return errOther
-}
-
-// mAns is an answer the model allows: a status (for Claim and Mark), an error class,
-// and the range Answer.TTL must fall in.
-type mAns struct {
-	status       Status
-	err          errClass
-	ttlLo, ttlHi time.Duration
-}
-
-func (a mAns) String() string {
-	if a.err != errNone {
-		return a.err.String()
-	}
-	if a.status == 0 {
-		return "nil"
-	}
-	if a.ttlLo == a.ttlHi {
-		return fmt.Sprintf("%v ttl=%v", a.status, a.ttlLo)
-	}
-	return fmt.Sprintf("%v ttl=%v..%v", a.status, a.ttlLo, a.ttlHi)
-}
-
-// got is what a store answered, in the model's terms.
-type got struct {
-	status Status
-	err    errClass
-	ttl    time.Duration
-}
-
-func (g got) String() string {
-	if g.err != errNone {
-		return g.err.String()
-	}
-	if g.status == 0 {
-		return "nil"
-	}
-	return fmt.Sprintf("%v ttl=%v", g.status, g.ttl)
-}
-
-func gotAnswer(a Answer, err error) got {
-	if err == nil {
-		err = a.Err
-	}
-	if err != nil {
-		return got{err: classOf(err)}
-	}
-	return got{status: a.Status, ttl: a.TTL}
-}
-
-// model is the reference: per key, every state the record may be in (nil: absent).
-type model struct {
-	eps  time.Duration
-	recs map[string][]*mRec
-}
-
-func newModel(eps time.Duration) *model { return &model{eps: eps, recs: map[string][]*mRec{}} }
-
-func (m *model) states(key string) []*mRec {
-	if p, ok := m.recs[key]; ok {
-		return p
-	}
-	return []*mRec{nil}
-}
-
-// live returns what p may be during an operation sent at s and answered at r.
-func (m *model) live(p *mRec, s, r time.Duration) []*mRec {
-	switch {
-	case p == nil:
-		return []*mRec{nil}
-	case r+m.eps < p.lo:
-		return []*mRec{p}
-	case s-m.eps >= p.hi:
-		return []*mRec{nil}
-	}
-	return []*mRec{p, nil}
-}
-
-// mOp is one step of a sequence.
-type mOp struct {
-	kind    string
-	key     int
-	token   string
-	fp      string
-	ttl     time.Duration
-	entries []mOp // batch forms
-}
-
-func (o mOp) String() string {
-	switch o.kind {
-	case "advance":
-		return "advance " + o.ttl.String()
-	case "claimMany", "markMany", "completeMany":
-		parts := make([]string, len(o.entries))
-		for i, e := range o.entries {
-			parts[i] = e.String()
-		}
-		return o.kind + "[" + strings.Join(parts, "; ") + "]"
-	case "do", "doFail", "doNested", "hmark":
-		return fmt.Sprintf("engine %s k%d", o.kind, o.key)
-	}
-	return fmt.Sprintf("%s k%d tok=%q fp=%q ttl=%v", o.kind, o.key, o.token, o.fp, o.ttl)
-}
-
-func validToken(tok string) bool {
-	return tok != "" && len(tok) <= maxTokenLen && !strings.Contains(tok, ":")
-}
-
-// valid reports whether a store accepts o's arguments (docs/design.md §3: tokens 1..64 bytes
-// without ':', TTLs of at least 1ms).
-func (o mOp) valid() bool {
-	if !validToken(o.token) {
-		return false
-	}
-	return o.kind == "release" || o.ttl >= time.Millisecond
-}
-
-func fpDiffer(stored, given string) bool { return stored != "" && given != "" && stored != given }
-
-// apply is docs/design.md §3's table: op o on record cur (nil: absent, already expired by
-// live), sent at s and answered at r. It returns the answer and the record after.
-func apply(o mOp, cur *mRec, s, r time.Duration) (mAns, *mRec) {
-	set := func(state byte, tok, fp string) *mRec {
-		return &mRec{state: state, token: tok, fp: fp, lo: s + o.ttl, hi: r + o.ttl}
-	}
-	left := func() (time.Duration, time.Duration) { return cur.lo - r, cur.hi - s }
-	mine := cur != nil && cur.token == o.token
-	switch o.kind {
-	case "claim":
-		switch {
-		case cur == nil:
-			return mAns{status: StatusAcquired}, set(stateInProgress, o.token, o.fp)
-		case cur.state == stateInProgress && mine:
-			return mAns{status: StatusAcquired}, set(stateInProgress, o.token, cur.fp)
-		case cur.state == stateInProgress:
-			lo, hi := left()
-			return mAns{status: StatusInProgress, ttlLo: lo, ttlHi: hi}, cur
-		case fpDiffer(cur.fp, o.fp):
-			return mAns{status: StatusConflict}, cur
-		default:
-			lo, hi := left()
-			return mAns{status: StatusDuplicate, ttlLo: lo, ttlHi: hi}, cur
-		}
-	case "complete":
-		switch {
-		case !mine:
-			return mAns{err: errLeaseLost}, cur
-		case cur.state == stateInProgress:
-			return mAns{}, set(stateDone, cur.token, cur.fp)
-		default:
-			return mAns{}, cur // my retried complete
-		}
-	case "release":
-		if mine && cur.state == stateInProgress {
-			return mAns{}, nil
-		}
-		return mAns{}, cur
-	case "extend":
-		if mine && cur.state == stateInProgress {
-			return mAns{}, set(stateInProgress, cur.token, cur.fp)
-		}
-		return mAns{err: errLeaseLost}, cur
-	case "mark":
-		switch {
-		case cur == nil:
-			return mAns{status: StatusAcquired}, set(stateDone, o.token, o.fp)
-		case cur.state == stateInProgress:
-			return mAns{status: StatusInProgress}, cur // Mark does not say the TTL
-		case mine:
-			return mAns{status: StatusAcquired}, cur // my retried mark
-		case fpDiffer(cur.fp, o.fp):
-			return mAns{status: StatusConflict}, cur
-		default:
-			return mAns{status: StatusDuplicate}, cur
-		}
-	}
-	panic("model: unknown op " + o.kind)
-}
-
-// step checks g, a store's answer to o sent at s and answered at r, and keeps the
-// states that allow it. It returns the answers the model allowed when none matches.
-func (m *model) step(key string, o mOp, g got, s, r time.Duration) (allowed []mAns, ok bool) {
-	if !o.valid() {
-		a := mAns{err: errInvalid}
-		return []mAns{a}, g == got{err: errInvalid}
-	}
-	var next []*mRec
-	for _, p := range m.states(key) {
-		for _, cur := range m.live(p, s, r) {
-			a, after := apply(o, cur, s, r)
-			allowed = append(allowed, a)
-			if a.matches(g, m.eps) {
-				next = appendState(next, after)
-			}
-		}
-	}
-	if len(next) == 0 {
-		return allowed, false
-	}
-	m.recs[key] = next
-	return nil, true
-}
-
-func (a mAns) matches(g got, eps time.Duration) bool {
-	if a.err != g.err {
-		return false
-	}
-	if a.err != errNone {
-		return true
-	}
-	return a.status == g.status && g.ttl >= a.ttlLo-eps && g.ttl <= a.ttlHi+eps
-}
-
-func appendState(states []*mRec, s *mRec) []*mRec {
-	for _, x := range states {
-		if (x == nil && s == nil) || (x != nil && s != nil && *x == *s) {
-			return states
-		}
-	}
-	return append(states, s)
-}
-
-// genOps returns a seeded random sequence; engine adds the engine's operations.
-func genOps(seed uint64, n int, engine bool) []mOp {
-	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
-	token := func() string {
-		if rng.IntN(40) == 0 {
-			return pick("", "a:b", strings.Repeat("x", maxTokenLen+1))
-		}
-		return pick("t1", "t2", "t3")
-	}
-	ticks := func(xs ...int) time.Duration {
-		if rng.IntN(50) == 0 {
-			return pick2(rng, 0, 500*time.Microsecond)
-		}
-		return time.Duration(xs[rng.IntN(len(xs))]) * modelTick
-	}
-	lease := func() time.Duration { return ticks(3, 5, 8, 20) }
-	retention := func() time.Duration { return ticks(10, 30, 60) }
-	one := func(kind string) mOp {
-		o := mOp{kind: kind, key: rng.IntN(modelKeys), token: token(), fp: pick("", "", "f1", "f2", "x:y")}
-		switch kind {
-		case "claim", "extend":
-			o.ttl = lease()
-		case "complete", "mark":
-			o.ttl = retention()
-		}
-		return o
-	}
-	type weighted struct {
-		kind string
-		w    int
-	}
-	kinds := []weighted{{"claim", 25}, {"complete", 14}, {"release", 8}, {"extend", 10}, {"mark", 14},
-		{"claimMany", 3}, {"markMany", 3}, {"completeMany", 3}, {"advance", 16}}
-	if engine {
-		kinds = append(kinds, weighted{"do", 7}, weighted{"doFail", 3}, weighted{"doNested", 3}, weighted{"hmark", 7})
-	}
-	total := 0
-	for _, k := range kinds {
-		total += k.w
-	}
-	ops := make([]mOp, n)
-	for i := range ops {
-		x := rng.IntN(total)
-		var kind string
-		for _, k := range kinds {
-			if x < k.w {
-				kind = k.kind
-				break
-			}
-			x -= k.w
-		}
-		switch kind {
-		case "advance":
-			ops[i] = mOp{kind: kind, ttl: time.Duration(pickInt(rng, 1, 2, 3, 5, 8, 13)) * modelTick}
-		case "claimMany", "markMany", "completeMany":
-			o := mOp{kind: kind}
-			for range 1 + rng.IntN(4) { // keys may repeat within a batch
-				o.entries = append(o.entries, one(strings.TrimSuffix(kind, "Many")))
-			}
-			ops[i] = o
-		case "do", "doFail", "doNested", "hmark":
-			ops[i] = mOp{kind: kind, key: rng.IntN(modelKeys)}
-		default:
-			ops[i] = one(kind)
-		}
-	}
-	return ops
-}
-
-func pick2(rng *rand.Rand, a, b time.Duration) time.Duration {
-	if rng.IntN(2) == 0 {
-		return a
-	}
-	return b
-}
-
-func pickInt(rng *rand.Rand, xs ...int) int { return xs[rng.IntN(len(xs))] }
-
-// modelBackend is one store under the model, with its clock.
-type modelBackend struct {
-	store   Store
-	prefix  string
-	now     func() time.Duration // model time
-	advance func(time.Duration)
-	clock   func() time.Time // the fake clock, for the engine's local tier; nil: real time
-	eps     time.Duration
-}
-
-func fakeBackends() []struct {
-	name  string
-	seeds int
-	new   func(t *testing.T) modelBackend
-} {
-	return []struct {
-		name  string
-		seeds int
-		new   func(t *testing.T) modelBackend
-	}{
-		{"memory", memSeeds, func(t *testing.T) modelBackend {
-			clk := newFakeClock()
-			start := clk.Now()
-			s, err := NewMemoryStore(WithMemoryClock(clk.Now))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return modelBackend{store: s, prefix: testenv.Prefix(), advance: clk.Add, clock: clk.Now,
-				now: func() time.Duration { return clk.Now().Sub(start) }}
-		}},
-		{"miniredis", miniSeeds, func(t *testing.T) modelBackend {
-			m, c := newMiniredis(t)
-			clk := newFakeClock()
-			start := clk.Now()
-			s, err := NewRedisStore(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return modelBackend{store: s, prefix: testenv.Prefix(), clock: clk.Now,
-				advance: func(d time.Duration) { m.FastForward(d); clk.Add(d) },
-				now:     func() time.Duration { return clk.Now().Sub(start) }}
-		}},
-	}
-}
-
-func modelSeeds(n int) []uint64 {
-	if v := os.Getenv("DEDUP_MODEL_SEED"); v != "" {
-		s, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			panic("DEDUP_MODEL_SEED: " + err.Error())
-		}
-		return []uint64{s}
-	}
-	seeds := make([]uint64, n)
-	seeds[0] = uint64(time.Now().UnixNano()) // a new one each run; the rest are fixed
-	for i := 1; i < n; i++ {
-		seeds[i] = uint64(i)
-	}
-	return seeds
-}
-
-func TestEveryStoreAgreesWithTheReferenceModel(t *testing.T) {
-	for _, bf := range fakeBackends() {
-		t.Run(bf.name, func(t *testing.T) {
-			t.Parallel()
-			for _, seed := range modelSeeds(bf.seeds) {
-				runModel(t, bf.new(t), seed, modelSteps, true)
-				if t.Failed() {
-					return
-				}
-			}
-		})
-	}
-	t.Run("redis-server", func(t *testing.T) {
+func TestTheEngineAgreesWithTheReferenceModel(t *testing.T) {
+	cfg := storetest.ModelConfig{Engine: modelEngine}
+	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
-		for _, seed := range modelSeeds(modelReal) {
-			prefix := testenv.Prefix()
-			c := realRedis(t, prefix)
-			s, err := NewRedisStore(c)
+		c := cfg
+		c.Seeds = 40
+		storetest.RunModel(t, func(t *testing.T) storetest.Backend {
+			clk := storetest.NewClock()
+			s, err := memstore.New(memstore.WithClock(clk.Now))
 			if err != nil {
 				t.Fatal(err)
 			}
-			start := time.Now()
-			b := modelBackend{store: s, prefix: prefix, advance: time.Sleep, eps: modelEps,
-				now: func() time.Duration { return time.Since(start) }}
-			runModel(t, b, seed, realSteps, false)
-			if t.Failed() {
-				return
+			return storetest.Backend{Store: s, Prefix: testenv.Prefix(), Advance: clk.Add, Now: clk.Now}
+		}, c)
+	})
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		storetest.RunModel(t, func(t *testing.T) storetest.Backend {
+			m, c := testenv.Miniredis(t)
+			clk := storetest.NewClock()
+			s, err := redisstore.New(c)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
+			return storetest.Backend{Store: s, Prefix: testenv.Prefix(), Now: clk.Now,
+				Advance: func(d time.Duration) { m.FastForward(d); clk.Add(d) }}
+		}, cfg)
 	})
 }
 
-// run is one sequence on one backend.
-type run struct {
-	t       *testing.T
-	b       modelBackend
-	m       *model
-	seed    uint64
-	keys    []string // record keys, as the engine handler builds them
-	raw     []string // the message keys
-	h       *Handler
-	history []string
-	engine  struct{ local, store, processed, first int }
+// modelEngine is the handler the model drives: a lease far beyond the run (no
+// heartbeat fires while fn runs), the local tier on the store's fake clock.
+func modelEngine(t *testing.T, b storetest.Backend, retention time.Duration) storetest.Engine {
+	d, err := New(b.Store, WithPrefix(b.Prefix), WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	h, err := d.Register("model", WithRetention(retention), WithLease(time.Minute),
+		WithLocalCache(64, 0), withLocalOpts(lru.WithClock(b.Now)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine{h}
 }
 
-func runModel(t *testing.T, b modelBackend, seed uint64, steps int, engine bool) {
-	t.Helper()
-	r := &run{t: t, b: b, m: newModel(b.eps), seed: seed}
-	for i := range modelKeys {
-		r.raw = append(r.raw, fmt.Sprintf("k%d", i))
-		r.keys = append(r.keys, keys.RecordKey(b.prefix, "model", r.raw[i]))
-	}
-	if engine {
-		d, err := New(b.store, WithPrefix(b.prefix), WithLogger(quiet))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		// A lease far beyond the test's run: no heartbeat fires while fn runs. The
-		// local tier on the store's fake clock, as it is on the real one in use.
-		h, err := d.Register("model", WithRetention(engineRet), WithLease(time.Minute),
-			WithLocalCache(64, 0), withLocalOpts(lru.WithClock(b.clock)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.h = h
-	}
-	for i, o := range genOps(seed, steps, engine) {
-		if !r.do(i, o) {
-			return
-		}
-	}
-	if engine {
-		t.Logf("seed %d: engine answered %d duplicates from the local tier, %d from the store, %d processed, %d first",
-			seed, r.engine.local, r.engine.store, r.engine.processed, r.engine.first)
-	}
+type engine struct{ h *Handler }
+
+func engineResult(r Result) storetest.EngineResult {
+	return storetest.EngineResult{Outcome: r.Outcome.String(), Local: r.Tier == TierLocal, RetryAfter: r.RetryAfter}
 }
 
-func (r *run) fail(step int, o mOp, format string, args ...any) bool {
-	r.t.Helper()
-	from := max(0, len(r.history)-25)
-	r.t.Errorf("seed %d (DEDUP_MODEL_SEED=%d to rerun), step %d: %s: %s\nlast steps:\n  %s",
-		r.seed, r.seed, step, o, fmt.Sprintf(format, args...), strings.Join(r.history[from:], "\n  "))
-	return false
+func (e engine) Do(ctx context.Context, key string, fn func(context.Context) error) storetest.EngineResult {
+	r, _ := e.h.Do(ctx, key, fn)
+	return engineResult(r)
 }
 
-func (r *run) do(i int, o mOp) bool {
-	r.t.Helper()
-	ctx := context.Background()
-	st := r.b.store
-	check := func(o mOp, g got, s, e time.Duration) bool {
-		r.t.Helper()
-		allowed, ok := r.m.step(r.keys[o.key], o, g, s, e)
-		r.history = append(r.history, fmt.Sprintf("%d %s -> %s", i, o, g))
-		if !ok {
-			return r.fail(i, o, "store answered %s, the model allows %v (states %s)", g, allowed, r.describe(o.key))
-		}
-		return true
-	}
-	s := r.b.now()
-	switch o.kind {
-	case "advance":
-		r.b.advance(o.ttl)
-		r.history = append(r.history, fmt.Sprintf("%d %s", i, o))
-		return true
-	case "claim":
-		a, err := st.Claim(ctx, r.keys[o.key], o.token, o.fp, o.ttl)
-		return check(o, gotAnswer(a, err), s, r.b.now())
-	case "mark":
-		a, err := st.Mark(ctx, r.keys[o.key], o.token, o.fp, o.ttl)
-		return check(o, gotAnswer(a, err), s, r.b.now())
-	case "complete":
-		err := st.Complete(ctx, r.keys[o.key], o.token, o.ttl)
-		return check(o, got{err: classOf(err)}, s, r.b.now())
-	case "release":
-		err := st.Release(ctx, r.keys[o.key], o.token)
-		return check(o, got{err: classOf(err)}, s, r.b.now())
-	case "extend":
-		err := st.Extend(ctx, r.keys[o.key], o.token, o.ttl)
-		return check(o, got{err: classOf(err)}, s, r.b.now())
-	case "claimMany", "markMany", "completeMany":
-		return r.batch(i, o, s)
-	}
-	return r.engineOp(i, o)
-}
-
-func (r *run) batch(i int, o mOp, s time.Duration) bool {
-	r.t.Helper()
-	ctx := context.Background()
-	entries := make([]Entry, len(o.entries))
-	valid := true
-	for j, e := range o.entries {
-		entries[j] = Entry{Key: r.keys[e.key], Token: e.token, Fingerprint: e.fp, TTL: e.ttl}
-		valid = valid && e.valid()
-	}
-	var gots []got
-	var err error
-	switch o.kind {
-	case "claimMany", "markMany":
-		var as []Answer
-		if o.kind == "claimMany" {
-			as, err = r.b.store.ClaimMany(ctx, entries)
-		} else {
-			as, err = r.b.store.MarkMany(ctx, entries)
-		}
-		for _, a := range as {
-			gots = append(gots, gotAnswer(a, nil))
-		}
-	default:
-		var errs []error
-		errs, err = r.b.store.CompleteMany(ctx, entries)
-		for _, e := range errs {
-			gots = append(gots, got{err: classOf(e)})
-		}
-	}
-	e := r.b.now()
-	r.history = append(r.history, fmt.Sprintf("%d %s -> %v %v", i, o, gots, err))
-	if !valid { // one bad entry refuses the whole batch, and nothing is written
-		if classOf(err) != errInvalid || gots != nil {
-			return r.fail(i, o, "answered %v, %v; want ErrInvalidOption for the whole batch", gots, err)
-		}
-		return true
-	}
-	if err != nil || len(gots) != len(entries) {
-		return r.fail(i, o, "answered %d answers, %v; want %d answers", len(gots), err, len(entries))
-	}
-	for j, en := range o.entries {
-		if allowed, ok := r.m.step(r.keys[en.key], en, gots[j], s, e); !ok {
-			return r.fail(i, o, "entry %d: store answered %s, the model allows %v (states %s)", j, gots[j], allowed, r.describe(en.key))
-		}
-	}
-	return true
-}
-
-// engineOp runs the engine on a fake clock, where the model holds one state per key.
-func (r *run) engineOp(i int, o mOp) bool {
-	r.t.Helper()
-	ctx := context.Background()
-	key := r.keys[o.key]
-	now := r.b.now()
-	states := r.m.states(key)
-	if len(states) != 1 {
-		return r.fail(i, o, "engine ops need an exact clock, the model holds %d states", len(states))
-	}
-	cur := r.m.live(states[0], now, now)[0]
-	written := func() { // DONE under a token of the engine's own, for the retention
-		r.m.recs[key] = []*mRec{{state: stateDone, token: "~engine", lo: now + engineRet, hi: now + engineRet}}
-	}
-
-	var res Result
-	var nested []Result
-	ran := 0
-	if o.kind == "hmark" {
-		res, _ = r.h.Mark(ctx, r.raw[o.key])
-	} else {
-		res, _ = r.h.Do(ctx, r.raw[o.key], func(ctx context.Context) error {
-			ran++
-			if o.kind == "doNested" { // the key is IN PROGRESS now: neither may say Duplicate
-				a, _ := r.h.Do(ctx, r.raw[o.key], func(context.Context) error { ran++; return nil })
-				b, _ := r.h.Mark(ctx, r.raw[o.key])
-				nested = append(nested, a, b)
-			}
-			if o.kind == "doFail" {
-				return errors.New("model: fn failed")
-			}
-			return nil
-		})
-	}
-	r.history = append(r.history, fmt.Sprintf("%d %s -> %v/%v ran=%d nested=%v", i, o, res.Outcome, res.Tier, ran, nested))
-
-	if res.Outcome == Duplicate && res.Tier == TierLocal {
-		r.engine.local++
-		if cur == nil || cur.state != stateDone {
-			return r.fail(i, o, "the local tier answered Duplicate for a record that is %s", describeRec(cur))
-		}
-		return ran == 0 || r.fail(i, o, "fn ran on a Duplicate")
-	}
-	for _, n := range nested {
-		if n.Outcome != InProgress {
-			return r.fail(i, o, "Do/Mark inside fn for its own IN PROGRESS key answered %v/%v, want InProgress", n.Outcome, n.Tier)
-		}
-	}
-	var want Outcome
-	var retryAfter time.Duration
-	switch {
-	case cur == nil && o.kind == "hmark":
-		want = First
-		written()
-		r.engine.first++
-	case cur == nil && o.kind == "doFail":
-		want = Failed // released: the record stays absent
-	case cur == nil:
-		want = Processed
-		written()
-		r.engine.processed++
-	case cur.state == stateInProgress && o.kind == "hmark":
-		want = Duplicate // a filter drops it; only the local tier must not keep it
-	case cur.state == stateInProgress:
-		want, retryAfter = InProgress, cur.lo-now
-	default:
-		want = Duplicate
-	}
-	if want == Duplicate {
-		r.engine.store++
-	}
-	if res.Outcome != want || res.RetryAfter != retryAfter {
-		return r.fail(i, o, "engine answered %v/%v retry %v, want %v retry %v (record %s)",
-			res.Outcome, res.Tier, res.RetryAfter, want, retryAfter, describeRec(cur))
-	}
-	if wantRan := map[Outcome]int{Processed: 1, Failed: 1}[want]; ran != wantRan {
-		return r.fail(i, o, "fn ran %d times, want %d", ran, wantRan)
-	}
-	return true
-}
-
-func describeRec(p *mRec) string {
-	if p == nil {
-		return "absent"
-	}
-	state := map[byte]string{stateInProgress: "IN PROGRESS", stateDone: "DONE"}[p.state]
-	if p.lo == p.hi {
-		return fmt.Sprintf("%s tok=%q fp=%q exp=%v", state, p.token, p.fp, p.lo)
-	}
-	return fmt.Sprintf("%s tok=%q fp=%q exp=%v..%v", state, p.token, p.fp, p.lo, p.hi)
-}
-
-func (r *run) describe(k int) string {
-	var parts []string
-	for _, p := range r.m.states(r.keys[k]) {
-		parts = append(parts, describeRec(p))
-	}
-	return fmt.Sprintf("at %v: %s", r.b.now(), strings.Join(parts, " | "))
+func (e engine) Mark(ctx context.Context, key string) storetest.EngineResult {
+	r, _ := e.h.Mark(ctx, key)
+	return engineResult(r)
 }
 
 // withLocalOpts builds the handler's local tier with opts (a fake clock).

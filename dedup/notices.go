@@ -8,12 +8,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
 // Forget notices tell every Deduper that a record was forgotten, so that it drops the
 // key from its handlers' local tiers. A record key <prefix>:<handler>:<k> has its
 // notices on the channel <prefix>:<handler>, with k as the payload; the store sends
-// one for each record Forget deletes (RedisStore: from the script that deletes it).
+// one for each record Forget deletes (redisstore.Store: from the script that deletes it).
 // Each Deduper subscribes to the channels of its handlers that have a local tier
 // (their names and former names), on one subscription, on one goroutine that Close
 // stops. A notice may be missed: the subscription's connection can break, and what
@@ -46,7 +49,7 @@ const MinForgetBound = 40 * time.Millisecond
 // tier while the subscription to its channel is not confirmed (a Redis ACL user
 // needs the channels &<prefix>:* and +subscribe +ping +publish). A shorter bound
 // costs more PINGs and, while Redis is unreachable, a local tier emptied more often.
-// Only stores that carry notices (RedisStore, MemoryStore) are subscribed to, and
+// Only stores that carry notices (redisstore.Store, memstore.Store) are subscribed to, and
 // only for handlers with a local tier.
 func WithForgetBound(d time.Duration) Option {
 	return func(c *config) error {
@@ -61,7 +64,7 @@ func WithForgetBound(d time.Duration) Option {
 // noticeListener is a Deduper's subscription to forget notices and its goroutine.
 type noticeListener struct {
 	d      *Deduper
-	sub    noticeSub
+	sub    storekit.Sub
 	tick   time.Duration // bound/4: how often it checks, and how much silence earns a PING
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -81,7 +84,7 @@ type noticeListener struct {
 // every check, and once more at the confirmation (notices sent before it may have
 // been lost), as it is whenever a channel is confirmed again.
 func (d *Deduper) watchNotices(h *Handler) {
-	bus, ok := d.base.(noticeBus)
+	n, ok := d.base.(storekit.Notifier)
 	if !ok || h.local == nil {
 		h.listening.Store(true) // nothing to hear
 		return
@@ -94,7 +97,7 @@ func (d *Deduper) watchNotices(h *Handler) {
 	l := d.notices
 	if l == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		l = &noticeListener{d: d, sub: bus.subscribeNotices(), tick: d.cfg.forgetBound / 4, cancel: cancel, done: make(chan struct{})}
+		l = &noticeListener{d: d, sub: n.ForgetNotices().Subscribe(), tick: d.cfg.forgetBound / 4, cancel: cancel, done: make(chan struct{})}
 		d.notices = l
 		go l.run(ctx)
 	}
@@ -102,10 +105,10 @@ func (d *Deduper) watchNotices(h *Handler) {
 	for _, n := range h.names() {
 		channels = append(channels, d.cfg.prefix+":"+n)
 	}
-	if _, inProcess := l.sub.(*memNotices); inProcess {
+	if l.sub.InProcess() {
 		// subscribed at once, and no notice can be lost: h may take keys now
 		d.mu.Unlock()
-		_ = l.sub.add(context.Background(), channels...)
+		_ = l.sub.Add(context.Background(), channels...)
 		h.listening.Store(true)
 		return
 	}
@@ -115,7 +118,7 @@ func (d *Deduper) watchNotices(h *Handler) {
 		defer l.adds.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), l.tick)
 		defer cancel()
-		if err := l.sub.add(ctx, channels...); err != nil {
+		if err := l.sub.Add(ctx, channels...); err != nil {
 			// the subscription is made on the next connection; until it is confirmed,
 			// h's local tier is dropped at every check
 			d.cfg.logger.Debug("dedup: subscribing to forget notices failed; retrying", "handler", h.name, "err", err)
@@ -137,7 +140,7 @@ func (d *Deduper) stopNotices() {
 	l.cancel()
 	stopped := make(chan struct{})
 	go func() {
-		_ = l.sub.close() // ends a receive, or a subscription, that waits on the network
+		_ = l.sub.Close() // ends a receive, or a subscription, that waits on the network
 		<-l.done
 		l.adds.Wait()
 		close(stopped)
@@ -163,19 +166,19 @@ func (l *noticeListener) run(ctx context.Context) {
 		// a deadline too, which bounds a redial (go-redis redials within receive)
 		wait := max(time.Until(next), time.Millisecond)
 		rctx, cancel := context.WithTimeout(ctx, wait+l.tick/2)
-		n, err := l.sub.receive(rctx, wait)
+		n, err := l.sub.Receive(rctx, wait)
 		cancel()
 		now := time.Now()
-		var refused *noticeRefused
+		var refused *storekit.Refused
 		switch {
 		case err == nil:
 			last = now
 			l.handle(n, confirmed)
-		case errors.Is(err, errNoticeTimeout):
+		case errors.Is(err, storekit.ErrNoNotice):
 		case ctx.Err() != nil:
 			return
 		case errors.As(err, &refused): // the server refused a SUBSCRIBE or PING (an ACL)
-			l.warn("forget notices refused", refused.err)
+			l.warn("forget notices refused", refused.Err)
 		default: // the connection failed: the next receive dials again and subscribes again
 			clear(confirmed)
 			for _, h := range l.d.onChannel("") {
@@ -193,14 +196,14 @@ func (l *noticeListener) run(ctx context.Context) {
 }
 
 // handle applies one notice.
-func (l *noticeListener) handle(n notice, confirmed map[string]bool) {
+func (l *noticeListener) handle(n storekit.Notice, confirmed map[string]bool) {
 	d := l.d
-	switch n.kind {
-	case noticeSubscribed:
+	switch n.Kind {
+	case storekit.Subscribed:
 		// notices sent before the server confirmed the channel were lost to it
-		confirmed[n.channel] = true
-		for _, h := range d.onChannel(n.channel) {
-			if !n.lossless {
+		confirmed[n.Channel] = true
+		for _, h := range d.onChannel(n.Channel) {
+			if !n.Lossless {
 				h.purgeLocal()
 			}
 			all := true
@@ -211,11 +214,11 @@ func (l *noticeListener) handle(n notice, confirmed map[string]bool) {
 				h.listening.Store(true) // its notices are heard: it may take keys
 			}
 		}
-	case noticeForgotten:
-		for _, h := range d.onChannel(n.channel) {
-			h.dropLocal(n.k)
+	case storekit.Forgotten:
+		for _, h := range d.onChannel(n.Channel) {
+			h.dropLocal(n.K)
 		}
-	case noticeMissed:
+	case storekit.Missed:
 		l.warn("forget notices lost", errors.New("the queue of notices overflowed"))
 		for _, h := range d.onChannel("") {
 			h.purgeLocal()
@@ -232,7 +235,7 @@ func (l *noticeListener) check(ctx context.Context, silent time.Duration, confir
 	// check, so a live line is never silent for two ticks.
 	if silent >= l.tick/2 {
 		pctx, cancel := context.WithTimeout(ctx, l.tick/2)
-		_ = l.sub.ping(pctx) // its reply, or a failure, comes to receive
+		_ = l.sub.Ping(pctx) // its reply, or a failure, comes to receive
 		cancel()
 	}
 	if silent >= 2*l.tick {
@@ -345,25 +348,25 @@ func (h *Handler) Subscribers(ctx context.Context) (int64, error) {
 	if err := h.checkInput(ctx, false); err != nil {
 		return 0, err
 	}
-	bus, ok := h.d.base.(noticeBus)
+	n, ok := h.d.base.(storekit.Notifier)
 	if !ok {
 		return 0, fmt.Errorf("%w: the store (%T) carries no forget notices", errors.ErrUnsupported, h.d.base)
 	}
-	return bus.noticeSubscribers(ctx, h.d.cfg.prefix+":"+h.name)
+	return n.ForgetNotices().Subscribers(ctx, h.d.cfg.prefix+":"+h.name)
 }
 
 // noticeHealth is the Deduper's forget-notice check, when it has a subscription.
-func (d *Deduper) noticeHealth() (HealthCheck, bool) {
+func (d *Deduper) noticeHealth() (driver.HealthCheck, bool) {
 	d.mu.RLock()
 	l := d.notices
 	d.mu.RUnlock()
 	if l == nil {
-		return HealthCheck{}, false
+		return driver.HealthCheck{}, false
 	}
 	if s := l.state.Load(); s != nil {
-		return HealthCheck{Name: CheckForgetNotices, Status: HealthWarn, Detail: *s}, true
+		return driver.HealthCheck{Name: CheckForgetNotices, Status: driver.HealthWarn, Detail: *s}, true
 	}
-	return HealthCheck{Name: CheckForgetNotices, Status: HealthOK, Value: "subscribed"}, true
+	return driver.HealthCheck{Name: CheckForgetNotices, Status: driver.HealthOK, Value: "subscribed"}, true
 }
 
 // sleepCtx sleeps for d, or until ctx ends (then its cause).

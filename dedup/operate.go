@@ -5,16 +5,17 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
 // records returns the store's RecordStore (through the metered wrapper when metrics
 // are on), or an error wrapping errors.ErrUnsupported.
-func (d *Deduper) records() (RecordStore, error) {
-	if _, ok := d.base.(RecordStore); !ok {
+func (d *Deduper) records() (driver.RecordStore, error) {
+	if _, ok := d.base.(driver.RecordStore); !ok {
 		return nil, fmt.Errorf("%w: the store (%T) cannot look up, forget or count records (it does not implement dedup.RecordStore)", errors.ErrUnsupported, d.base)
 	}
-	return d.store.(RecordStore), nil
+	return d.store.(driver.RecordStore), nil
 }
 
 // RecordInfo is what Lookup and Forget report for one message key.
@@ -24,7 +25,7 @@ type RecordInfo struct {
 	Handler string
 	// RecordKey is the store key of that record, as Handler.RecordKey builds it.
 	RecordKey string
-	Record
+	driver.Record
 }
 
 // ForgetOption changes what Forget does.
@@ -199,11 +200,11 @@ func (h *Handler) recordKeys(ks []string) []string {
 // the handler's names (its own first): its own when present, else the first DONE one,
 // else the first IN PROGRESS one, else its own (absent). An item that failed decides
 // when nothing else is found, so that its error is not taken for an absence.
-func decide(row []Record) int {
-	if row[0].State != RecordAbsent || row[0].Err != nil {
+func decide(row []driver.Record) int {
+	if row[0].State != driver.RecordAbsent || row[0].Err != nil {
 		return 0
 	}
-	for _, want := range []RecordState{RecordDone, RecordInProgress} {
+	for _, want := range []driver.RecordState{driver.RecordDone, driver.RecordInProgress} {
 		for j, r := range row[1:] {
 			if r.Err == nil && r.State == want {
 				return j + 1

@@ -13,6 +13,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -21,20 +24,20 @@ import (
 // else the shared spawned redis-server. At cleanup the keys under prefix are deleted.
 func realRedisAddr(t testing.TB, prefix string) string {
 	t.Helper()
-	realRedis(t, prefix) // skips without a server; deletes prefix's keys at cleanup
+	testenv.Redis(t, prefix) // skips without a server; deletes prefix's keys at cleanup
 	if addr := os.Getenv("DEDUP_REDIS_ADDR"); addr != "" {
 		return addr
 	}
-	return sharedRedisAddr(t)
+	return testenv.SharedRedisAddr(t)
 }
 
-// redisStoreAt returns a RedisStore on a client of its own (its own connections) to
+// redisStoreAt returns a redisstore.Store on a client of its own (its own connections) to
 // addr, closed at cleanup.
-func redisStoreAt(t testing.TB, addr string) *RedisStore {
+func redisStoreAt(t testing.TB, addr string) *redisstore.Store {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { c.Close() })
-	s, err := NewRedisStore(c)
+	s, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +56,7 @@ func recordBackends() []backendFactory {
 	return out
 }
 
-func newDeduper(t testing.TB, s Store, opts ...Option) *Deduper {
+func newDeduper(t testing.TB, s driver.Store, opts ...Option) *Deduper {
 	t.Helper()
 	d, err := New(s, append([]Option{WithLogger(quiet)}, opts...)...)
 	if err != nil {
@@ -109,7 +112,7 @@ func TestLookup(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if info.State != RecordInProgress || info.Owner == "" || info.TTL <= 0 || info.TTL > time.Minute ||
+			if info.State != driver.RecordInProgress || info.Owner == "" || info.TTL <= 0 || info.TTL > time.Minute ||
 				info.Fingerprint != Fingerprint(payload) || info.Handler != "orders" || info.RecordKey != h.RecordKey(key) ||
 				info.ReplySize != 0 || info.Notified != 0 {
 				t.Fatalf("while fn runs: %+v", info)
@@ -123,10 +126,10 @@ func TestLookup(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if a := infos[0]; a.State != RecordAbsent || a.Owner != "" || a.TTL != 0 || a.RecordKey != h.RecordKey("absent-1") || a.Err != nil {
+			if a := infos[0]; a.State != driver.RecordAbsent || a.Owner != "" || a.TTL != 0 || a.RecordKey != h.RecordKey("absent-1") || a.Err != nil {
 				t.Fatalf("absent: %+v", a)
 			}
-			if i := infos[1]; i.State != RecordDone || i.Owner != owner || i.TTL <= time.Minute || i.TTL > time.Hour ||
+			if i := infos[1]; i.State != driver.RecordDone || i.Owner != owner || i.TTL <= time.Minute || i.TTL > time.Hour ||
 				i.Fingerprint != Fingerprint(payload) {
 				t.Fatalf("done: %+v", i)
 			}
@@ -145,7 +148,7 @@ func TestLookup(t *testing.T) {
 // Store) says so: Lookup, Forget and CountRecords wrap errors.ErrUnsupported, and
 // Register refuses former names.
 func TestStoreWithoutRecordStoreIsErrUnsupported(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d := newDeduper(t, &hookStore{Store: mem})
 	h := register(t, d, "orders")
 	ctx := context.Background()
@@ -184,17 +187,17 @@ func TestForgetMakesADoneKeyRunAgainAndRefusesInProgressUnlessForced(t *testing.
 				t.Fatalf("tier %v, want local", res.Tier)
 			}
 			info, err := h.Forget(ctx, "order-1")
-			if err != nil || info.State != RecordDone || info.Handler != "orders" {
+			if err != nil || info.State != driver.RecordDone || info.Handler != "orders" {
 				t.Fatalf("Forget: %+v %v", info, err)
 			}
-			if info, err := h.Lookup(ctx, "order-1"); err != nil || info.State != RecordAbsent {
+			if info, err := h.Lookup(ctx, "order-1"); err != nil || info.State != driver.RecordAbsent {
 				t.Fatalf("Lookup after Forget: %+v %v", info, err)
 			}
 			res, err = h.Do(ctx, "order-1", ok)
 			want(t, res, err, Processed)
 
 			// a record never written, or deleted by hand: not an error
-			if info, err := h.Forget(ctx, "order-2"); err != nil || info.State != RecordAbsent {
+			if info, err := h.Forget(ctx, "order-2"); err != nil || info.State != driver.RecordAbsent {
 				t.Fatalf("Forget of an absent record: %+v %v", info, err)
 			}
 
@@ -215,13 +218,13 @@ func TestForgetMakesADoneKeyRunAgainAndRefusesInProgressUnlessForced(t *testing.
 			}()
 			<-started
 			info, err = h.Forget(ctx, "order-3")
-			if !errors.Is(err, ErrRecordInProgress) || info.State != RecordInProgress || info.TTL <= 0 {
+			if !errors.Is(err, ErrRecordInProgress) || info.State != driver.RecordInProgress || info.TTL <= 0 {
 				t.Fatalf("Forget of a record in progress: %+v %v", info, err)
 			}
-			if info, err := h.Lookup(ctx, "order-3"); err != nil || info.State != RecordInProgress {
+			if info, err := h.Lookup(ctx, "order-3"); err != nil || info.State != driver.RecordInProgress {
 				t.Fatalf("left alone: %+v %v", info, err)
 			}
-			if info, err := h.Forget(ctx, "order-3", ForgetInProgress()); err != nil || info.State != RecordInProgress {
+			if info, err := h.Forget(ctx, "order-3", ForgetInProgress()); err != nil || info.State != driver.RecordInProgress {
 				t.Fatalf("forced: %+v %v", info, err)
 			}
 			close(finish)
@@ -272,8 +275,8 @@ func TestForgetReachesEveryProcess(t *testing.T) {
 	for round, forgetter := range []int{0, 1, 2} {
 		info, err := hs[forgetter].Forget(ctx, "order-x")
 		forgotAt := time.Now()
-		if err != nil || info.State != RecordDone || info.Notified != len(hs) {
-			t.Fatalf("round %d: Forget: %+v %v (want DONE, notice to %d subscribers)", round, info, err, len(hs))
+		if err != nil || info.State != driver.RecordDone || info.Notified != len(hs) {
+			t.Fatalf("round %d: Forget: %+v %v (want DONE, storekit.Notice to %d subscribers)", round, info, err, len(hs))
 		}
 		for i, h := range hs {
 			for h.local.Contains("order-x") {
@@ -311,10 +314,10 @@ func TestForgetReachesEveryProcess(t *testing.T) {
 	}
 }
 
-// heldStore is a MemoryStore whose answers to one operation on one record key can
+// heldStore is a memstore.Store whose answers to one operation on one record key can
 // be held after the store has made them and before they reach the caller.
 type heldStore struct {
-	*MemoryStore
+	*memstore.Store
 	op, key string        // what is held
 	hold    chan struct{} // answers wait for it to close
 	held    chan struct{} // closed once an answer waits
@@ -328,20 +331,20 @@ func (s *heldStore) wait(op, key string) {
 	}
 }
 
-func (s *heldStore) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (Answer, error) {
-	a, err := s.MemoryStore.Claim(ctx, key, token, fp, lease)
+func (s *heldStore) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (driver.Answer, error) {
+	a, err := s.Store.Claim(ctx, key, token, fp, lease)
 	s.wait("claim", key)
 	return a, err
 }
 
-func (s *heldStore) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (Answer, error) {
-	a, err := s.MemoryStore.Mark(ctx, key, token, fp, retention)
+func (s *heldStore) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (driver.Answer, error) {
+	a, err := s.Store.Mark(ctx, key, token, fp, retention)
 	s.wait("mark", key)
 	return a, err
 }
 
 func (s *heldStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	err := s.MemoryStore.Complete(ctx, key, token, retention)
+	err := s.Store.Complete(ctx, key, token, retention)
 	s.wait("complete", key)
 	return err
 }
@@ -365,9 +368,9 @@ func TestAnswerOvertakenByAForgetIsNotCached(t *testing.T) {
 	} {
 		t.Run(tc.op, func(t *testing.T) {
 			t.Parallel()
-			mem, _ := NewMemoryStore()
+			mem, _ := memstore.New()
 			ctx := context.Background()
-			held := &heldStore{MemoryStore: mem, hold: make(chan struct{}), held: make(chan struct{})}
+			held := &heldStore{Store: mem, hold: make(chan struct{}), held: make(chan struct{})}
 			a := register(t, newDeduper(t, held), "orders", WithMode(tc.mode))
 			b := register(t, newDeduper(t, mem), "orders", WithMode(tc.mode))
 			var release sync.Once
@@ -386,7 +389,7 @@ func TestAnswerOvertakenByAForgetIsNotCached(t *testing.T) {
 			if _, err := b.Forget(ctx, "order-1"); err != nil {
 				t.Fatal(err)
 			}
-			testenv.Eventually(t, 5*time.Second, "the notice marks a's flight", func() bool {
+			testenv.Eventually(t, 5*time.Second, "the storekit.Notice marks a's flight", func() bool {
 				s := a.flights.shard("order-1")
 				s.mu.Lock()
 				defer s.mu.Unlock()
@@ -441,19 +444,19 @@ func TestMissedForgetNoticesDropTheLocalTiersWithinTheBound(t *testing.T) {
 	forgotAt := time.Now()
 	for a.local.Contains("order-1") {
 		if time.Since(forgotAt) > bound {
-			t.Fatalf("the key is still in the local tier %v after a Forget whose notice was lost", bound)
+			t.Fatalf("the key is still in the local tier %v after a Forget whose storekit.Notice was lost", bound)
 		}
 		time.Sleep(time.Millisecond)
 	}
 	took := time.Since(forgotAt)
-	t.Logf("dropped %v after the Forget (bound %v); the notice itself is held for %v", took, bound, 10*bound)
+	t.Logf("dropped %v after the Forget (bound %v); the storekit.Notice itself is held for %v", took, bound, 10*bound)
 	// The line was heard from (a PONG) a tick or less before it stalled, so the
 	// fallback comes a tick or more after: an earlier drop is another cause's.
 	if took < bound/8 {
 		t.Fatalf("dropped %v after the Forget: too soon for the silence fallback", took)
 	}
 	c := find(t, da.Health(ctx), CheckForgetNotices, "")
-	if c.Status != HealthWarn || !strings.Contains(c.Detail, "nothing heard") {
+	if c.Status != driver.HealthWarn || !strings.Contains(c.Detail, "nothing heard") {
 		t.Fatalf("health while the subscription is silent: %+v", c)
 	}
 	res, err = a.Do(ctx, "order-1", ok)
@@ -474,16 +477,16 @@ func TestQuietNoticeSubscriptionKeepsTheLocalTier(t *testing.T) {
 	want(t, res, err, Processed)
 	for end := time.Now().Add(4 * bound); time.Now().Before(end); time.Sleep(bound / 8) {
 		if !h.local.Contains("order-1") {
-			t.Fatal("the local tier was dropped though no notice was lost")
+			t.Fatal("the local tier was dropped though no storekit.Notice was lost")
 		}
 	}
-	wantCheck(t, find(t, d.Health(ctx), CheckForgetNotices, ""), HealthOK)
+	wantCheck(t, find(t, d.Health(ctx), CheckForgetNotices, ""), driver.HealthOK)
 }
 
 // A fingerprinted key is held locally as key#fingerprint, for each payload seen:
 // Forget drops every one of them, in every Deduper, and the other keys stay.
 func TestForgetDropsEveryFingerprintOfAKey(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	ctx := context.Background()
 	a := register(t, newDeduper(t, mem), "orders", WithFingerprint(true))
 	b := register(t, newDeduper(t, mem), "orders", WithFingerprint(true))
@@ -608,7 +611,7 @@ func TestSubscribersCountsTheDedupersWithALocalTier(t *testing.T) {
 // The log lines of Forget and of the notices name the key by its hash only.
 func TestLogsOfForgetHoldNoKey(t *testing.T) {
 	for _, key := range []string{secretPlainKey, secretHashedKey} {
-		mem, _ := NewMemoryStore()
+		mem, _ := memstore.New()
 		logs := &testenv.LogBuffer{}
 		logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		ctx := context.Background()

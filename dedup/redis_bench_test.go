@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
@@ -19,34 +20,34 @@ import (
 // concurrent goroutines against DEDUP_REDIS_ADDR, with auto-pipelining on and off, and
 // the naive SETNX for scale. ops/s is the figure to compare within one run.
 //
-//	DEDUP_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench RedisStore -benchmem ./dedup
+//	DEDUP_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench redisstore.Store -benchmem ./dedup
 func BenchmarkRedisStore(b *testing.B) {
 	c, prefix := benchRedis(b)
-	auto, _ := NewRedisStore(c)
-	direct, _ := NewRedisStore(c, WithoutAutoPipeline())
+	auto, _ := redisstore.New(c)
+	direct, _ := redisstore.New(c, redisstore.WithoutAutoPipeline())
 	ops := []struct {
 		name string
-		run  func(ctx context.Context, s *RedisStore, key string) error
+		run  func(ctx context.Context, s *redisstore.Store, key string) error
 	}{
-		{"mark", func(ctx context.Context, s *RedisStore, key string) error {
+		{"mark", func(ctx context.Context, s *redisstore.Store, key string) error {
 			_, err := s.Mark(ctx, key, "T", "", time.Minute)
 			return err
 		}},
-		{"claim+complete", func(ctx context.Context, s *RedisStore, key string) error {
+		{"claim+complete", func(ctx context.Context, s *redisstore.Store, key string) error {
 			if _, err := s.Claim(ctx, key, "T", "", time.Minute); err != nil {
 				return err
 			}
 			return s.Complete(ctx, key, "T", time.Minute)
 		}},
-		{"naive-setnx", func(ctx context.Context, s *RedisStore, key string) error {
-			return s.c.SetNX(ctx, key, "1", time.Minute).Err()
+		{"naive-setnx", func(ctx context.Context, s *redisstore.Store, key string) error {
+			return c.SetNX(ctx, key, "1", time.Minute).Err()
 		}},
 	}
 	var seq atomic.Int64
 	for _, op := range ops {
 		for _, pipe := range []struct {
 			name string
-			s    *RedisStore
+			s    *redisstore.Store
 		}{{"auto", auto}, {"off", direct}} {
 			if op.name == "naive-setnx" && pipe.name == "auto" {
 				continue
@@ -77,15 +78,15 @@ func BenchmarkRedisDo(b *testing.B) {
 	c, prefix := benchRedis(b)
 	tc := &testenv.TripCounter{}
 	c.AddHook(tc)
-	var opts []RedisOption
+	var opts []redisstore.Option
 	if v := os.Getenv("DEDUP_BENCH_PIPELINE"); v != "" { // batch,inFlight
 		var batch, inFlight int
 		if _, err := fmt.Sscanf(v, "%d,%d", &batch, &inFlight); err != nil {
 			b.Fatalf("DEDUP_BENCH_PIPELINE=%q: want batch,inFlight", v)
 		}
-		opts = append(opts, WithAutoPipeline(batch, inFlight))
+		opts = append(opts, redisstore.WithAutoPipeline(batch, inFlight))
 	}
-	s, _ := NewRedisStore(c, opts...)
+	s, _ := redisstore.New(c, opts...)
 	d, err := New(s, WithPrefix(prefix))
 	if err != nil {
 		b.Fatal(err)

@@ -16,9 +16,12 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 )
 
-// Failures of the connection under a RedisStore, through go-redis. They were the
+// Failures of the connection under a redisstore.Store, through go-redis. They were the
 // fault tests of the store's own RESP2 connections (WithDirectConnections, removed
 // in issue 27), carried over to the one client left: each is a way a connection
 // fails that a store must survive or report.
@@ -118,16 +121,16 @@ func TestRedisStoreRetriesLoadingThenBrokenConnection(t *testing.T) {
 			c.Write([]byte("$-1\r\n")) // the key was free
 		}
 	})
-	s, err := NewRedisStore(fakeClient(t, addr))
+	s, err := redisstore.New(fakeClient(t, addr))
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := s.MarkMany(context.Background(), []Entry{{Key: "dk-faults:h:a", Token: "T", TTL: time.Minute}, {Key: "dk-faults:h:b", Token: "T", TTL: time.Minute}})
+	out, err := s.MarkMany(context.Background(), []driver.Entry{{Key: "dk-faults:h:a", Token: "T", TTL: time.Minute}, {Key: "dk-faults:h:b", Token: "T", TTL: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, a := range out {
-		if a.Err != nil || a.Status != StatusAcquired {
+		if a.Err != nil || a.Status != driver.StatusAcquired {
 			t.Errorf("entry %d: %+v, want Acquired from the retry", i, a)
 		}
 	}
@@ -151,12 +154,12 @@ func TestRedisStoreRetriesMaxClients(t *testing.T) {
 			c.Write([]byte("$-1\r\n"))
 		}
 	})
-	s, err := NewRedisStore(fakeClient(t, addr))
+	s, err := redisstore.New(fakeClient(t, addr))
 	if err != nil {
 		t.Fatal(err)
 	}
 	a, err := s.Mark(context.Background(), "dk-faults:h:m", "T", "", time.Minute)
-	if err != nil || a.Status != StatusAcquired {
+	if err != nil || a.Status != driver.StatusAcquired {
 		t.Fatalf("mark: %+v, %v; want Acquired on the second connection", a, err)
 	}
 }
@@ -176,7 +179,7 @@ func TestRedisStoreRetriesDialTimeout(t *testing.T) {
 			return (&net.Dialer{}).DialContext(ctx, network, addr)
 		}})
 	defer c.Close()
-	s, err := NewRedisStore(c)
+	s, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,12 +194,12 @@ func TestRedisStoreDropsConnectionsTheServerClosed(t *testing.T) {
 	addr := spawnRedis(t, "--timeout", "1")
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer c.Close()
-	s, err := NewRedisStore(c)
+	s, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	entries := []Entry{{Key: "dk-faults:h:b1", Token: "T", TTL: time.Minute}, {Key: "dk-faults:h:b2", Token: "T", TTL: time.Minute}}
+	entries := []driver.Entry{{Key: "dk-faults:h:b1", Token: "T", TTL: time.Minute}, {Key: "dk-faults:h:b2", Token: "T", TTL: time.Minute}}
 	if _, err := s.Mark(ctx, "dk-faults:h:1", "T", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +224,7 @@ func TestRedisStoreServerRestart(t *testing.T) {
 	m := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr(), MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond})
 	defer c.Close()
-	s, err := NewRedisStore(c)
+	s, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,13 +236,13 @@ func TestRedisStoreServerRestart(t *testing.T) {
 	if _, err := s.Mark(ctx, "p:h:2", "T", "", time.Minute); !errors.Is(err, ErrStoreUnavailable) {
 		t.Fatalf("mark with the server down: %v, want ErrStoreUnavailable", err)
 	}
-	if _, err := s.MarkMany(ctx, []Entry{{Key: "p:h:3", Token: "T", TTL: time.Minute}}); !errors.Is(err, ErrStoreUnavailable) {
+	if _, err := s.MarkMany(ctx, []driver.Entry{{Key: "p:h:3", Token: "T", TTL: time.Minute}}); !errors.Is(err, ErrStoreUnavailable) {
 		t.Fatalf("MarkMany with the server down: %v, want ErrStoreUnavailable", err)
 	}
 	if err := m.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	if a, err := s.Mark(ctx, "p:h:4", "T", "", time.Minute); err != nil || a.Status != StatusAcquired {
+	if a, err := s.Mark(ctx, "p:h:4", "T", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatalf("mark after the restart: %+v, %v", a, err)
 	}
 }
@@ -252,15 +255,15 @@ func TestRedisStoreAuthAndDB(t *testing.T) {
 	m.RequireUserAuth("app", "secret")
 	c := redis.NewClient(&redis.Options{Addr: m.Addr(), Username: "app", Password: "secret", DB: 3})
 	defer c.Close()
-	s, err := NewRedisStore(c)
+	s, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if a, err := s.Mark(ctx, "p:h:k", "T", "", time.Minute); err != nil || a.Status != StatusAcquired {
+	if a, err := s.Mark(ctx, "p:h:k", "T", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatalf("mark: %+v, %v", a, err)
 	}
-	if _, err := s.MarkMany(ctx, []Entry{{Key: "p:h:m", Token: "T", TTL: time.Minute}}); err != nil {
+	if _, err := s.MarkMany(ctx, []driver.Entry{{Key: "p:h:m", Token: "T", TTL: time.Minute}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"p:h:k", "p:h:m"} {
@@ -270,7 +273,7 @@ func TestRedisStoreAuthAndDB(t *testing.T) {
 	}
 	bad := redis.NewClient(&redis.Options{Addr: m.Addr(), Username: "app", Password: "wrong", MaxRetries: -1})
 	defer bad.Close()
-	bs, err := NewRedisStore(bad)
+	bs, err := redisstore.New(bad)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +291,7 @@ func TestRedisStoreConnectionsBounded(t *testing.T) {
 	const active, pipes = 2, 1
 	c := redis.NewClient(&redis.Options{Addr: m.Addr(), PoolSize: active, MaxActiveConns: active, PipelinePoolSize: pipes})
 	defer c.Close()
-	s, err := NewRedisStore(c)
+	s, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +320,7 @@ func TestRedisStoreConnectionsBounded(t *testing.T) {
 				if _, err := s.Mark(context.Background(), fmt.Sprintf("p:h:%d-%d", g, i), "T", "", time.Minute); err != nil {
 					failed.Add(1)
 				}
-				if _, err := s.MarkMany(context.Background(), []Entry{{Key: fmt.Sprintf("p:m:%d-%d", g, i), Token: "T", TTL: time.Minute}}); err != nil {
+				if _, err := s.MarkMany(context.Background(), []driver.Entry{{Key: fmt.Sprintf("p:m:%d-%d", g, i), Token: "T", TTL: time.Minute}}); err != nil {
 					failed.Add(1)
 				}
 			}

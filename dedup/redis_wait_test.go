@@ -11,6 +11,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -30,11 +33,11 @@ func TestWithWaitReplicasRejectsBadSettings(t *testing.T) {
 		{"timeout not below ReadTimeout", c, 1, 2 * time.Second},
 		{"cluster client", cc, 1, time.Second},
 	} {
-		if _, err := NewRedisStore(tc.client, WithWaitReplicas(tc.n, tc.timeout)); !errors.Is(err, ErrInvalidOption) {
+		if _, err := redisstore.New(tc.client, redisstore.WithWaitReplicas(tc.n, tc.timeout)); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: err %v, want ErrInvalidOption", tc.name, err)
 		}
 	}
-	if _, err := NewRedisStore(c, WithWaitReplicas(1, time.Second)); err != nil {
+	if _, err := redisstore.New(c, redisstore.WithWaitReplicas(1, time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -54,7 +57,7 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 	})
 
 	const waitFor = 500 * time.Millisecond
-	store, err := NewRedisStore(pc, WithWaitReplicas(1, waitFor))
+	store, err := redisstore.New(pc, redisstore.WithWaitReplicas(1, waitFor))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,15 +80,15 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, _ := parseRecord(v)
-		return r.state
+		r, _ := storekit.Parse(v)
+		return r.State
 	}
 	// claims several keys directly on the store, for CompleteMany
-	claimed := func(keys ...string) []Entry {
-		var es []Entry
+	claimed := func(keys ...string) []driver.Entry {
+		var es []driver.Entry
 		for _, k := range keys {
-			e := Entry{Key: h.RecordKey(k), Token: newToken(), TTL: time.Hour}
-			if a, err := store.Claim(ctx, e.Key, e.Token, "", 5*time.Second); err != nil || a.Status != StatusAcquired {
+			e := driver.Entry{Key: h.RecordKey(k), Token: newToken(), TTL: time.Hour}
+			if a, err := store.Claim(ctx, e.Key, e.Token, "", 5*time.Second); err != nil || a.Status != driver.StatusAcquired {
 				t.Fatalf("claim %s: %v %v", k, a.Status, err)
 			}
 			es = append(es, e)
@@ -113,12 +116,12 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		if res, err := runReply(hr, ctx, "up-5", nil, func(context.Context) ([]byte, error) { return []byte("reply 5"), nil }); res.Outcome != Processed || err != nil {
 			t.Fatalf("DoReply: %v %v", res.Outcome, err)
 		}
-		if v, _ := rc.Get(ctx, hr.RecordKey("up-5")).Result(); !strings.HasSuffix(v, "reply 5") || v[0] != stateReply {
+		if v, _ := rc.Get(ctx, hr.RecordKey("up-5")).Result(); !strings.HasSuffix(v, "reply 5") || v[0] != storekit.StateReply {
 			t.Errorf("up-5 on the replica: %q, want DONE with its reply as soon as the write returned", v)
 		}
 		// no polling: WAIT returned only once the replica had every write
 		for _, k := range []string{"up-1", "up-2", "up-3", "up-4"} {
-			if st := onReplica(k); st != stateDone {
+			if st := onReplica(k); st != storekit.StateDone {
 				t.Errorf("%s on the replica: state %q, want DONE as soon as the write returned", k, st)
 			}
 		}
@@ -159,7 +162,7 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		}
 		before := store.ReplicaShortfalls()
 		// Complete and CompleteMany first: no write since the stop has been sent yet
-		if err := store.Complete(ctx, single.Key, single.Token, time.Hour); !errors.Is(err, ErrNotReplicated) || !errors.Is(err, ErrStoreUnavailable) {
+		if err := store.Complete(ctx, single.Key, single.Token, time.Hour); !errors.Is(err, redisstore.ErrNotReplicated) || !errors.Is(err, ErrStoreUnavailable) {
 			t.Fatalf("Complete: %v; want ErrStoreUnavailable and ErrNotReplicated", err)
 		}
 		errs, err := store.CompleteMany(ctx, many)
@@ -167,7 +170,7 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, err := range errs {
-			if !errors.Is(err, ErrNotReplicated) {
+			if !errors.Is(err, redisstore.ErrNotReplicated) {
 				t.Fatalf("CompleteMany item %d: %v; want ErrNotReplicated", i, err)
 			}
 		}
@@ -176,7 +179,7 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		start := time.Now()
 		res, err := h.Do(ctx, key, runs.fn(key))
 		t.Logf("%s: Do answered %v after %v (WAIT timeout %v)", tag, res.Outcome, time.Since(start).Round(time.Millisecond), waitFor)
-		if res.Outcome != NotRecorded || !errors.Is(err, ErrNotRecorded) || !errors.Is(err, ErrNotReplicated) || !errors.Is(err, ErrStoreUnavailable) {
+		if res.Outcome != NotRecorded || !errors.Is(err, ErrNotRecorded) || !errors.Is(err, redisstore.ErrNotReplicated) || !errors.Is(err, ErrStoreUnavailable) {
 			t.Fatalf("Do: %v %v; want NotRecorded wrapping ErrNotReplicated", res.Outcome, err)
 		}
 		if runs.of(key) != 1 {
@@ -191,7 +194,7 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		}
 		// the primary has them all DONE: the shortfall is about the replica only
 		for _, k := range []string{key, tag + "-complete", tag + "-many-1", tag + "-mark"} {
-			if v, _ := pc.Get(ctx, h.RecordKey(k)).Result(); v == "" || v[0] != stateDone {
+			if v, _ := pc.Get(ctx, h.RecordKey(k)).Result(); v == "" || v[0] != storekit.StateDone {
 				t.Fatalf("%s on the primary: %q, want DONE", k, v)
 			}
 		}

@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
 // replyBackends are the stores the stored-reply tests run on: both kinds of store,
@@ -114,7 +117,7 @@ func TestReplyTooLargeIsProcessedButNotStored(t *testing.T) {
 			if ran || h.Stats().RepliesTooLarge != 1 || h.Stats().Count(Processed) != 1 {
 				t.Fatalf("ran again %v, stats %+v", ran, h.Stats())
 			}
-			if info, _ := h.Lookup(ctx, "k"); info.State != RecordDone || info.HasReply {
+			if info, _ := h.Lookup(ctx, "k"); info.State != driver.RecordDone || info.HasReply {
 				t.Fatalf("lookup: %+v", info)
 			}
 			// at the limit exactly: stored
@@ -136,7 +139,7 @@ func TestReplyTooLargeIsProcessedButNotStored(t *testing.T) {
 // only Run's results carry replies.
 func TestEmptyReplyIsAReplyAndARecordWithoutOneHasNone(t *testing.T) {
 	ctx := context.Background()
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d := newDeduper(t, mem)
 	h := register(t, d, "orders", WithReplies(0))
 	if _, err := runReply(h, ctx, "empty", nil, func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
@@ -171,7 +174,7 @@ func TestEmptyReplyIsAReplyAndARecordWithoutOneHasNone(t *testing.T) {
 // by the store, with the right bytes; the ones kept, locally.
 func TestLocalRepliesAreBoundedByBytes(t *testing.T) {
 	ctx := context.Background()
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := register(t, newDeduper(t, mem), "orders", WithReplies(0), WithLocalReplies(4<<10))
 	reply := func(i int) string { return fmt.Sprintf("%04d", i) + strings.Repeat("r", 996) }
 	const n = 40 // 40 KB of replies for a 4 KB budget
@@ -212,7 +215,7 @@ func TestConcurrentDuplicatesGetTheReplyOrInProgress(t *testing.T) {
 			if wait {
 				ctx = WaitForRunning(ctx)
 			}
-			mem, _ := NewMemoryStore()
+			mem, _ := memstore.New()
 			h := register(t, newDeduper(t, mem), "orders", WithReplies(0))
 			var runs atomic.Int32
 			release := make(chan struct{})
@@ -267,7 +270,7 @@ func TestConcurrentDuplicatesGetTheReplyOrInProgress(t *testing.T) {
 // reply is the one stored.
 func TestFailedRunStoresNoReplyAndItsRetrysIsStored(t *testing.T) {
 	ctx := context.Background()
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := register(t, newDeduper(t, mem), "orders", WithReplies(0))
 	boom := errors.New("boom")
 	res, err := runReply(h, ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("partial"), boom })
@@ -351,7 +354,7 @@ func TestABatchStoresEachItemsReply(t *testing.T) {
 // The reply forms need WithReplies, and WithReplies a store that keeps replies.
 func TestRepliesNeedWithRepliesAndAStoreThatKeepsThem(t *testing.T) {
 	ctx := context.Background()
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d := newDeduper(t, mem)
 	plain := register(t, d, "plain")
 	if _, err := runReply(plain, ctx, "k", nil, notRun(t)); !errors.Is(err, ErrInvalidOption) {
@@ -388,7 +391,7 @@ func TestRepliesNeedWithRepliesAndAStoreThatKeepsThem(t *testing.T) {
 // again, and its new reply is the one its duplicates get.
 func TestForgetDropsLocalReply(t *testing.T) {
 	ctx := context.Background()
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := register(t, newDeduper(t, mem), "orders", WithReplies(0))
 	for i, want := range []string{"one", "two"} {
 		res, err := runReply(h, ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte(want), nil })
@@ -409,7 +412,7 @@ func TestForgetDropsLocalReply(t *testing.T) {
 // there, and copies the record forward with it.
 func TestFormerNamesKeepReplies(t *testing.T) {
 	ctx := context.Background()
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	old := register(t, newDeduper(t, mem), "billing", WithReplies(0))
 	if _, err := runReply(old, ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("invoice 7"), nil }); err != nil {
 		t.Fatal(err)
@@ -438,7 +441,7 @@ func notRun(t testing.TB) func(context.Context) ([]byte, error) {
 // hands every item's result to OnResult.
 func TestSetReplyAfterFnReturnedIsRefused(t *testing.T) {
 	ctx := context.Background()
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	h := register(t, newDeduper(t, mem), "orders", WithReplies(0))
 	late := make(chan error)
 	returned := make(chan struct{})

@@ -13,6 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -37,20 +39,20 @@ type retryOp struct {
 func retryOps() []retryOp {
 	const ttl = 30 * time.Second
 	// own runs one store call (claim or mark) and tells whether it was Acquired.
-	own := func(call func(s *RedisStore, ctx context.Context, key, token string) (Answer, error)) func(context.Context, *redis.Client, string, string) (bool, error) {
+	own := func(call func(s *redisstore.Store, ctx context.Context, key, token string) (driver.Answer, error)) func(context.Context, *redis.Client, string, string) (bool, error) {
 		return func(ctx context.Context, c *redis.Client, key, token string) (bool, error) {
-			s, err := NewRedisStore(c)
+			s, err := redisstore.New(c)
 			if err != nil {
 				return false, err
 			}
 			a, err := call(s, ctx, key, token)
-			return err == nil && a.Status == StatusAcquired, err
+			return err == nil && a.Status == driver.StatusAcquired, err
 		}
 	}
-	claim := func(s *RedisStore, ctx context.Context, key, token string) (Answer, error) {
+	claim := func(s *redisstore.Store, ctx context.Context, key, token string) (driver.Answer, error) {
 		return s.Claim(ctx, key, token, "", ttl)
 	}
-	mark := func(s *RedisStore, ctx context.Context, key, token string) (Answer, error) {
+	mark := func(s *redisstore.Store, ctx context.Context, key, token string) (driver.Answer, error) {
 		return s.Mark(ctx, key, token, "", ttl)
 	}
 	return []retryOp{
@@ -136,7 +138,7 @@ func firstReplyOK(op string, reply string) bool {
 
 func TestRetriedClaimAfterALostReplyIsOwn(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
-		m, _ := newMiniredis(t)
+		m, _ := testenv.Miniredis(t)
 		testLostReply(t, m.Addr())
 	})
 	t.Run("redis-server", func(t *testing.T) {
@@ -159,7 +161,7 @@ func testLostReply(t *testing.T, addr string) {
 	if err := c.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewRedisStore(c)
+	s, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +248,7 @@ func TestClaimsRetriedDuringADebugSleepAreOwn(t *testing.T) {
 	if err := ctl.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewRedisStore(c)
+	s, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}

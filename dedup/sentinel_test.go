@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
@@ -71,7 +72,7 @@ func TestRecordsSurviveASentinelFailover(t *testing.T) {
 	if _, ok := rdb.(*redis.Client); !ok {
 		t.Fatalf("NewUniversalClient with MasterName made a %T, want a failover *redis.Client", rdb)
 	}
-	st, err := NewRedisStore(rdb)
+	st, err := redisstore.New(rdb)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,12 +10,15 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
 
 // Goexit in a later batch item leaves earlier successful items claimed, not DONE:
 // after the lease, a redelivery runs them again.
 func TestBatchGoexitCompletesFinishedItems(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := New(mem, WithLogger(quiet))
 	defer d.Close()
 	lease := 100 * time.Millisecond
@@ -44,22 +47,22 @@ func TestBatchGoexitCompletesFinishedItems(t *testing.T) {
 // A per-item claim error under FailOpen runs that item inline before the heartbeat
 // starts; the next item's claim expires meanwhile and it runs under another owner's lease.
 type itemErrStore struct {
-	Store
+	driver.Store
 	badKey string
 }
 
-func (s itemErrStore) ClaimMany(ctx context.Context, es []Entry) ([]Answer, error) {
+func (s itemErrStore) ClaimMany(ctx context.Context, es []driver.Entry) ([]driver.Answer, error) {
 	out, err := s.Store.ClaimMany(ctx, es)
 	for i, e := range es {
 		if e.Key == s.badKey {
-			out[i] = Answer{Err: errors.New("CLUSTERDOWN slot not served")}
+			out[i] = driver.Answer{Err: errors.New("CLUSTERDOWN slot not served")}
 		}
 	}
 	return out, err
 }
 
 func TestBatchFailOpenItemRunsAfterClaimedOnes(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	lease := 90 * time.Millisecond
 	d0, _ := New(mem, WithLogger(quiet))
 	h0, _ := d0.Register("fo", WithLease(lease))
@@ -96,7 +99,7 @@ func TestBatchFailOpenItemRunsAfterClaimedOnes(t *testing.T) {
 
 // An extension fails fast once, then the store stalls: fn is cancelled only at the lease end.
 type fastThenStall struct {
-	Store
+	driver.Store
 	n atomic.Int32
 }
 
@@ -109,7 +112,7 @@ func (s *fastThenStall) Extend(ctx context.Context, key, token string, lease tim
 }
 
 func TestHeartbeatCancelsBeforeLeaseEndAfterStall(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	lease := 300 * time.Millisecond
 	d, _ := New(&fastThenStall{Store: mem}, WithLogger(quiet))
 	defer d.Close()

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/internal/embedded"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
 // Helpers for the tests that run their own redis-server processes (kill, restart,
@@ -41,10 +42,10 @@ func recordCounts(t *testing.T, c *redis.Client, prefix string) (done, inProgres
 		if err != nil {
 			t.Fatal(err)
 		}
-		switch r, _ := parseRecord(v); r.state {
-		case stateDone:
+		switch r, _ := storekit.Parse(v); r.State {
+		case storekit.StateDone:
 			done++
-		case stateInProgress:
+		case storekit.StateInProgress:
 			inProgress++
 		}
 	}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -176,7 +178,7 @@ func testStalledEngine(t *testing.T, addr string, seed uint64) {
 	prefix := testenv.Prefix()
 	direct := redis.NewClient(&redis.Options{Addr: addr})
 	defer direct.Close()
-	ds, err := NewRedisStore(direct)
+	ds, err := redisstore.New(direct)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +197,7 @@ func testStalledEngine(t *testing.T, addr string, seed uint64) {
 	var wg sync.WaitGroup
 	for w := range stallWorkers {
 		p, c := stallClient(t, addr)
-		store, err := NewRedisStore(c)
+		store, err := redisstore.New(c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -228,7 +230,7 @@ func testStalledEngine(t *testing.T, addr string, seed uint64) {
 // stallWarm runs every store operation once through store, before any fault: the
 // server has every script loaded (a NOSCRIPT reply would be faulted in place of the
 // command's own) and the client has its connections open.
-func stallWarm(ctx context.Context, t *testing.T, store Store, key string) {
+func stallWarm(ctx context.Context, t *testing.T, store driver.Store, key string) {
 	t.Helper()
 	steps := []func() error{
 		func() error { _, err := store.Claim(ctx, key, "warm", "", time.Minute); return err },
@@ -249,7 +251,7 @@ func stallWarm(ctx context.Context, t *testing.T, store Store, key string) {
 // stallRun runs one trial on its own key: the stalled delivery through the proxy, a
 // rival on the direct connection if planned, redeliveries until every copy is
 // acknowledged, and a last redelivery that must find the message done.
-func stallRun(ctx context.Context, t *testing.T, p *testenv.Proxy, store Store, hd *Handler, prefix string, i int, tr stallTrial) stallResult {
+func stallRun(ctx context.Context, t *testing.T, p *testenv.Proxy, store driver.Store, hd *Handler, prefix string, i int, tr stallTrial) stallResult {
 	key := fmt.Sprintf("msg-%d", i)
 	r := stallResult{i: i}
 	var (

@@ -19,6 +19,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
+	"github.com/dedupkit/dedupkit/dedup/storetest"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -130,17 +132,13 @@ func TestEveryConformanceCasePassesOverTLS(t *testing.T) {
 	pki := newTestPKI(t)
 	addr := spawnTLSRedis(t, pki)
 	c := tlsClient(t, addr, pki)
-	st, err := NewRedisStore(c)
+	st, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, cc := range conformanceCases {
-		t.Run(cc.name, func(t *testing.T) {
-			t.Parallel()
-			b := backend{store: st, prefix: testenv.Prefix(), advance: time.Sleep, rdb: c}
-			cc.run(t, &suite{t: t, b: b, ctx: context.Background()})
-		})
-	}
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		return storetest.Backend{Store: st, Prefix: testenv.Prefix(), Advance: time.Sleep, Raw: testenv.RedisRaw(c)}
+	})
 }
 
 // Every Store operation, the batch forms and the EVAL fallback run over TLS.
@@ -148,7 +146,7 @@ func TestTLSStoreFlow(t *testing.T) {
 	t.Parallel()
 	pki := newTestPKI(t)
 	c := tlsClient(t, spawnTLSRedis(t, pki), pki)
-	st, err := NewRedisStore(c)
+	st, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +163,7 @@ func TestDeduperRunsOverTLSAndFailsClosedWithoutTrust(t *testing.T) {
 	addr := spawnTLSRedis(t, pki)
 	ctx := context.Background()
 	handler := func(c *redis.Client) *Handler {
-		st, err := NewRedisStore(c)
+		st, err := redisstore.New(c)
 		if err != nil {
 			t.Fatal(err)
 		}

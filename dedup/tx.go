@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
 // Exactly-once effects on a SQL database (docs/design.md §9). A transactional run writes a
@@ -301,7 +303,7 @@ func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState
 		}
 		h.log.Warn("dedup: database unavailable; not run", "key_hash", keyHash(c.k), "err", err)
 		return h.count(Result{Outcome: StoreUnavailable}), fmt.Errorf("%w: database: %w", ErrStoreUnavailable, err)
-	case fingerprintsDiffer(found.Fingerprint, c.fp):
+	case storekit.FingerprintsDiffer(found.Fingerprint, c.fp):
 		if hasClaim {
 			h.release(bg, c.k, c.rk, c.token)
 		}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -48,7 +50,7 @@ func TestDoTxRunsOnceAndCommitsItsMarker(t *testing.T) {
 	// committed, whatever it answers
 	testenv.Eventually(t, 5*time.Second, "the store's DONE", func() bool {
 		ans, _ := f.mem.Claim(ctx, h.RecordKey("o-1"), "other", "", time.Minute)
-		return ans.Status == StatusDuplicate
+		return ans.Status == driver.StatusDuplicate
 	})
 }
 
@@ -71,7 +73,7 @@ func TestDoTxMarkerFoundAnswersDuplicateAndRepairsTheStore(t *testing.T) {
 	if db.effectsOf("o-1") != 1 {
 		t.Fatalf("effects %d", db.effectsOf("o-1"))
 	}
-	if ans, _ := f.mem.Claim(ctx, h.RecordKey("o-1"), "other", "", time.Minute); ans.Status != StatusDuplicate {
+	if ans, _ := f.mem.Claim(ctx, h.RecordKey("o-1"), "other", "", time.Minute); ans.Status != driver.StatusDuplicate {
 		t.Fatalf("store after the redelivery: %v, want DONE (repaired)", ans.Status)
 	}
 	if h.Stats().DatabaseDuplicates != 1 {
@@ -398,7 +400,7 @@ func TestRunTxCommitsABatchInOneTransactionWithASavepointPerItem(t *testing.T) {
 		t.Errorf("markers: fails %v, panics %v, a %v", db.markerOf(h, "fails"), db.markerOf(h, "panics"), db.markerOf(h, "a"))
 	}
 	// DONE in the store for the committed items and the repaired one; the failures free
-	for k, want := range map[string]Status{"a": StatusDuplicate, "b": StatusDuplicate, "known": StatusDuplicate, "fails": StatusAcquired, "panics": StatusAcquired} {
+	for k, want := range map[string]driver.Status{"a": driver.StatusDuplicate, "b": driver.StatusDuplicate, "known": driver.StatusDuplicate, "fails": driver.StatusAcquired, "panics": driver.StatusAcquired} {
 		if ans, _ := f.mem.Claim(ctx, h.RecordKey(k), "probe", "", time.Minute); ans.Status != want {
 			t.Errorf("store record of %s: %v, want %v", k, ans.Status, want)
 		}
@@ -428,9 +430,9 @@ func TestRunTxRefusedCommitReleasesAndUnknownKeepsTheClaims(t *testing.T) {
 				tx.write(fmt.Sprint(i))
 				return nil
 			})
-			want, wantStatus := Failed, StatusAcquired
+			want, wantStatus := Failed, driver.StatusAcquired
 			if unknown {
-				want, wantStatus = CommitUnknown, StatusInProgress
+				want, wantStatus = CommitUnknown, driver.StatusInProgress
 			}
 			for i, r := range got {
 				if r.Outcome != want || r.Err == nil {
@@ -569,7 +571,7 @@ func TestCommittedCompletionsShareRoundTrips(t *testing.T) {
 	}
 	testenv.Eventually(t, 5*time.Second, "every DONE", func() bool {
 		for i := range n {
-			if ans, _ := f.mem.Claim(ctx, h.RecordKey(fmt.Sprint("o-", i)), "probe", "", time.Minute); ans.Status != StatusDuplicate {
+			if ans, _ := f.mem.Claim(ctx, h.RecordKey(fmt.Sprint("o-", i)), "probe", "", time.Minute); ans.Status != driver.StatusDuplicate {
 				return false
 			}
 		}
@@ -582,7 +584,7 @@ func TestCommittedCompletionsShareRoundTrips(t *testing.T) {
 
 // Close waits for the lazy completions of committed runs: they are not lost.
 func TestCloseFlushesLazyCompletions(t *testing.T) {
-	mem, _ := NewMemoryStore()
+	mem, _ := memstore.New()
 	d, err := New(mem, WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)
@@ -593,7 +595,7 @@ func TestCloseFlushesLazyCompletions(t *testing.T) {
 		t.Fatal(res.Outcome)
 	}
 	d.Close()
-	if ans, _ := mem.Claim(context.Background(), h.RecordKey("o-1"), "probe", "", time.Minute); ans.Status != StatusDuplicate {
+	if ans, _ := mem.Claim(context.Background(), h.RecordKey("o-1"), "probe", "", time.Minute); ans.Status != driver.StatusDuplicate {
 		t.Fatalf("after Close: %v, want DONE", ans.Status)
 	}
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -35,12 +37,12 @@ func TestRecordsAreReadAcrossVersions(t *testing.T) {
 	run := func(t *testing.T, c redis.UniversalClient, prefix string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		s, err := NewRedisStore(c)
+		s, err := redisstore.New(c)
 		if err != nil {
 			t.Fatal(err)
 		}
 		k := prefix + ":h:with-reply"
-		if a, err := s.Claim(ctx, k, "new", "fp", time.Minute); err != nil || a.Status != StatusAcquired {
+		if a, err := s.Claim(ctx, k, "new", "fp", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 			t.Fatalf("claim: %+v %v", a, err)
 		}
 		if err := s.CompleteReply(ctx, k, "new", "the reply", time.Minute); err != nil {
@@ -66,22 +68,22 @@ func TestRecordsAreReadAcrossVersions(t *testing.T) {
 		if err := c.Eval(ctx, old(t, "claim"), []string{k}, "old", "", 30000).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if a, err := s.Claim(ctx, k, "new", "", time.Minute); err != nil || a.Status != StatusInProgress {
+		if a, err := s.Claim(ctx, k, "new", "", time.Minute); err != nil || a.Status != driver.StatusInProgress {
 			t.Fatalf("an old claim: %+v %v", a, err)
 		}
 		if n, err := c.Eval(ctx, old(t, "complete"), []string{k}, "old", 60000).Int(); err != nil || n != 1 {
 			t.Fatalf("old complete: %v %v", n, err)
 		}
-		if a, err := s.Claim(ctx, k, "new", "", time.Minute); err != nil || a.Status != StatusDuplicate || a.HasReply || a.TTL <= 0 {
+		if a, err := s.Claim(ctx, k, "new", "", time.Minute); err != nil || a.Status != driver.StatusDuplicate || a.HasReply || a.TTL <= 0 {
 			t.Fatalf("an old DONE record: %+v %v", a, err)
 		}
 	}
 	t.Run("miniredis", func(t *testing.T) {
-		_, c := newMiniredis(t)
+		_, c := testenv.Miniredis(t)
 		run(t, c, testenv.Prefix())
 	})
 	t.Run("redis-server", func(t *testing.T) {
 		prefix := testenv.Prefix()
-		run(t, realRedis(t, prefix), prefix)
+		run(t, testenv.Redis(t, prefix), prefix)
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -324,7 +325,7 @@ func TestEachOutcomeGetsItsAckAction(t *testing.T) {
 			switch c.outcome {
 			case dedup.Failed, dedup.Panicked, dedup.Cancelled, dedup.LeaseLost:
 				store.down(false)
-				if a, err := store.Claim(context.Background(), h.RecordKey("order-1"), "probe", "", time.Second); err != nil || a.Status != dedup.StatusAcquired {
+				if a, err := store.Claim(context.Background(), h.RecordKey("order-1"), "probe", "", time.Second); err != nil || a.Status != driver.StatusAcquired {
 					t.Fatalf("claim not released: a probe claim got %v %v", a.Status, err)
 				}
 			}

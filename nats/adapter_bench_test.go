@@ -10,6 +10,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -26,7 +29,7 @@ func BenchmarkHandle(b *testing.B) {
 	}{{"do", dedup.ModeDo}, {"filter", dedup.ModeFilter}} {
 		for _, answer := range []string{"first", "duplicate"} {
 			b.Run(fmt.Sprintf("mode=%s/answer=%s", mode.name, answer), func(b *testing.B) {
-				store, err := dedup.NewMemoryStore(dedup.WithMemoryLimit(1 << 24))
+				store, err := memstore.New(memstore.WithLimit(1 << 24))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -81,10 +84,10 @@ func BenchmarkHandler(b *testing.B) {
 			m    dedup.Mode
 		}{{"do", dedup.ModeDo}, {"filter", dedup.ModeFilter}} {
 			b.Run(fmt.Sprintf("store=%s/mode=%s", store, mode.name), func(b *testing.B) {
-				var s dedup.Store
+				var s driver.Store
 				prefix := testenv.Prefix()
 				if store == "memory" {
-					s, _ = dedup.NewMemoryStore(dedup.WithMemoryLimit(1 << 26))
+					s, _ = memstore.New(memstore.WithLimit(1 << 26))
 				} else {
 					addr := os.Getenv("DEDUP_REDIS_ADDR")
 					if addr == "" {
@@ -95,7 +98,7 @@ func BenchmarkHandler(b *testing.B) {
 						testenv.DeletePrefix(b, c, prefix)
 						c.Close()
 					})
-					s, _ = dedup.NewRedisStore(c)
+					s, _ = redisstore.New(c)
 				}
 				d, err := dedup.New(s, dedup.WithPrefix(prefix))
 				if err != nil {

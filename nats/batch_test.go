@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -32,7 +34,7 @@ func TestFetchBatchClaimsInOneRoundTrip(t *testing.T) {
 				c := e.consumer(name, func(cc *jetstream.ConsumerConfig) { cc.AckWait = 5 * time.Second })
 				tc := &testenv.TripCounter{}
 				client.AddHook(tc)
-				store, err := dedup.NewRedisStore(client)
+				store, err := redisstore.New(client)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -40,7 +42,7 @@ func TestFetchBatchClaimsInOneRoundTrip(t *testing.T) {
 				j := newJS(t, h, c)
 				ctx := context.Background()
 				// warm the script cache, so that the count is the steady state
-				warm := []dedup.Entry{{Key: h.RecordKey("warm"), Token: "T", TTL: time.Minute}}
+				warm := []driver.Entry{{Key: h.RecordKey("warm"), Token: "T", TTL: time.Minute}}
 				for range 2 { // the second finds the first's claim: the claim_many script
 					if _, err := store.ClaimMany(ctx, warm); err != nil {
 						t.Fatal(err)
@@ -172,7 +174,7 @@ func TestFetchBatchAcksEachMessageAsItsFnReturns(t *testing.T) {
 
 // countedCompletes counts the completions the store has answered.
 type countedCompletes struct {
-	dedup.Store
+	driver.Store
 	answered atomic.Int64
 }
 
@@ -182,7 +184,7 @@ func (s *countedCompletes) Complete(ctx context.Context, key, token string, rete
 	return err
 }
 
-func (s *countedCompletes) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+func (s *countedCompletes) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	errs, err := s.Store.CompleteMany(ctx, entries)
 	s.answered.Add(int64(len(entries)))
 	return errs, err

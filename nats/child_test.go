@@ -23,6 +23,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/keys"
 	"github.com/dedupkit/dedupkit/sqltx"
@@ -79,7 +81,7 @@ func (heldAck) Term() error                      { return nil }
 // hangingStore is a store whose Complete of one record key never returns: the child
 // reports it and waits for its SIGKILL.
 type hangingStore struct {
-	dedup.Store
+	driver.Store
 	key string
 }
 
@@ -88,7 +90,7 @@ func (s *hangingStore) Complete(ctx context.Context, key, token string, retentio
 	return s.Store.Complete(ctx, key, token, retention)
 }
 
-func (s *hangingStore) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+func (s *hangingStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	for _, e := range entries {
 		s.hang(e.Key)
 	}
@@ -141,11 +143,11 @@ func runChild(t *testing.T, cfg childConfig) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.Redis})
 	defer rdb.Close()
-	rs, err := dedup.NewRedisStore(rdb)
+	rs, err := redisstore.New(rdb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var store dedup.Store = rs
+	var store driver.Store = rs
 	if cfg.HangComplete {
 		store = &hangingStore{Store: rs, key: keys.RecordKey(cfg.Prefix, "orders", cfg.Key)}
 	}

@@ -13,12 +13,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // handlerJS makes a new stream, a consumer name on it whose AckWait (10s) is well
 // above any run here, and an adapter over it for a new handler name in mode on store.
-func handlerJS(t *testing.T, e *env, name string, store dedup.Store, mode dedup.Mode, opts ...Option) (jetstream.Consumer, *JetStream) {
+func handlerJS(t *testing.T, e *env, name string, store driver.Store, mode dedup.Mode, opts ...Option) (jetstream.Consumer, *JetStream) {
 	t.Helper()
 	e.newStream()
 	c := e.consumer(name, func(cc *jetstream.ConsumerConfig) { cc.AckWait = 10 * time.Second })
@@ -171,17 +172,17 @@ func TestWithConcurrencyOutsideOneToMaxIsInvalid(t *testing.T) {
 // checkCounter counts a store's single and batch checks and completions; each batch
 // check takes delay.
 type checkCounter struct {
-	dedup.Store
+	driver.Store
 	delay                time.Duration
 	single, many, finals atomic.Int64 // Mark, Claim or Complete; MarkMany or ClaimMany; CompleteMany
 }
 
-func (s *checkCounter) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (dedup.Answer, error) {
+func (s *checkCounter) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (driver.Answer, error) {
 	s.single.Add(1)
 	return s.Store.Mark(ctx, key, token, fp, retention)
 }
 
-func (s *checkCounter) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (dedup.Answer, error) {
+func (s *checkCounter) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (driver.Answer, error) {
 	s.single.Add(1)
 	return s.Store.Claim(ctx, key, token, fp, lease)
 }
@@ -191,19 +192,19 @@ func (s *checkCounter) Complete(ctx context.Context, key, token string, retentio
 	return s.Store.Complete(ctx, key, token, retention)
 }
 
-func (s *checkCounter) MarkMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+func (s *checkCounter) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	s.many.Add(1)
 	time.Sleep(s.delay)
 	return s.Store.MarkMany(ctx, entries)
 }
 
-func (s *checkCounter) ClaimMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+func (s *checkCounter) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	s.many.Add(1)
 	time.Sleep(s.delay)
 	return s.Store.ClaimMany(ctx, entries)
 }
 
-func (s *checkCounter) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+func (s *checkCounter) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	s.finals.Add(1)
 	return s.Store.CompleteMany(ctx, entries)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 )
 
 // TestConcurrentDuplicatesOnThreeConsumersRunOnce sends each message to three durable
@@ -99,7 +100,7 @@ func (b *barrier) wait(id string, timeout time.Duration) bool {
 // handlerSource returns what gives each consumer its handler: from a Deduper of its
 // own, or (shared) from one Deduper for all.
 func handlerSource(t *testing.T, client *redis.Client, prefix string, shared bool, name string, opts ...dedup.HandlerOption) func() *dedup.Handler {
-	store, err := dedup.NewRedisStore(client)
+	store, err := redisstore.New(client)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
@@ -69,7 +71,7 @@ func TestHelperFetchConsumer(t *testing.T) {
 
 // loggedStore logs each completion as it is sent and as it is answered.
 type loggedStore struct {
-	dedup.Store
+	driver.Store
 	log func(format string, args ...any)
 }
 
@@ -80,7 +82,7 @@ func (s *loggedStore) Complete(ctx context.Context, key, token string, retention
 	return err
 }
 
-func (s *loggedStore) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+func (s *loggedStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	for _, e := range entries {
 		s.log("cs %s\n", e.Key)
 	}
@@ -132,7 +134,7 @@ func runFetchChild(t *testing.T, cfg fetchChildConfig) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.Redis})
 	defer rdb.Close()
-	rs, err := dedup.NewRedisStore(rdb)
+	rs, err := redisstore.New(rdb)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/keys"
 	dnats "github.com/dedupkit/dedupkit/nats"
@@ -30,7 +31,7 @@ func ExampleNewJetStream() {
 		Durable: "inventory", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 10 * time.Second, MaxDeliver: 5,
 	})
 
-	store, _ := dedup.NewMemoryStore() // dedup.NewRedisStore(rdb) across processes
+	store, _ := memstore.New() // redisstore.New(rdb) across processes
 	d, _ := dedup.New(store)
 	defer d.Close()
 	inventory, _ := d.Register("inventory", dedup.WithRetention(time.Hour),

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 )
 
 // Two handlers with their own retention, on two durable consumers of one stream, each
@@ -19,7 +20,7 @@ func TestTwoHandlersOnOneStreamEachProcessEveryMessageOnce(t *testing.T) {
 	eachServer(t, func(t *testing.T, e *env) {
 		e.newStream()
 		client, prefix := redisClients()["miniredis"](t)
-		store, err := dedup.NewRedisStore(client)
+		store, err := redisstore.New(client)
 		if err != nil {
 			t.Fatal(err)
 		}

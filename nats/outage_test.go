@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -108,7 +109,7 @@ func runOutage(t *testing.T, policy dedup.StoreFailurePolicy) {
 		rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), MaxRetries: 1, DialerRetries: 1,
 			DialTimeout: 200 * time.Millisecond, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { rdb.Close() })
-		store, err := dedup.NewRedisStore(rdb)
+		store, err := redisstore.New(rdb)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -29,7 +30,7 @@ func TestFullRedisNaksUntilMemoryIsFreedThenRunsOnce(t *testing.T) {
 	cons := e.consumer("orders", func(c *jetstream.ConsumerConfig) { c.MaxDeliver = 50 })
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	store, err := dedup.NewRedisStore(rdb)
+	store, err := redisstore.New(rdb)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
@@ -27,14 +29,14 @@ import (
 
 // replyStores are the stores the Replier tests run on, each with the prefix its
 // Dedupers use: memory, miniredis, and the real server at DEDUP_REDIS_ADDR.
-func replyStores() map[string]func(t *testing.T) (dedup.Store, string) {
-	out := map[string]func(t *testing.T) (dedup.Store, string){
-		"memory": func(t *testing.T) (dedup.Store, string) { return memStore(t), dedup.DefaultPrefix },
+func replyStores() map[string]func(t *testing.T) (driver.Store, string) {
+	out := map[string]func(t *testing.T) (driver.Store, string){
+		"memory": func(t *testing.T) (driver.Store, string) { return memStore(t), dedup.DefaultPrefix },
 	}
 	for name, mk := range redisClients() {
-		out[name] = func(t *testing.T) (dedup.Store, string) {
+		out[name] = func(t *testing.T) (driver.Store, string) {
 			c, prefix := mk(t)
-			s, err := dedup.NewRedisStore(c)
+			s, err := redisstore.New(c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -45,7 +47,7 @@ func replyStores() map[string]func(t *testing.T) (dedup.Store, string) {
 }
 
 // eachReplyCase runs body on every NATS server (eachServer) and store.
-func eachReplyCase(t *testing.T, body func(t *testing.T, e *env, store dedup.Store, prefix string)) {
+func eachReplyCase(t *testing.T, body func(t *testing.T, e *env, store driver.Store, prefix string)) {
 	eachServer(t, func(t *testing.T, e *env) {
 		for _, name := range slices.Sorted(maps.Keys(replyStores())) {
 			t.Run(name, func(t *testing.T) {
@@ -58,7 +60,7 @@ func eachReplyCase(t *testing.T, body func(t *testing.T, e *env, store dedup.Sto
 
 // newReplier registers a handler WithReplies(limit) on a Deduper of its own (a process
 // of its own) over store, and wraps it; handlers of other Dedupers share its records.
-func newReplier(t *testing.T, store dedup.Store, prefix string, limit int, opts ...dedup.HandlerOption) (*Replier, *dedup.Handler) {
+func newReplier(t *testing.T, store driver.Store, prefix string, limit int, opts ...dedup.HandlerOption) (*Replier, *dedup.Handler) {
 	t.Helper()
 	h := register(t, newDeduper(t, store, dedup.WithPrefix(prefix)), "orders", append([]dedup.HandlerOption{dedup.WithReplies(limit)}, opts...)...)
 	r, err := NewReplier(h, WithLogger(quiet))
@@ -144,7 +146,7 @@ func sameReply(t *testing.T, what string, m *natsgo.Msg, want Reply) {
 // gets the first run's reply, headers and binary data byte for byte; fn ran once.
 // Without stored replies the retry is dropped (silence) or answered 409.
 func TestReplierRetryAfterALostReplyGetsTheStoredReply(t *testing.T) {
-	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
+	eachReplyCase(t, func(t *testing.T, e *env, store driver.Store, prefix string) {
 		r, h := newReplier(t, store, prefix, 0)
 		var runs atomic.Int32
 		ran := make(chan struct{})
@@ -216,7 +218,7 @@ func TestReplierRetryAfterALostReplyGetsTheStoredReply(t *testing.T) {
 // (copies that reach the other); retried, those get the stored reply. None is left
 // without an answer.
 func TestReplierRunsConcurrentCopiesOnceAndAnswersEach(t *testing.T) {
-	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
+	eachReplyCase(t, func(t *testing.T, e *env, store driver.Store, prefix string) {
 		subject := e.subject + ".create"
 		var runs atomic.Int32
 		fn := func(context.Context, *Msg) (Reply, error) {
@@ -276,7 +278,7 @@ func TestReplierRunsConcurrentCopiesOnceAndAnswersEach(t *testing.T) {
 // is not stored, and its duplicates get 409 (processed, reply not stored): never a
 // run again, never silence. The handler counts it.
 func TestReplierSendsATooLargeReplyOnceAndAnswersItsCopies409(t *testing.T) {
-	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
+	eachReplyCase(t, func(t *testing.T, e *env, store driver.Store, prefix string) {
 		r, h := newReplier(t, store, prefix, 64)
 		subject := e.subject + ".create"
 		var runs atomic.Int32
@@ -303,7 +305,7 @@ func TestReplierSendsATooLargeReplyOnceAndAnswersItsCopies409(t *testing.T) {
 // panic, and an fn that ends its goroutine, are 500 too; a request without a key is
 // 400, a key reused with another payload 422.
 func TestReplierAnswersErrorsWithStatusCodes(t *testing.T) {
-	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
+	eachReplyCase(t, func(t *testing.T, e *env, store driver.Store, prefix string) {
 		r, _ := newReplier(t, store, prefix, 0, dedup.WithFingerprint(true))
 		subject := e.subject + ".create"
 		var runs sync.Map // key → *atomic.Int32
@@ -393,7 +395,7 @@ func TestReplierAnswers503WhileTheStoreIsDown(t *testing.T) {
 				addr, down, prefix := cases[name](t)
 				c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 				t.Cleanup(func() { c.Close() })
-				store, err := dedup.NewRedisStore(c)
+				store, err := redisstore.New(c)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -460,7 +462,7 @@ func TestReplierNeedsStoredRepliesAndTakesTheEnginesKeyStrategy(t *testing.T) {
 // without a key, one in progress in another process) in num_errors, with the last
 // one's description; a duplicate answered with the stored reply is a success.
 func TestMicroEndpointCountsRequestsAndErrorsRight(t *testing.T) {
-	eachReplyCase(t, func(t *testing.T, e *env, store dedup.Store, prefix string) {
+	eachReplyCase(t, func(t *testing.T, e *env, store driver.Store, prefix string) {
 		r, _ := newReplier(t, store, prefix, 0)
 		var runs atomic.Int32
 		fn := func(_ context.Context, m *Msg) (Reply, error) {

@@ -18,6 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
@@ -275,7 +277,7 @@ func consistently(t testing.TB, d time.Duration, check func() string) {
 }
 
 // newDeduper returns a Deduper over store, closed at cleanup.
-func newDeduper(t *testing.T, store dedup.Store, opts ...dedup.Option) *dedup.Deduper {
+func newDeduper(t *testing.T, store driver.Store, opts ...dedup.Option) *dedup.Deduper {
 	t.Helper()
 	d, err := dedup.New(store, append([]dedup.Option{dedup.WithLogger(quiet)}, opts...)...)
 	if err != nil {
@@ -285,9 +287,9 @@ func newDeduper(t *testing.T, store dedup.Store, opts ...dedup.Option) *dedup.De
 	return d
 }
 
-func memStore(t *testing.T) *dedup.MemoryStore {
+func memStore(t *testing.T) *memstore.Store {
 	t.Helper()
-	s, err := dedup.NewMemoryStore()
+	s, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +317,7 @@ func newJS(t *testing.T, h *dedup.Handler, c jetstream.Consumer, opts ...Option)
 
 // isDone reports whether key's record for h is DONE in store (a probe claim answers
 // Duplicate); a probe that acquires the key releases it again.
-func isDone(t *testing.T, store dedup.Store, h *dedup.Handler, key string) bool {
+func isDone(t *testing.T, store driver.Store, h *dedup.Handler, key string) bool {
 	t.Helper()
 	ctx := context.Background()
 	rk := h.RecordKey(key)
@@ -323,12 +325,12 @@ func isDone(t *testing.T, store dedup.Store, h *dedup.Handler, key string) bool 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Status == dedup.StatusAcquired {
+	if a.Status == driver.StatusAcquired {
 		if err := store.Release(ctx, rk, "probe"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return a.Status == dedup.StatusDuplicate
+	return a.Status == driver.StatusDuplicate
 }
 
 // runs counts handler runs by message key (the Nats-Msg-Id, else the payload).
@@ -373,7 +375,7 @@ func (r *runs) of(k string) int {
 
 // flakyStore wraps a Store and lets a test fail any operation.
 type flakyStore struct {
-	dedup.Store
+	driver.Store
 	fail atomic.Pointer[func(op string) error]
 }
 
@@ -395,9 +397,9 @@ func (s *flakyStore) hook(op string) error {
 	return nil
 }
 
-func (s *flakyStore) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (dedup.Answer, error) {
+func (s *flakyStore) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (driver.Answer, error) {
 	if err := s.hook("claim"); err != nil {
-		return dedup.Answer{}, err
+		return driver.Answer{}, err
 	}
 	return s.Store.Claim(ctx, key, token, fp, lease)
 }
@@ -423,28 +425,28 @@ func (s *flakyStore) Extend(ctx context.Context, key, token string, lease time.D
 	return s.Store.Extend(ctx, key, token, lease)
 }
 
-func (s *flakyStore) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (dedup.Answer, error) {
+func (s *flakyStore) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (driver.Answer, error) {
 	if err := s.hook("mark"); err != nil {
-		return dedup.Answer{}, err
+		return driver.Answer{}, err
 	}
 	return s.Store.Mark(ctx, key, token, fp, retention)
 }
 
-func (s *flakyStore) ClaimMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+func (s *flakyStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := s.hook("claim-many"); err != nil {
 		return nil, err
 	}
 	return s.Store.ClaimMany(ctx, entries)
 }
 
-func (s *flakyStore) MarkMany(ctx context.Context, entries []dedup.Entry) ([]dedup.Answer, error) {
+func (s *flakyStore) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := s.hook("mark-many"); err != nil {
 		return nil, err
 	}
 	return s.Store.MarkMany(ctx, entries)
 }
 
-func (s *flakyStore) CompleteMany(ctx context.Context, entries []dedup.Entry) ([]error, error) {
+func (s *flakyStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	if err := s.hook("complete-many"); err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -166,7 +167,7 @@ func TestTxStoreDownCommitsOnTheMarkersOrFailsClosed(t *testing.T) {
 			rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
 				ReadTimeout: 200 * time.Millisecond, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { rdb.Close() })
-			store, err := dedup.NewRedisStore(rdb)
+			store, err := redisstore.New(rdb)
 			if err != nil {
 				t.Fatal(err)
 			}

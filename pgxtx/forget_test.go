@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/pgxtx"
 )
@@ -27,7 +29,7 @@ func TestForgetDeletesTheMarkerSoTheMessageRunsAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
-	mem, _ := dedup.NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := dedup.New(mem)
 	defer d.Close()
 	h, _ := d.Register("orders")
@@ -44,7 +46,7 @@ func TestForgetDeletesTheMarkerSoTheMessageRunsAgain(t *testing.T) {
 	}
 	testenv.Eventually(t, 5*time.Second, "the record DONE", func() bool {
 		info, err := h.Lookup(ctx, "o-1")
-		return err == nil && info.State == dedup.RecordDone
+		return err == nil && info.State == driver.RecordDone
 	})
 	if found, err := tr.Forget(ctx, h, "o-1"); err != nil || !found {
 		t.Fatalf("Forget: %v %v", found, err)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/sqltx"
 )
@@ -25,7 +27,7 @@ func TestForgetDeletesTheMarkerSoTheMessageRunsAgain(t *testing.T) {
 	if err := tr.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	mem, _ := dedup.NewMemoryStore()
+	mem, _ := memstore.New()
 	d, _ := dedup.New(mem)
 	defer d.Close()
 	h, _ := d.Register("orders")
@@ -40,7 +42,7 @@ func TestForgetDeletesTheMarkerSoTheMessageRunsAgain(t *testing.T) {
 	done := func() { // a committed run's completion lands in the background
 		testenv.Eventually(t, 5*time.Second, "the record DONE", func() bool {
 			info, err := h.Lookup(ctx, "o-1")
-			return err == nil && info.State == dedup.RecordDone
+			return err == nil && info.State == driver.RecordDone
 		})
 	}
 	if o := run(); o != dedup.Processed {

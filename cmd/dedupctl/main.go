@@ -77,6 +77,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 )
 
 // Exit codes.
@@ -462,7 +464,7 @@ func (c *command) deduperPing(ctx context.Context, ping bool) (d *dedup.Deduper,
 			return nil, nil, nil, c.failed(ctx, err, "cannot reach Redis at %s: ", c.addr)
 		}
 	}
-	store, err := dedup.NewRedisStore(rdb)
+	store, err := redisstore.New(rdb)
 	if err == nil {
 		d, err = dedup.New(store, dedup.WithPrefix(c.prefix), dedup.WithLogger(slog.New(slog.DiscardHandler)))
 	}
@@ -536,10 +538,10 @@ func recordOf(key string, info dedup.RecordInfo, err error) record {
 func (c *command) printRecord(r record) {
 	w := c.stdout
 	switch {
-	case r.Error != "" && r.State == dedup.RecordAbsent.String():
+	case r.Error != "" && r.State == driver.RecordAbsent.String():
 		fmt.Fprintf(w, "%s: error: %s\n", r.Key, r.Error)
 		return
-	case r.State == dedup.RecordAbsent.String():
+	case r.State == driver.RecordAbsent.String():
 		fmt.Fprintf(w, "%s: no record under %s (%s)\n", r.Key, r.Name, r.RecordKey)
 	default:
 		fmt.Fprintf(w, "%s: %s under %s, %v left\n", r.Key, strings.ToUpper(strings.ReplaceAll(r.State, "-", " ")), r.Name,
@@ -598,7 +600,7 @@ func lookup(ctx context.Context, c *command) int {
 		switch {
 		case info.Err != nil:
 			code = exitFailed
-		case info.State == dedup.RecordAbsent:
+		case info.State == driver.RecordAbsent:
 			absent++
 		}
 	}
@@ -644,7 +646,7 @@ func forget(ctx context.Context, c *command) int {
 	for i, key := range c.keys {
 		info, err := h.Forget(ctx, key, opts...)
 		r := recordOf(key, info, err)
-		deleted, notified := err == nil && info.State != dedup.RecordAbsent, info.Notified
+		deleted, notified := err == nil && info.State != driver.RecordAbsent, info.Notified
 		r.Deleted, r.Notified = &deleted, &notified
 		switch {
 		case errors.Is(err, dedup.ErrRecordInProgress):
@@ -652,7 +654,7 @@ func forget(ctx context.Context, c *command) int {
 			code = worst(code, exitRefused)
 		case err != nil:
 			code = worst(code, exitFailed)
-		case info.State == dedup.RecordAbsent:
+		case info.State == driver.RecordAbsent:
 			absent++
 			code = worst(code, exitNotFound)
 		}
@@ -741,7 +743,7 @@ func health(ctx context.Context, c *command) int {
 			fmt.Fprintln(c.stdout, line)
 		}
 	}
-	if rep.Status == dedup.HealthFail {
+	if rep.Status == driver.HealthFail {
 		return exitFailed
 	}
 	return exitOK

@@ -18,6 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
@@ -101,7 +103,7 @@ func newApp(t *testing.T) app {
 
 func newAppOn(t *testing.T, c redis.UniversalClient, addr string) app {
 	t.Helper()
-	store, err := dedup.NewRedisStore(c)
+	store, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +244,7 @@ func TestHealthPrintsTheDedupersReport(t *testing.T) {
 	dedupctl(t, a.args("health")...).want(t, exitOK, "redis.version", "")
 	r := dedupctl(t, a.args("health", "-json")...)
 	var rep dedup.HealthReport
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != exitOK || rep.Status != dedup.HealthOK || len(rep.Checks) == 0 {
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != exitOK || rep.Status != driver.HealthOK || len(rep.Checks) == 0 {
 		t.Fatalf("JSON %+v %v", rep, err)
 	}
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/dedupkittest"
 	dnats "github.com/dedupkit/dedupkit/nats"
 )
@@ -87,7 +88,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (*result, error) 
 	rdb := redis.NewClient(&redis.Options{Addr: srv.RedisAddr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	defer dedupkittest.DeleteKeys(context.Background(), rdb, prefix) // SCAN and UNLINK, never FLUSHDB
-	store, err := dedup.NewRedisStore(rdb)
+	store, err := redisstore.New(rdb)
 	if err != nil {
 		return nil, err
 	}

@@ -1,9 +1,8 @@
 // Command jetstream is dedupkit's main job: orders from a JetStream stream run through
-// a "reserve-stock" handler in several instances that share one Redis, with the
-// duplicates JetStream makes (a publisher that retries, runs that fail or panic,
-// consumers that crash between the work and the ack). It exits non-zero unless every
-// order ran exactly once. Bare, it runs on in-process servers; on real ones it
-// deletes its stream and records at exit.
+// a "reserve-stock" handler in several instances sharing one Redis, with the duplicates
+// JetStream makes (publisher retries, failed or panicking runs, consumers crashing
+// between work and ack). It exits non-zero unless every order ran exactly once. Bare,
+// it runs on in-process servers; on real ones it deletes its stream and records at exit.
 //
 //	go run ./examples/jetstream
 //	go run ./examples/jetstream -nats nats://127.0.0.1:4222 -redis 127.0.0.1:6379
@@ -33,6 +32,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/dedupkittest"
 	dnats "github.com/dedupkit/dedupkit/nats"
 )
@@ -91,7 +91,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (*tally, error) {
 	// The instances, as separate processes would be: each a Deduper and a consumer.
 	t := &tally{effects: make([]atomic.Int32, *orders)}
 	quiet := slog.New(slog.DiscardHandler) // the injected panics would fill the log
-	store, err := dedup.NewRedisStore(rdb)
+	store, err := redisstore.New(rdb)
 	if err != nil {
 		return nil, err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 )
 
 func main() {
@@ -53,7 +54,7 @@ func run() error {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: *addr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	store, err := dedup.NewRedisStore(rdb)
+	store, err := redisstore.New(rdb)
 	if err != nil {
 		return err
 	}

@@ -1,11 +1,10 @@
-// Command transactional bills orders from JetStream exactly once: each billing row
-// is written in a SQL transaction with the order's dedup marker (dnats.TxHandler,
-// package sqltx), so the row and "processed" commit together; Redis, in front,
-// answers known duplicates and keeps two instances from billing one order at once.
-// Orders come again (after a failed attempt rolled back, or republished once Redis
-// has lost every record, as when restarted without persistence: the markers answer
-// then). It exits non-zero unless every order has exactly one row. Bare, it runs on
-// in-process servers and SQLite; it deletes its stream, records and tables at exit.
+// Command transactional bills orders from JetStream exactly once: each billing row is
+// written in a SQL transaction with the order's dedup marker (dnats.TxHandler, sqltx),
+// so row and "processed" commit together; Redis, in front, answers known duplicates
+// and keeps two instances from billing one order at once. Orders come again (after a
+// failed attempt rolled back, or republished once Redis lost every record: the markers
+// answer then). It exits non-zero unless every order has exactly one row. Bare, it runs
+// on in-process servers and SQLite; it deletes its stream, records and tables at exit.
 //
 //	go run ./examples/transactional
 //	go run ./examples/transactional -nats nats://127.0.0.1:4222 -redis 127.0.0.1:6379 \
@@ -35,6 +34,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/dedupkittest"
 	dnats "github.com/dedupkit/dedupkit/nats"
 	"github.com/dedupkit/dedupkit/sqltx"
@@ -137,7 +137,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) ([]*dedup.Handler
 	var handlers []*dedup.Handler
 	quiet := slog.New(slog.DiscardHandler) // the lease lost to the wipe would fill the log
 	for range 3 {
-		store, err := dedup.NewRedisStore(rdb)
+		store, err := redisstore.New(rdb)
 		if err != nil {
 			return nil, err
 		}

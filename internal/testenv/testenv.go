@@ -9,8 +9,6 @@
 package testenv
 
 import (
-	"github.com/dedupkit/dedupkit/dedupkittest"
-
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -25,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/dedupkit/dedupkit/dedupkittest"
 	"github.com/dedupkit/dedupkit/internal/embedded"
 )
 
@@ -165,6 +164,7 @@ func Main(m *testing.M, after func()) {
 	if after != nil {
 		after()
 	}
+	stopShared()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)

@@ -1,4 +1,4 @@
-package dedup
+package redisstore
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
 // ErrNotReplicated reports a DONE record that fewer replicas acknowledged than
@@ -15,7 +18,7 @@ import (
 // ErrStoreUnavailable.
 var ErrNotReplicated = errors.New("dedup: DONE not acknowledged by enough replicas")
 
-// replicaWait is the WithWaitReplicas setting of a RedisStore.
+// replicaWait is the WithWaitReplicas setting of a Store.
 type replicaWait struct {
 	n          int
 	timeout    time.Duration
@@ -43,20 +46,20 @@ type replicaWait struct {
 // keep it well below the lease too. The client must run a pipeline on one connection:
 // a *redis.Client (a failover client is one); a ClusterClient or a Ring is refused.
 // Errors wrap ErrInvalidOption.
-func WithWaitReplicas(n int, timeout time.Duration) RedisOption {
-	return func(s *RedisStore) error {
+func WithWaitReplicas(n int, timeout time.Duration) Option {
+	return func(s *Store) error {
 		if n < 1 {
-			return fmt.Errorf("%w: WithWaitReplicas: replicas %d, want at least 1", ErrInvalidOption, n)
+			return fmt.Errorf("%w: WithWaitReplicas: replicas %d, want at least 1", driver.ErrInvalidOption, n)
 		}
 		if timeout < time.Millisecond {
-			return fmt.Errorf("%w: WithWaitReplicas: timeout %v, want at least 1ms", ErrInvalidOption, timeout)
+			return fmt.Errorf("%w: WithWaitReplicas: timeout %v, want at least 1ms", driver.ErrInvalidOption, timeout)
 		}
 		switch c := s.c.(type) {
 		case *redis.ClusterClient, *redis.Ring:
-			return fmt.Errorf("%w: WithWaitReplicas: %T spreads a pipeline over several servers; WAIT needs the connection that wrote", ErrInvalidOption, c)
+			return fmt.Errorf("%w: WithWaitReplicas: %T spreads a pipeline over several servers; WAIT needs the connection that wrote", driver.ErrInvalidOption, c)
 		case *redis.Client:
 			if rt := c.Options().ReadTimeout; rt > 0 && timeout >= rt {
-				return fmt.Errorf("%w: WithWaitReplicas: timeout %v is not below the client's ReadTimeout %v", ErrInvalidOption, timeout, rt)
+				return fmt.Errorf("%w: WithWaitReplicas: timeout %v is not below the client's ReadTimeout %v", driver.ErrInvalidOption, timeout, rt)
 			}
 		}
 		s.wait = &replicaWait{n: n, timeout: timeout}
@@ -67,7 +70,7 @@ func WithWaitReplicas(n int, timeout time.Duration) RedisOption {
 // ReplicaShortfalls returns how many DONE writes fewer replicas acknowledged than
 // WithWaitReplicas asks for (0 without that option): the Complete ones were reported
 // as errors, the Mark ones only here.
-func (s *RedisStore) ReplicaShortfalls() uint64 {
+func (s *Store) ReplicaShortfalls() uint64 {
 	if s.wait == nil {
 		return 0
 	}
@@ -87,18 +90,18 @@ func (w *replicaWait) acked(cmd *redis.IntCmd, op string) error {
 	got, err := cmd.Result()
 	if err != nil {
 		w.shortfalls.Add(1)
-		return fmt.Errorf("%w: %s: wait for replicas: %w", ErrStoreUnavailable, op, err)
+		return fmt.Errorf("%w: %s: wait for replicas: %w", driver.ErrStoreUnavailable, op, err)
 	}
 	if got < int64(w.n) {
 		w.shortfalls.Add(1)
-		return fmt.Errorf("%w: %s: %w: %d of %d within %v", ErrStoreUnavailable, op, ErrNotReplicated, got, w.n, w.timeout)
+		return fmt.Errorf("%w: %s: %w: %d of %d within %v", driver.ErrStoreUnavailable, op, ErrNotReplicated, got, w.n, w.timeout)
 	}
 	return nil
 }
 
 // completeWaiting is Complete (or CompleteReply) followed by WAIT in one pipeline.
-func (s *RedisStore) completeWaiting(ctx context.Context, e Entry) error {
-	errs, err := s.completeManyWaiting(ctx, []Entry{e})
+func (s *Store) completeWaiting(ctx context.Context, e driver.Entry) error {
+	errs, err := s.completeManyWaiting(ctx, []driver.Entry{e})
 	if err != nil {
 		return err
 	}
@@ -108,7 +111,7 @@ func (s *RedisStore) completeWaiting(ctx context.Context, e Entry) error {
 // completeManyWaiting is CompleteMany with a WAIT after the writes, in the same
 // pipeline. Entries answered NOSCRIPT (the server lost its script cache) go again as
 // EVAL, with a WAIT of their own after them.
-func (s *RedisStore) completeManyWaiting(ctx context.Context, entries []Entry) ([]error, error) {
+func (s *Store) completeManyWaiting(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	out := make([]error, len(entries))
 	todo := make([]int, len(entries))
 	for i := range todo {
@@ -127,7 +130,7 @@ func (s *RedisStore) completeManyWaiting(ctx context.Context, entries []Entry) (
 		}
 		wait := s.wait.queue(ctx, pipe)
 		if _, err := pipe.Exec(ctx); failedRoundTrip(err) {
-			return nil, storeErr("complete", err)
+			return nil, storekit.StoreErr("complete", err)
 		}
 		var again []int
 		for j, i := range todo {
@@ -146,10 +149,10 @@ func (s *RedisStore) completeManyWaiting(ctx context.Context, entries []Entry) (
 }
 
 // markWaiting is Mark followed by WAIT in one pipeline.
-func (s *RedisStore) markWaiting(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error) {
-	answers, err := s.markManyWaiting(ctx, []Entry{{Key: key, Token: token, Fingerprint: fingerprint, TTL: retention}})
+func (s *Store) markWaiting(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
+	answers, err := s.markManyWaiting(ctx, []driver.Entry{{Key: key, Token: token, Fingerprint: fingerprint, TTL: retention}})
 	if err != nil {
-		return Answer{}, err
+		return driver.Answer{}, err
 	}
 	a := answers[0]
 	err, a.Err = a.Err, nil
@@ -159,28 +162,28 @@ func (s *RedisStore) markWaiting(ctx context.Context, key, token, fingerprint st
 // markManyWaiting is MarkMany with a WAIT after the writes, in the same pipeline. A
 // shortfall is counted for every mark that wrote (or had written) DONE; the answers
 // stand (see WithWaitReplicas).
-func (s *RedisStore) markManyWaiting(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (s *Store) markManyWaiting(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(entries))
 	for i, e := range entries {
-		cmds[i] = redis.NewStatusCmd(ctx, setNXGet(stateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
+		cmds[i] = redis.NewStatusCmd(ctx, setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 		_ = pipe.Process(ctx, cmds[i])
 	}
 	wait := s.wait.queue(ctx, pipe)
 	if _, err := pipe.Exec(ctx); failedRoundTrip(err) {
-		return nil, storeErr("mark", err)
+		return nil, storekit.StoreErr("mark", err)
 	}
-	out := make([]Answer, len(entries))
+	out := make([]driver.Answer, len(entries))
 	for i, c := range cmds {
-		var a Answer
+		var a driver.Answer
 		old, err := c.Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			err = storeErr("mark", err)
+			err = storekit.StoreErr("mark", err)
 		} else {
 			a, err = markAnswer(old, err, entries[i].Token, entries[i].Fingerprint)
 		}
 		a.Err = err
-		if err == nil && a.Status == StatusAcquired {
+		if err == nil && a.Status == driver.StatusAcquired {
 			_ = s.wait.acked(wait, "mark") // counted; the answer stands
 		}
 		out[i] = a

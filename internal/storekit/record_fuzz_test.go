@@ -1,4 +1,4 @@
-package dedup
+package storekit
 
 import (
 	"context"
@@ -54,48 +54,48 @@ func FuzzRecord(f *testing.F) {
 	f.Add("d:tok:fp", byte('d'), "tok", "fp", "")
 	f.Add("r:tok:2:fp{\"ok\":1}", byte('r'), "tok", "fp", "\x00:r:1:")
 	f.Fuzz(func(t *testing.T, v string, state byte, token, fp, reply string) {
-		r, ok := parseRecord(v)
+		r, ok := Parse(v)
 		lst, ltok, lfp, lreply, lok := luaParse(v)
 		if ok != lok {
 			t.Fatalf("parseRecord(%q) ok=%v, but the Lua patterns match=%v", v, ok, lok)
 		}
 		if ok {
-			st := string(r.state)
-			if r.hasReply {
+			st := string(r.State)
+			if r.HasReply {
 				st = "r"
 			}
-			if st != lst || r.token != ltok || r.fp != lfp || r.reply != lreply {
+			if st != lst || r.Token != ltok || r.FP != lfp || r.Reply != lreply {
 				t.Fatalf("parseRecord(%q) = %+v, the Lua patterns give %q %q %q %q", v, r, lst, ltok, lfp, lreply)
 			}
-			again := encodeRecord(r.state, r.token, r.fp)
-			if r.hasReply {
-				again = encodeReplyRecord(r.token, r.fp, r.reply)
+			again := Encode(r.State, r.Token, r.FP)
+			if r.HasReply {
+				again = EncodeReply(r.Token, r.FP, r.Reply)
 			}
-			if again != v && !(r.hasReply && leadingZeros(v)) {
+			if again != v && !(r.HasReply && leadingZeros(v)) {
 				t.Fatalf("parseRecord(%q) parts encode to %q", v, again)
 			}
-			if o := luaOwner.FindStringSubmatch(v); (r.state == stateInProgress) != (o != nil) || (o != nil && o[1] != r.token) {
-				t.Fatalf("%q: owner pattern gives %q, parseRecord state %q token %q", v, o, r.state, r.token)
+			if o := luaOwner.FindStringSubmatch(v); (r.State == StateInProgress) != (o != nil) || (o != nil && o[1] != r.Token) {
+				t.Fatalf("%q: owner pattern gives %q, Parse state %q token %q", v, o, r.State, r.Token)
 			}
 		}
 
-		if (state != stateInProgress && state != stateDone && state != stateReply) || checkToken(token) != nil {
+		if (state != StateInProgress && state != StateDone && state != StateReply) || CheckToken(token) != nil {
 			return // dedup never writes such a record
 		}
-		enc := encodeRecord(state, token, fp)
-		want := record{state: state, token: token, fp: fp}
-		if state == stateReply {
-			enc = encodeReplyRecord(token, fp, reply)
-			want = record{state: stateDone, token: token, fp: fp, reply: reply, hasReply: true}
+		enc := Encode(state, token, fp)
+		want := Rec{State: state, Token: token, FP: fp}
+		if state == StateReply {
+			enc = EncodeReply(token, fp, reply)
+			want = Rec{State: StateDone, Token: token, FP: fp, Reply: reply, HasReply: true}
 			if luaRecord.MatchString(enc) || luaOwner.MatchString(enc) {
 				t.Fatalf("%q, a record with a reply, matches the patterns of processes without replies", enc)
 			}
 		}
-		if got, ok := parseRecord(enc); !ok || got != want {
+		if got, ok := Parse(enc); !ok || got != want {
 			t.Fatalf("parseRecord(%q) = %+v %v, want %+v", enc, got, ok, want)
 		}
-		if lst, ltok, lfp, lreply, lok := luaParse(enc); !lok || ltok != token || lfp != fp || lreply != want.reply ||
-			(lst == "r") != want.hasReply {
+		if lst, ltok, lfp, lreply, lok := luaParse(enc); !lok || ltok != token || lfp != fp || lreply != want.Reply ||
+			(lst == "r") != want.HasReply {
 			t.Fatalf("Lua patterns on %q give %q %q %q %q %v, want %+v", enc, lst, ltok, lfp, lreply, lok, want)
 		}
 	})
@@ -144,18 +144,18 @@ return {1, s .. ':' .. tok, fp, reply, o or false}`
 			if err != nil {
 				t.Fatalf("EVAL on %q: %v", v, err)
 			}
-			r, ok := parseRecord(v)
+			r, ok := Parse(v)
 			luaOK := res[0].(int64) == 1
 			if luaOK != ok {
-				t.Errorf("%q: Lua matches=%v, parseRecord ok=%v", v, luaOK, ok)
+				t.Errorf("%q: Lua matches=%v, Parse ok=%v", v, luaOK, ok)
 				continue
 			}
-			st := string(r.state)
-			if r.hasReply {
+			st := string(r.State)
+			if r.HasReply {
 				st = "r"
 			}
-			if ok && (res[1] != st+":"+r.token || res[2] != r.fp || res[3] != r.reply) {
-				t.Errorf("%q: Lua gives %q %q %q, parseRecord %+v", v, res[1], res[2], res[3], r)
+			if ok && (res[1] != st+":"+r.Token || res[2] != r.FP || res[3] != r.Reply) {
+				t.Errorf("%q: Lua gives %q %q %q, Parse %+v", v, res[1], res[2], res[3], r)
 			}
 			luaOwnerTok, luaHasOwner := res[4].(string)
 			o := luaOwner.FindStringSubmatch(v)
@@ -168,10 +168,10 @@ return {1, s .. ':' .. tok, fp, reply, o or false}`
 		}
 	}
 	t.Run("miniredis", func(t *testing.T) {
-		_, c := newMiniredis(t)
+		_, c := testenv.Miniredis(t)
 		run(t, c)
 	})
 	t.Run("redis-server", func(t *testing.T) {
-		run(t, realRedis(t, testenv.Prefix()))
+		run(t, testenv.Redis(t, testenv.Prefix()))
 	})
 }

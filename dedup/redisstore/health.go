@@ -1,4 +1,4 @@
-package dedup
+package redisstore
 
 import (
 	"bufio"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
 // memoryWarnFill is the fill of maxmemory from which CheckRedisMemory warns.
@@ -40,7 +42,7 @@ const memoryWarnFill = 0.9
 // deadlines on the socket only with ContextTimeoutEnabled): a server that has not
 // answered by then fails CheckStoreReachable, and its probe is left to end with the
 // client's own timeouts.
-func (s *RedisStore) CheckHealth(ctx context.Context) []HealthCheck {
+func (s *Store) CheckHealth(ctx context.Context) []driver.HealthCheck {
 	r := &nodeChecks{pending: make(map[string]bool)}
 	each := func(ctx context.Context, c *redis.Client) error {
 		addr := c.Options().Addr
@@ -77,7 +79,7 @@ type nodeChecks struct {
 	mu      sync.Mutex
 	pending map[string]bool // servers whose probe has not ended
 	started bool
-	checks  []HealthCheck
+	checks  []driver.HealthCheck
 }
 
 func (r *nodeChecks) start(addr string) {
@@ -87,7 +89,7 @@ func (r *nodeChecks) start(addr string) {
 	r.mu.Unlock()
 }
 
-func (r *nodeChecks) finish(addr string, cs []HealthCheck) {
+func (r *nodeChecks) finish(addr string, cs []driver.HealthCheck) {
 	r.mu.Lock()
 	delete(r.pending, addr)
 	r.checks = append(r.checks, cs...)
@@ -95,17 +97,17 @@ func (r *nodeChecks) finish(addr string, cs []HealthCheck) {
 }
 
 // result is what has been found so far; err is why the probes stopped, if they did.
-func (r *nodeChecks) result(err error) []HealthCheck {
+func (r *nodeChecks) result(err error) []driver.HealthCheck {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := append([]HealthCheck(nil), r.checks...)
+	out := append([]driver.HealthCheck(nil), r.checks...)
 	for addr := range r.pending {
-		out = append(out, HealthCheck{Name: CheckStoreReachable, Server: addr, Status: HealthFail, Detail: fmt.Sprint(err)})
+		out = append(out, driver.HealthCheck{Name: driver.CheckStoreReachable, Server: addr, Status: driver.HealthFail, Detail: fmt.Sprint(err)})
 	}
 	if err != nil && !r.started { // no server was even found (a cluster's slots did not load)
-		out = append(out, HealthCheck{Name: CheckStoreReachable, Status: HealthFail, Detail: err.Error()})
+		out = append(out, driver.HealthCheck{Name: driver.CheckStoreReachable, Status: driver.HealthFail, Detail: err.Error()})
 	}
-	order := map[string]int{CheckStoreReachable: 0, CheckRedisVersion: 1, CheckRedisEviction: 2, CheckRedisMemory: 3}
+	order := map[string]int{driver.CheckStoreReachable: 0, driver.CheckRedisVersion: 1, driver.CheckRedisEviction: 2, driver.CheckRedisMemory: 3}
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Server != out[j].Server {
 			return out[i].Server < out[j].Server
@@ -115,18 +117,18 @@ func (r *nodeChecks) result(err error) []HealthCheck {
 	return out
 }
 
-// redisNodeHealth checks one server (see RedisStore.CheckHealth).
-func redisNodeHealth(ctx context.Context, c redis.UniversalClient, server string) []HealthCheck {
+// redisNodeHealth checks one server (see Store.CheckHealth).
+func redisNodeHealth(ctx context.Context, c redis.UniversalClient, server string) []driver.HealthCheck {
 	start := time.Now()
 	err := c.Ping(ctx).Err()
-	reach := HealthCheck{Name: CheckStoreReachable, Server: server, Status: HealthOK, Value: "PONG", Latency: time.Since(start)}
+	reach := driver.HealthCheck{Name: driver.CheckStoreReachable, Server: server, Status: driver.HealthOK, Value: "PONG", Latency: time.Since(start)}
 	switch {
 	case err == nil:
 	case isNoPermission(err):
 		reach.Value, reach.Detail = "NOPERM", "PING is refused by the ACL; the server answered"
 	default:
-		reach.Status, reach.Value, reach.Detail = HealthFail, "", err.Error()
-		return []HealthCheck{reach}
+		reach.Status, reach.Value, reach.Detail = driver.HealthFail, "", err.Error()
+		return []driver.HealthCheck{reach}
 	}
 
 	info, infoErr := c.Info(ctx).Result()
@@ -144,7 +146,7 @@ func redisNodeHealth(ctx context.Context, c redis.UniversalClient, server string
 		return fmt.Sprintf("%s failed: %v", what, err)
 	}
 
-	version := HealthCheck{Name: CheckRedisVersion, Server: server}
+	version := driver.HealthCheck{Name: driver.CheckRedisVersion, Server: server}
 	v, ok := fields["redis_version"]
 	if !ok {
 		var herr error
@@ -155,10 +157,10 @@ func redisNodeHealth(ctx context.Context, c redis.UniversalClient, server string
 	if v != "" {
 		version = versionCheck(server, v)
 	} else {
-		version.Status = HealthUnknown
+		version.Status = driver.HealthUnknown
 	}
 
-	eviction := HealthCheck{Name: CheckRedisEviction, Server: server}
+	eviction := driver.HealthCheck{Name: driver.CheckRedisEviction, Server: server}
 	policy, ok := fields["maxmemory_policy"]
 	if !ok {
 		m, cerr := c.ConfigGet(ctx, "maxmemory-policy").Result()
@@ -172,16 +174,16 @@ func redisNodeHealth(ctx context.Context, c redis.UniversalClient, server string
 	if policy != "" {
 		eviction = policyCheck(server, policy)
 	} else {
-		eviction.Status = HealthUnknown
+		eviction.Status = driver.HealthUnknown
 	}
 
-	memory := HealthCheck{Name: CheckRedisMemory, Server: server, Status: HealthUnknown}
+	memory := driver.HealthCheck{Name: driver.CheckRedisMemory, Server: server, Status: driver.HealthUnknown}
 	if infoErr != nil {
 		memory.Detail = why("INFO", infoErr)
 	} else {
 		memory = memoryCheck(server, fields)
 	}
-	return []HealthCheck{reach, version, eviction, memory}
+	return []driver.HealthCheck{reach, version, eviction, memory}
 }
 
 func isNoPermission(err error) bool {
@@ -230,17 +232,17 @@ func helloVersion(ctx context.Context, c redis.UniversalClient) (string, error) 
 }
 
 // versionCheck judges a Redis version: 7.0 or later is needed for SET NX GET.
-func versionCheck(server, v string) HealthCheck {
-	c := HealthCheck{Name: CheckRedisVersion, Server: server, Value: v}
+func versionCheck(server, v string) driver.HealthCheck {
+	c := driver.HealthCheck{Name: driver.CheckRedisVersion, Server: server, Value: v}
 	major, minor, ok := parseVersion(v)
 	switch {
 	case !ok:
-		c.Status, c.Detail = HealthUnknown, "unrecognised version"
+		c.Status, c.Detail = driver.HealthUnknown, "unrecognised version"
 	case major < 7:
-		c.Status = HealthFail
+		c.Status = driver.HealthFail
 		c.Detail = fmt.Sprintf("Redis 7.0 or later is needed: Claim and Mark send SET with both NX and GET, which Redis %d.%d refuses", major, minor)
 	default:
-		c.Status = HealthOK
+		c.Status = driver.HealthOK
 	}
 	return c
 }
@@ -256,35 +258,35 @@ func parseVersion(v string) (major, minor int, ok bool) {
 }
 
 // policyCheck judges a maxmemory-policy: only noeviction keeps every record.
-func policyCheck(server, policy string) HealthCheck {
-	c := HealthCheck{Name: CheckRedisEviction, Server: server, Value: policy}
+func policyCheck(server, policy string) driver.HealthCheck {
+	c := driver.HealthCheck{Name: driver.CheckRedisEviction, Server: server, Value: policy}
 	switch {
 	case policy == "noeviction":
-		c.Status = HealthOK
+		c.Status = driver.HealthOK
 	case strings.HasPrefix(policy, "allkeys-"), strings.HasPrefix(policy, "volatile-"):
-		c.Status = HealthWarn
+		c.Status = driver.HealthWarn
 		c.Detail = "an evicting policy: at maxmemory Redis deletes records (all have a TTL), and each deleted record can let one duplicate through; use noeviction"
 	default:
-		c.Status, c.Detail = HealthUnknown, "unrecognised policy"
+		c.Status, c.Detail = driver.HealthUnknown, "unrecognised policy"
 	}
 	return c
 }
 
 // memoryCheck judges used_memory against maxmemory (0: no limit).
-func memoryCheck(server string, fields map[string]string) HealthCheck {
-	c := HealthCheck{Name: CheckRedisMemory, Server: server}
+func memoryCheck(server string, fields map[string]string) driver.HealthCheck {
+	c := driver.HealthCheck{Name: driver.CheckRedisMemory, Server: server}
 	used, err1 := strconv.ParseInt(fields["used_memory"], 10, 64)
 	limit, err2 := strconv.ParseInt(fields["maxmemory"], 10, 64)
 	switch {
 	case err1 != nil || err2 != nil:
-		c.Status, c.Detail = HealthUnknown, "no used_memory or maxmemory in INFO"
+		c.Status, c.Detail = driver.HealthUnknown, "no used_memory or maxmemory in INFO"
 	case limit == 0:
-		c.Status, c.Value, c.Detail = HealthOK, fmt.Sprintf("%d/0", used), "no maxmemory"
+		c.Status, c.Value, c.Detail = driver.HealthOK, fmt.Sprintf("%d/0", used), "no maxmemory"
 	default:
 		c.Value = fmt.Sprintf("%d/%d", used, limit)
-		c.Status = HealthOK
+		c.Status = driver.HealthOK
 		if float64(used) >= memoryWarnFill*float64(limit) {
-			c.Status = HealthWarn
+			c.Status = driver.HealthWarn
 			c.Detail = fmt.Sprintf("used memory is %.0f%% of maxmemory: at the limit, writes fail (noeviction: StoreUnavailable) or records are evicted", 100*float64(used)/float64(limit))
 		}
 	}

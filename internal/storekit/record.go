@@ -1,10 +1,14 @@
-package dedup
+// Package storekit holds what the stores and the engine share but users do not
+// see: the record encoding, argument checks and the forget-notice transport.
+package storekit
 
 import (
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
 // A record value is one of:
@@ -26,22 +30,23 @@ import (
 // Only handlers WithReplies write the third, so upgrade every process first, then
 // turn replies on.
 const (
-	stateInProgress = 'p'
-	stateDone       = 'd'
-	stateReply      = 'r' // DONE with a reply; parseRecord reports it as stateDone
-	maxTokenLen     = 64
+	StateInProgress = 'p'
+	StateDone       = 'd'
+	StateReply      = 'r' // DONE with a reply; Parse reports it as StateDone
+	MaxTokenLen     = 64
 )
 
-// record is a parsed record value.
-type record struct {
-	state    byte // stateInProgress or stateDone (with a reply or not)
-	token    string
-	fp       string
-	reply    string // the stored reply, when hasReply (a DONE record of the third form)
-	hasReply bool
+// Rec is a parsed record value.
+type Rec struct {
+	State    byte // StateInProgress or StateDone (with a reply or not)
+	Token    string
+	FP       string
+	Reply    string // the stored reply, when hasReply (a DONE record of the third form)
+	HasReply bool
 }
 
-func encodeRecord(state byte, token, fingerprint string) string {
+// Encode encodes a record without a reply.
+func Encode(state byte, token, fingerprint string) string {
 	var b strings.Builder
 	b.Grow(3 + len(token) + len(fingerprint))
 	b.WriteByte(state)
@@ -52,8 +57,8 @@ func encodeRecord(state byte, token, fingerprint string) string {
 	return b.String()
 }
 
-// encodeReplyRecord encodes a DONE record with a stored reply.
-func encodeReplyRecord(token, fingerprint, reply string) string {
+// EncodeReply encodes a DONE record with a stored reply.
+func EncodeReply(token, fingerprint, reply string) string {
 	var b strings.Builder
 	b.Grow(8 + len(token) + len(fingerprint) + len(reply))
 	b.WriteString("r:")
@@ -66,22 +71,22 @@ func encodeReplyRecord(token, fingerprint, reply string) string {
 	return b.String()
 }
 
-// parseRecord parses a record value; ok is false for a value dedup did not write.
-func parseRecord(v string) (r record, ok bool) {
+// Parse parses a record value; ok is false for a value dedup did not write.
+func Parse(v string) (r Rec, ok bool) {
 	if len(v) < 3 || v[1] != ':' {
-		return record{}, false
+		return Rec{}, false
 	}
 	rest := v[2:]
 	i := strings.IndexByte(rest, ':')
 	if i < 0 {
-		return record{}, false
+		return Rec{}, false
 	}
-	r.token, rest = rest[:i], rest[i+1:]
+	r.Token, rest = rest[:i], rest[i+1:]
 	switch v[0] {
-	case stateInProgress, stateDone:
-		r.state, r.fp = v[0], rest
+	case StateInProgress, StateDone:
+		r.State, r.FP = v[0], rest
 		return r, true
-	case stateReply:
+	case StateReply:
 		// <len(fingerprint)>:<fingerprint><reply>: the length is decimal digits, as
 		// Lua's %d+ reads them
 		j := 0
@@ -89,41 +94,44 @@ func parseRecord(v string) (r record, ok bool) {
 			j++
 		}
 		if j == 0 || j == len(rest) || rest[j] != ':' || j > 7 {
-			return record{}, false
+			return Rec{}, false
 		}
 		n, err := strconv.Atoi(rest[:j])
 		rest = rest[j+1:]
 		if err != nil || n > len(rest) {
-			return record{}, false
+			return Rec{}, false
 		}
-		r.state, r.fp, r.reply, r.hasReply = stateDone, rest[:n], rest[n:], true
+		r.State, r.FP, r.Reply, r.HasReply = StateDone, rest[:n], rest[n:], true
 		return r, true
 	}
-	return record{}, false
+	return Rec{}, false
 }
 
-// fingerprintsDiffer reports key reuse: both sides fingerprinted, and differently.
-func fingerprintsDiffer(stored, given string) bool {
+// FingerprintsDiffer reports key reuse: both sides fingerprinted, and differently.
+func FingerprintsDiffer(stored, given string) bool {
 	return stored != "" && given != "" && stored != given
 }
 
-func checkToken(token string) error {
-	if token == "" || len(token) > maxTokenLen || strings.IndexByte(token, ':') >= 0 {
-		return fmt.Errorf("%w: token must be 1..%d bytes without ':'", ErrInvalidOption, maxTokenLen)
+// CheckToken refuses a token that is empty, too long or holds a colon.
+func CheckToken(token string) error {
+	if token == "" || len(token) > MaxTokenLen || strings.IndexByte(token, ':') >= 0 {
+		return fmt.Errorf("%w: token must be 1..%d bytes without ':'", driver.ErrInvalidOption, MaxTokenLen)
 	}
 	return nil
 }
 
-func checkTTL(what string, d time.Duration) error {
+// CheckTTL refuses a lease or retention below a millisecond.
+func CheckTTL(what string, d time.Duration) error {
 	if d < time.Millisecond {
-		return fmt.Errorf("%w: %s %v is below 1ms", ErrInvalidOption, what, d)
+		return fmt.Errorf("%w: %s %v is below 1ms", driver.ErrInvalidOption, what, d)
 	}
 	return nil
 }
 
-func checkEntry(e Entry, what string) error {
-	if err := checkToken(e.Token); err != nil {
+// CheckEntry checks an entry's token and TTL.
+func CheckEntry(e driver.Entry, what string) error {
+	if err := CheckToken(e.Token); err != nil {
 		return err
 	}
-	return checkTTL(what, e.TTL)
+	return CheckTTL(what, e.TTL)
 }

@@ -1,4 +1,4 @@
-package dedup
+package redisstore
 
 import (
 	"context"
@@ -6,6 +6,9 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
 // MarkMany's commands share one argument slab and one boxed TTL: four allocations per
@@ -15,14 +18,14 @@ import (
 func TestMarkManyCommandAllocations(t *testing.T) {
 	ctx := context.Background()
 	const n = 64
-	entries := make([]Entry, n)
+	entries := make([]driver.Entry, n)
 	for i := range entries {
-		entries[i] = Entry{Key: fmt.Sprintf("dk:h:k%d", i), Token: fmt.Sprintf("tok%d", i), Fingerprint: "fp", TTL: time.Hour}
+		entries[i] = driver.Entry{Key: fmt.Sprintf("dk:h:k%d", i), Token: fmt.Sprintf("tok%d", i), Fingerprint: "fp", TTL: time.Hour}
 	}
 	entries[10].TTL, entries[11].TTL = time.Minute, 2*time.Minute
 	cmds, sent := markCmds(ctx, entries)
 	for i, e := range entries {
-		want := setNXGet(stateDone, e.Key, e.Token, e.Fingerprint, e.TTL)
+		want := setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)
 		if got := cmds[i].Args(); !reflect.DeepEqual(got, want) || cap(got) != len(got) {
 			t.Fatalf("entry %d: args %v (cap %d), want %v with no room to grow into the next", i, got, cap(got), want)
 		}
@@ -46,9 +49,9 @@ func TestMarkManyCommandAllocations(t *testing.T) {
 func TestClaimManyCommandAllocations(t *testing.T) {
 	ctx := context.Background()
 	const n = 64
-	entries := make([]Entry, n)
+	entries := make([]driver.Entry, n)
 	for i := range entries {
-		entries[i] = Entry{Key: fmt.Sprintf("dk:h:k%d", i), Token: fmt.Sprintf("tok%d", i), TTL: 30 * time.Second}
+		entries[i] = driver.Entry{Key: fmt.Sprintf("dk:h:k%d", i), Token: fmt.Sprintf("tok%d", i), TTL: 30 * time.Second}
 	}
 	entries[5].TTL = time.Minute
 	sets, ttls, gets, sent := claimCmds(ctx, entries)
@@ -60,7 +63,7 @@ func TestClaimManyCommandAllocations(t *testing.T) {
 			got  []any
 			want []any
 		}{
-			{sets[i].Args(), setNXGet(stateInProgress, e.Key, e.Token, e.Fingerprint, e.TTL)},
+			{sets[i].Args(), setNXGet(storekit.StateInProgress, e.Key, e.Token, e.Fingerprint, e.TTL)},
 			{ttls[i].Args(), []any{"pttl", e.Key}},
 			{gets[i].Args(), []any{"get", e.Key}},
 		} {

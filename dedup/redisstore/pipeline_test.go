@@ -1,4 +1,4 @@
-package dedup
+package redisstore
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -83,12 +85,12 @@ func (g *gateHook) snapshot() []gateRun {
 	return append([]gateRun(nil), g.runs...)
 }
 
-func pipelinedStore(t *testing.T, batch, inFlight int) (*RedisStore, *gateHook, string) {
+func pipelinedStore(t *testing.T, batch, inFlight int) (*Store, *gateHook, string) {
 	t.Helper()
-	_, c := newMiniredis(t)
+	_, c := testenv.Miniredis(t)
 	g := newGateHook()
 	c.AddHook(g)
-	s, err := NewRedisStore(c, WithAutoPipeline(batch, inFlight))
+	s, err := New(c, WithAutoPipeline(batch, inFlight))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +129,7 @@ func TestAutoPipelineLoneCallGoesOutInline(t *testing.T) {
 	ctx := context.WithValue(context.Background(), callerKey{}, goid())
 	for i := range 5 {
 		a, err := s.Mark(ctx, fmt.Sprintf("%s:k%d", prefix, i), "T", "", time.Minute)
-		if err != nil || a.Status != StatusAcquired {
+		if err != nil || a.Status != driver.StatusAcquired {
 			t.Fatalf("mark %d: %v %v", i, a.Status, err)
 		}
 	}
@@ -152,7 +154,7 @@ func TestAutoPipelineCoalescesQueuedCalls(t *testing.T) {
 	s, g, prefix := pipelinedStore(t, batch, 1)
 	ctx := context.Background()
 	var wg sync.WaitGroup
-	answers := make([]Answer, queued+1)
+	answers := make([]driver.Answer, queued+1)
 	errs := make([]error, queued+1)
 	call := func(i int) {
 		defer wg.Done()
@@ -180,9 +182,9 @@ func TestAutoPipelineCoalescesQueuedCalls(t *testing.T) {
 		}
 	}
 	for i := range queued + 1 {
-		wantSt := StatusAcquired
+		wantSt := driver.StatusAcquired
 		if i == 0 {
-			wantSt = StatusDuplicate // call queued marked key 0 first
+			wantSt = driver.StatusDuplicate // call queued marked key 0 first
 		}
 		if errs[i] != nil || answers[i].Status != wantSt {
 			t.Fatalf("call %d: %v %v, want %v", i, answers[i].Status, errs[i], wantSt)
@@ -195,10 +197,10 @@ func TestAutoPipelineCoalescesQueuedCalls(t *testing.T) {
 
 // Each queued call gets its own command's reply, error replies included.
 func TestAutoPipelineRepliesReachTheirCallers(t *testing.T) {
-	m, c := newMiniredis(t)
+	m, c := testenv.Miniredis(t)
 	g := newGateHook()
 	c.AddHook(g)
-	s, err := NewRedisStore(c, WithAutoPipeline(64, 1))
+	s, err := New(c, WithAutoPipeline(64, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +208,7 @@ func TestAutoPipelineRepliesReachTheirCallers(t *testing.T) {
 	if _, err := m.Lpush(prefix+":list", "x"); err != nil {
 		t.Fatal(err)
 	}
-	m.Set(prefix+":done", encodeRecord(stateDone, "other", ""))
+	m.Set(prefix+":done", storekit.Encode(storekit.StateDone, "other", ""))
 	ctx := context.Background()
 	first := make(chan error, 1)
 	go func() {
@@ -215,7 +217,7 @@ func TestAutoPipelineRepliesReachTheirCallers(t *testing.T) {
 	}()
 	<-g.entered
 	type reply struct {
-		a   Answer
+		a   driver.Answer
 		err error
 	}
 	keys := []string{"list", "done", "new1", "new2"}
@@ -236,15 +238,15 @@ func TestAutoPipelineRepliesReachTheirCallers(t *testing.T) {
 		r := <-replies[i]
 		switch k {
 		case "list":
-			if !errors.Is(r.err, ErrStoreUnavailable) {
+			if !errors.Is(r.err, driver.ErrStoreUnavailable) {
 				t.Fatalf("%s: %v %v, want a WRONGTYPE store error", k, r.a.Status, r.err)
 			}
 		case "done":
-			if r.err != nil || r.a.Status != StatusDuplicate {
+			if r.err != nil || r.a.Status != driver.StatusDuplicate {
 				t.Fatalf("%s: %v %v, want duplicate", k, r.a.Status, r.err)
 			}
 		default:
-			if r.err != nil || r.a.Status != StatusAcquired {
+			if r.err != nil || r.a.Status != driver.StatusAcquired {
 				t.Fatalf("%s: %v %v, want acquired", k, r.a.Status, r.err)
 			}
 		}
@@ -273,7 +275,7 @@ func TestAutoPipelineQueuedCallerLeavesOnContext(t *testing.T) {
 	waitQueued(t, s.pipe, 1)
 	stop := errors.New("caller gave up")
 	cancel(stop)
-	if err := <-left; !errors.Is(err, stop) || !errors.Is(err, ErrStoreUnavailable) {
+	if err := <-left; !errors.Is(err, stop) || !errors.Is(err, driver.ErrStoreUnavailable) {
 		t.Fatalf("queued caller returned %v, want its context's cause as a store error", err)
 	}
 	close(g.gate)
@@ -300,7 +302,7 @@ func TestAutoPipelineLookupOfSeveralKeys(t *testing.T) {
 	ctx := context.Background()
 	keys := []string{prefix + ":h:a", prefix + ":h:b", prefix + ":h:c"}
 	close(g.gate) // let the lone Lookup through at once
-	if _, err := s.c.Set(ctx, keys[1], encodeRecord(stateDone, "T", ""), time.Minute).Result(); err != nil {
+	if _, err := s.c.Set(ctx, keys[1], storekit.Encode(storekit.StateDone, "T", ""), time.Minute).Result(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Lookup(ctx, keys[:1]); err != nil { // loads the script (NOSCRIPT, then EVAL)
@@ -308,7 +310,7 @@ func TestAutoPipelineLookupOfSeveralKeys(t *testing.T) {
 	}
 	before := len(g.snapshot())
 	recs, err := s.Lookup(ctx, keys)
-	if err != nil || recs[0].State != RecordAbsent || recs[1].State != RecordDone || recs[2].State != RecordAbsent {
+	if err != nil || recs[0].State != driver.RecordAbsent || recs[1].State != driver.RecordDone || recs[2].State != driver.RecordAbsent {
 		t.Fatalf("lookup: %+v %v", recs, err)
 	}
 	if runs := g.snapshot()[before:]; len(runs) != 1 || runs[0].cmds != 3 {
@@ -324,7 +326,7 @@ func TestAutoPipelineLookupOfSeveralKeys(t *testing.T) {
 	}()
 	<-g2.entered
 	type lookup struct {
-		recs []Record
+		recs []driver.Record
 		err  error
 	}
 	got := make(chan lookup, 1)
@@ -334,7 +336,7 @@ func TestAutoPipelineLookupOfSeveralKeys(t *testing.T) {
 	}()
 	waitQueued(t, s.pipe, 3)
 	cctx, cancel := context.WithCancelCause(ctx)
-	left := make(chan []Record, 1)
+	left := make(chan []driver.Record, 1)
 	go func() {
 		recs, _ := s.Lookup(cctx, []string{keys[0], keys[2]})
 		left <- recs
@@ -354,7 +356,7 @@ func TestAutoPipelineLookupOfSeveralKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := <-got
-	if l.err != nil || l.recs[1].State != RecordDone || l.recs[0].State != RecordAbsent {
+	if l.err != nil || l.recs[1].State != driver.RecordDone || l.recs[0].State != driver.RecordAbsent {
 		t.Fatalf("queued lookup: %+v %v", l.recs, l.err)
 	}
 	runs := g2.snapshot()
@@ -364,17 +366,17 @@ func TestAutoPipelineLookupOfSeveralKeys(t *testing.T) {
 }
 
 func TestAutoPipelineOptions(t *testing.T) {
-	_, c := newMiniredis(t)
-	for _, o := range []RedisOption{WithAutoPipeline(0, 1), WithAutoPipeline(10001, 1), WithAutoPipeline(1, 0), WithAutoPipeline(1, 1025)} {
-		if _, err := NewRedisStore(c, o); !errors.Is(err, ErrInvalidOption) {
-			t.Fatalf("got %v, want ErrInvalidOption", err)
+	_, c := testenv.Miniredis(t)
+	for _, o := range []Option{WithAutoPipeline(0, 1), WithAutoPipeline(10001, 1), WithAutoPipeline(1, 0), WithAutoPipeline(1, 1025)} {
+		if _, err := New(c, o); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Fatalf("got %v, want driver.ErrInvalidOption", err)
 		}
 	}
-	s, err := NewRedisStore(c, WithoutAutoPipeline())
+	s, err := New(c, WithoutAutoPipeline())
 	if err != nil || s.pipe != nil {
 		t.Fatalf("WithoutAutoPipeline: %v, pipe %v", err, s.pipe)
 	}
-	if s, _ := NewRedisStore(c); s.pipe == nil || s.pipe.batch != DefaultPipelineBatch || s.pipe.inFlight != DefaultPipelinesInFlight {
+	if s, _ := New(c); s.pipe == nil || s.pipe.batch != DefaultPipelineBatch || s.pipe.inFlight != DefaultPipelinesInFlight {
 		t.Fatal("auto-pipelining is not on by default")
 	}
 }

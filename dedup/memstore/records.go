@@ -1,4 +1,4 @@
-package dedup
+package memstore
 
 import (
 	"context"
@@ -7,15 +7,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
 // Lookup implements RecordStore.
-func (s *MemoryStore) Lookup(ctx context.Context, keys []string) ([]Record, error) {
+func (s *Store) Lookup(ctx context.Context, keys []string) ([]driver.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	out := make([]Record, len(keys))
+	out := make([]driver.Record, len(keys))
 	for i, k := range keys {
 		out[i] = s.record(k, now)
 	}
@@ -23,17 +25,17 @@ func (s *MemoryStore) Lookup(ctx context.Context, keys []string) ([]Record, erro
 }
 
 // record returns what key holds. Callers hold mu.
-func (s *MemoryStore) record(key string, now time.Time) Record {
+func (s *Store) record(key string, now time.Time) driver.Record {
 	r, ok := s.get(key, now)
 	if !ok {
-		return Record{}
+		return driver.Record{}
 	}
-	rec := Record{State: RecordDone, Owner: r.token, Fingerprint: r.fp, TTL: r.expires.Sub(now)}
-	if r.state == stateInProgress {
-		rec.State = RecordInProgress
+	rec := driver.Record{State: driver.RecordDone, Owner: r.token, Fingerprint: r.fp, TTL: r.expires.Sub(now)}
+	if r.state == storekit.StateInProgress {
+		rec.State = driver.RecordInProgress
 	}
 	if r.hasReply {
-		rec.ReplySize, rec.HasReply, rec.reply = len(r.reply), true, r.reply
+		rec.ReplySize, rec.HasReply, rec.Reply = len(r.reply), true, r.reply
 	}
 	return rec
 }
@@ -42,19 +44,19 @@ func (s *MemoryStore) record(key string, now time.Time) Record {
 // to this store (every Deduper built on it that runs the record's handler with a
 // local tier) before Forget returns, unless a subscriber's queue of notices is full:
 // that one drops its handlers' local tiers instead.
-func (s *MemoryStore) Forget(ctx context.Context, keys []string, force bool) ([]Record, error) {
+func (s *Store) Forget(ctx context.Context, keys []string, force bool) ([]driver.Record, error) {
 	for _, k := range keys {
-		if _, _, ok := splitRecordKey(k); !ok {
-			return nil, fmt.Errorf("%w: %q is not a record key (<prefix>:<handler>:<key>)", ErrInvalidOption, k)
+		if _, _, ok := storekit.SplitRecordKey(k); !ok {
+			return nil, fmt.Errorf("%w: %q is not a record key (<prefix>:<handler>:<key>)", driver.ErrInvalidOption, k)
 		}
 	}
-	out := make([]Record, len(keys))
+	out := make([]driver.Record, len(keys))
 	s.mu.Lock()
 	now := s.now()
 	for i, k := range keys {
 		out[i] = s.record(k, now)
-		if out[i].State == RecordInProgress && !force {
-			out[i].Err = inProgressErr(out[i])
+		if out[i].State == driver.RecordInProgress && !force {
+			out[i].Err = storekit.InProgressErr(out[i])
 			continue
 		}
 		delete(s.recs, k)
@@ -62,7 +64,7 @@ func (s *MemoryStore) Forget(ctx context.Context, keys []string, force bool) ([]
 	s.mu.Unlock()
 	for i, k := range keys {
 		if out[i].Err == nil {
-			channel, mk, _ := splitRecordKey(k)
+			channel, mk, _ := storekit.SplitRecordKey(k)
 			out[i].Notified = s.bus.publish(channel, mk)
 		}
 	}
@@ -70,12 +72,12 @@ func (s *MemoryStore) Forget(ctx context.Context, keys []string, force bool) ([]
 }
 
 // CountRecords implements RecordStore: the live records under prefix, by handler.
-func (s *MemoryStore) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
+func (s *Store) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
 	if err := keys.ValidatePrefix(prefix); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+		return nil, fmt.Errorf("%w: %w", driver.ErrInvalidOption, err)
 	}
 	if handler != "" {
-		if err := validName(handler); err != nil {
+		if err := storekit.ValidName(handler); err != nil {
 			return nil, err
 		}
 	}
@@ -87,7 +89,7 @@ func (s *MemoryStore) CountRecords(ctx context.Context, prefix, handler string) 
 		if !now.Before(r.expires) || !strings.HasPrefix(k, prefix+":") {
 			continue
 		}
-		if name, ok := handlerOf(k, prefix); ok && (handler == "" || name == handler) {
+		if name, ok := storekit.HandlerOf(k, prefix); ok && (handler == "" || name == handler) {
 			counts[name]++
 		}
 	}
@@ -95,8 +97,8 @@ func (s *MemoryStore) CountRecords(ctx context.Context, prefix, handler string) 
 }
 
 // subscribeNotices implements noticeBus: a subscription in this process.
-func (s *MemoryStore) subscribeNotices() noticeSub {
-	sub := &memNotices{bus: &s.bus, events: make(chan notice, memNoticeQueue), done: make(chan struct{}), channels: make(map[string]bool)}
+func (s *Store) subscribeNotices() storekit.Sub {
+	sub := &memNotices{bus: &s.bus, events: make(chan storekit.Notice, memNoticeQueue), done: make(chan struct{}), channels: make(map[string]bool)}
 	s.bus.mu.Lock()
 	if s.bus.subs == nil {
 		s.bus.subs = make(map[*memNotices]struct{})
@@ -107,7 +109,7 @@ func (s *MemoryStore) subscribeNotices() noticeSub {
 }
 
 // noticeSubscribers implements noticeBus.
-func (s *MemoryStore) noticeSubscribers(_ context.Context, channel string) (int64, error) {
+func (s *Store) noticeSubscribers(_ context.Context, channel string) (int64, error) {
 	s.bus.mu.Lock()
 	defer s.bus.mu.Unlock()
 	var n int64
@@ -119,10 +121,10 @@ func (s *MemoryStore) noticeSubscribers(_ context.Context, channel string) (int6
 	return n, nil
 }
 
-// memNoticeQueue bounds the notices waiting for one subscriber of a MemoryStore.
+// memNoticeQueue bounds the notices waiting for one subscriber of a Store.
 const memNoticeQueue = 1024
 
-// memBus carries a MemoryStore's forget notices to its subscribers.
+// memBus carries a Store's forget notices to its subscribers.
 type memBus struct {
 	mu   sync.Mutex
 	subs map[*memNotices]struct{}
@@ -135,19 +137,19 @@ func (b *memBus) publish(channel, k string) int {
 	n := 0
 	for sub := range b.subs {
 		if sub.has(channel) {
-			sub.put(notice{kind: noticeForgotten, channel: channel, k: k})
+			sub.put(storekit.Notice{Kind: storekit.Forgotten, Channel: channel, K: k})
 			n++
 		}
 	}
 	return n
 }
 
-// memNotices is a subscription to a MemoryStore's notices: a bounded queue. A
+// memNotices is a subscription to a Store's notices: a bounded queue. A
 // subscriber that falls a whole queue behind loses notices, and is told so
 // (noticeMissed) by its next receive.
 type memNotices struct {
 	bus    *memBus
-	events chan notice
+	events chan storekit.Notice
 	done   chan struct{}
 	once   sync.Once
 
@@ -162,7 +164,7 @@ func (m *memNotices) has(channel string) bool {
 	return m.channels[channel]
 }
 
-func (m *memNotices) put(n notice) {
+func (m *memNotices) put(n storekit.Notice) {
 	select {
 	case m.events <- n:
 	default:
@@ -172,25 +174,25 @@ func (m *memNotices) put(n notice) {
 	}
 }
 
-func (m *memNotices) add(_ context.Context, channels ...string) error {
+func (m *memNotices) Add(_ context.Context, channels ...string) error {
 	m.mu.Lock()
 	for _, c := range channels {
 		m.channels[c] = true
 	}
 	m.mu.Unlock()
 	for _, c := range channels {
-		m.put(notice{kind: noticeSubscribed, channel: c, lossless: true})
+		m.put(storekit.Notice{Kind: storekit.Subscribed, Channel: c, Lossless: true})
 	}
 	return nil
 }
 
-func (m *memNotices) receive(ctx context.Context, timeout time.Duration) (notice, error) {
+func (m *memNotices) Receive(ctx context.Context, timeout time.Duration) (storekit.Notice, error) {
 	m.mu.Lock()
 	lost := m.overflow
 	m.overflow = false
 	m.mu.Unlock()
 	if lost {
-		return notice{kind: noticeMissed}, nil
+		return storekit.Notice{Kind: storekit.Missed}, nil
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -198,20 +200,22 @@ func (m *memNotices) receive(ctx context.Context, timeout time.Duration) (notice
 	case n := <-m.events:
 		return n, nil
 	case <-t.C:
-		return notice{}, errNoticeTimeout
+		return storekit.Notice{}, storekit.ErrNoNotice
 	case <-m.done:
-		return notice{}, ErrClosed
+		return storekit.Notice{}, driver.ErrClosed
 	case <-ctx.Done():
-		return notice{}, context.Cause(ctx)
+		return storekit.Notice{}, context.Cause(ctx)
 	}
 }
 
-func (m *memNotices) ping(context.Context) error {
-	m.put(notice{kind: noticeHeard})
+func (m *memNotices) InProcess() bool { return true }
+
+func (m *memNotices) Ping(context.Context) error {
+	m.put(storekit.Notice{Kind: storekit.Heard})
 	return nil
 }
 
-func (m *memNotices) close() error {
+func (m *memNotices) Close() error {
 	m.once.Do(func() {
 		close(m.done)
 		m.bus.mu.Lock()
@@ -219,4 +223,15 @@ func (m *memNotices) close() error {
 		m.bus.mu.Unlock()
 	})
 	return nil
+}
+
+// ForgetNotices returns the store's transport of forget notices, which the Dedupers
+// on the store share (dedup uses it; applications need not).
+func (s *Store) ForgetNotices() storekit.Bus { return notices{s} }
+
+type notices struct{ s *Store }
+
+func (n notices) Subscribe() storekit.Sub { return n.s.subscribeNotices() }
+func (n notices) Subscribers(ctx context.Context, channel string) (int64, error) {
+	return n.s.noticeSubscribers(ctx, channel)
 }

@@ -1,4 +1,14 @@
-package dedup
+// Package storetest checks a dedup store against the contract of driver.Store: a
+// conformance suite of the table in docs/design.md §3 (Run) and seeded random
+// sequences against a reference model (RunModel). redisstore and memstore run both;
+// a third-party store proves itself the same way:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) storetest.Backend {
+//			return storetest.Backend{Store: newStore(t), Prefix: "test", Advance: time.Sleep}
+//		})
+//	}
+package storetest
 
 import (
 	"context"
@@ -7,58 +17,31 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/dedupkit/dedupkit/internal/testenv"
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
-// backend is one Store under test, with a way to move its time forward.
-type backend struct {
-	store   Store
-	prefix  string
-	advance func(time.Duration)
-	// rdb is the Redis client behind a Redis store (nil for memory): the suite checks
-	// raw values and TTLs through it.
-	rdb redis.UniversalClient
+// Backend is one store under test.
+type Backend struct {
+	// Store is the store under test, empty of keys under Prefix.
+	Store driver.Store
+	// Prefix is the key prefix of the test (unique to it on a shared server).
+	Prefix string
+	// Advance moves the store's time forward: time.Sleep for a real server, a fake
+	// clock's Add for a store that takes one.
+	Advance func(time.Duration)
+	// Now is the store's clock when Advance moves a fake one; nil means real time.
+	Now func() time.Time
+	// Raw is direct access to the values under the store, for a store that keeps
+	// dedup's record encoding (redisstore); nil skips the checks that need it.
+	Raw Raw
 }
 
-type backendFactory struct {
-	name string
-	new  func(t *testing.T) backend
-}
-
-// storeBackends lists every Store the conformance suite runs against. The real
-// redis-server comes from DEDUP_REDIS_ADDR or is spawned, the 3-master Redis Cluster
-// is spawned; without redis-server they skip (and fail under DEDUP_REQUIRE_SERVERS=1).
-func storeBackends() []backendFactory {
-	return []backendFactory{
-		{"memory", func(t *testing.T) backend {
-			clk := newFakeClock()
-			s, err := NewMemoryStore(WithMemoryClock(clk.Now))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return backend{store: s, prefix: testenv.Prefix(), advance: clk.Add}
-		}},
-		{"miniredis", func(t *testing.T) backend {
-			m, c := newMiniredis(t)
-			s, err := NewRedisStore(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return backend{store: s, prefix: testenv.Prefix(), advance: m.FastForward, rdb: c}
-		}},
-		{"redis-server", func(t *testing.T) backend {
-			prefix := testenv.Prefix()
-			c := realRedis(t, prefix)
-			s, err := NewRedisStore(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return backend{store: s, prefix: prefix, advance: time.Sleep, rdb: c}
-		}},
-		{"redis-cluster", clusterBackend},
-	}
+// Raw reads and writes the server under a store directly.
+type Raw interface {
+	Get(ctx context.Context, key string) (string, error)
+	Set(ctx context.Context, key, value string, ttl time.Duration) error
+	PTTL(ctx context.Context, key string) (time.Duration, error)
 }
 
 // Durations are short so that the real server, which can only sleep, stays fast; the
@@ -69,36 +52,38 @@ const (
 	cMargin    = 150 * time.Millisecond
 )
 
-func TestEveryStorePassesTheConformanceSuite(t *testing.T) {
-	for _, bf := range storeBackends() {
-		t.Run(bf.name, func(t *testing.T) {
+// maxReply is the largest reply a handler stores (dedup.MaxReplyLimit).
+const maxReply = 1 << 20
+
+// Run runs the conformance suite, each case in parallel on a Backend of its own:
+// the cases of Store, then those of ReplyStore and RecordStore when the store
+// implements them.
+func Run(t *testing.T, newBackend func(t *testing.T) Backend) {
+	t.Helper()
+	for _, c := range append(append(conformanceCases, replyCases...), foreignCase) {
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			for _, c := range append(conformanceCases, replyCases...) {
-				t.Run(c.name, func(t *testing.T) {
-					t.Parallel()
-					b := bf.new(t)
-					c.run(t, &suite{t: t, b: b, ctx: context.Background()})
-				})
-			}
+			b := newBackend(t)
+			c.run(t, &suite{t: t, b: b, ctx: context.Background()})
 		})
 	}
 }
 
 type suite struct {
 	t   *testing.T
-	b   backend
+	b   Backend
 	ctx context.Context
 	n   int
 }
 
 func (s *suite) key() string {
 	s.n++
-	return s.b.prefix + ":h:" + s.t.Name() + string(rune('a'+s.n))
+	return s.b.Prefix + ":h:" + s.t.Name() + string(rune('a'+s.n))
 }
 
-func (s *suite) claim(key, token, fp string) Answer {
+func (s *suite) claim(key, token, fp string) driver.Answer {
 	s.t.Helper()
-	a, err := s.b.store.Claim(s.ctx, key, token, fp, cLease)
+	a, err := s.b.Store.Claim(s.ctx, key, token, fp, cLease)
 	if err != nil {
 		s.t.Fatalf("Claim: %v", err)
 	}
@@ -106,9 +91,9 @@ func (s *suite) claim(key, token, fp string) Answer {
 	return a
 }
 
-func (s *suite) mark(key, token, fp string) Answer {
+func (s *suite) mark(key, token, fp string) driver.Answer {
 	s.t.Helper()
-	a, err := s.b.store.Mark(s.ctx, key, token, fp, cRetention)
+	a, err := s.b.Store.Mark(s.ctx, key, token, fp, cRetention)
 	if err != nil {
 		s.t.Fatalf("Mark: %v", err)
 	}
@@ -118,21 +103,21 @@ func (s *suite) mark(key, token, fp string) Answer {
 
 func (s *suite) complete(key, token string) error {
 	s.t.Helper()
-	err := s.b.store.Complete(s.ctx, key, token, cRetention)
+	err := s.b.Store.Complete(s.ctx, key, token, cRetention)
 	s.checkTTL(key)
 	return err
 }
 
-func (s *suite) records() RecordStore {
+func (s *suite) records() driver.RecordStore {
 	s.t.Helper()
-	rs, ok := s.b.store.(RecordStore)
+	rs, ok := s.b.Store.(driver.RecordStore)
 	if !ok {
-		s.t.Fatalf("%T does not implement RecordStore", s.b.store)
+		s.t.Skipf("%T does not implement RecordStore", s.b.Store)
 	}
 	return rs
 }
 
-func (s *suite) lookup(keys ...string) []Record {
+func (s *suite) lookup(keys ...string) []driver.Record {
 	s.t.Helper()
 	rs, err := s.records().Lookup(s.ctx, keys)
 	if err != nil {
@@ -144,7 +129,7 @@ func (s *suite) lookup(keys ...string) []Record {
 	return rs
 }
 
-func (s *suite) forget(force bool, keys ...string) []Record {
+func (s *suite) forget(force bool, keys ...string) []driver.Record {
 	s.t.Helper()
 	rs, err := s.records().Forget(s.ctx, keys, force)
 	if err != nil {
@@ -157,15 +142,15 @@ func (s *suite) forget(force bool, keys ...string) []Record {
 }
 
 // wantRecord checks a record found: state, owner, fingerprint, and a TTL in (0, max].
-func (s *suite) wantRecord(r Record, state RecordState, owner, fp string, max time.Duration) {
+func (s *suite) wantRecord(r driver.Record, state driver.RecordState, owner, fp string, max time.Duration) {
 	s.t.Helper()
-	if r.Err != nil && state != RecordInProgress || r.State != state || r.Owner != owner || r.Fingerprint != fp ||
+	if r.Err != nil && state != driver.RecordInProgress || r.State != state || r.Owner != owner || r.Fingerprint != fp ||
 		r.TTL <= 0 || r.TTL > max || r.ReplySize != 0 {
 		s.t.Fatalf("record %+v, want %v owned by %q, fingerprint %q, TTL in (0, %v], no reply", r, state, owner, fp, max)
 	}
 }
 
-func (s *suite) wantStatus(a Answer, want Status) {
+func (s *suite) wantStatus(a driver.Answer, want driver.Status) {
 	s.t.Helper()
 	if a.Status != want {
 		s.t.Fatalf("status %v, want %v", a.Status, want)
@@ -175,10 +160,10 @@ func (s *suite) wantStatus(a Answer, want Status) {
 // checkTTL asserts the Redis-side rule that no record lives forever.
 func (s *suite) checkTTL(key string) {
 	s.t.Helper()
-	if s.b.rdb == nil {
+	if s.b.Raw == nil {
 		return
 	}
-	ttl, err := s.b.rdb.PTTL(s.ctx, key).Result()
+	ttl, err := s.b.Raw.PTTL(s.ctx, key)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -196,33 +181,36 @@ func (s *suite) must(err error) {
 
 func (s *suite) wantLeaseLost(err error) {
 	s.t.Helper()
-	if !errors.Is(err, ErrLeaseLost) {
-		s.t.Fatalf("err %v, want ErrLeaseLost", err)
+	if !errors.Is(err, driver.ErrLeaseLost) {
+		s.t.Fatalf("err %v, want driver.ErrLeaseLost", err)
 	}
 }
 
-var conformanceCases = []struct {
+// A case that needs what the store lacks (RecordStore, ReplyStore, Raw) skips.
+type conformanceCase struct {
 	name string
 	run  func(t *testing.T, s *suite)
-}{
+}
+
+var conformanceCases = []conformanceCase{
 	{"claim/absent", func(t *testing.T, s *suite) {
 		k := s.key()
-		s.wantStatus(s.claim(k, "A", ""), StatusAcquired)
+		s.wantStatus(s.claim(k, "A", ""), driver.StatusAcquired)
 	}},
 	{"claim/in-progress-mine", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
-		s.b.advance(cLease - cMargin)
-		s.wantStatus(s.claim(k, "A", ""), StatusAcquired)
+		s.b.Advance(cLease - cMargin)
+		s.wantStatus(s.claim(k, "A", ""), driver.StatusAcquired)
 		// the retried claim renewed the lease
-		s.b.advance(2 * cMargin)
-		s.wantStatus(s.claim(k, "B", ""), StatusInProgress)
+		s.b.Advance(2 * cMargin)
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusInProgress)
 	}},
 	{"claim/in-progress-other", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
 		a := s.claim(k, "B", "")
-		s.wantStatus(a, StatusInProgress)
+		s.wantStatus(a, driver.StatusInProgress)
 		if a.TTL <= 0 || a.TTL > cLease {
 			t.Fatalf("remaining lease %v, want in (0, %v]", a.TTL, cLease)
 		}
@@ -232,24 +220,24 @@ var conformanceCases = []struct {
 		s.claim(k, "A", "fp1")
 		s.must(s.complete(k, "A"))
 		a := s.claim(k, "B", "fp1")
-		s.wantStatus(a, StatusDuplicate)
+		s.wantStatus(a, driver.StatusDuplicate)
 		if a.TTL <= 0 || a.TTL > cRetention {
 			t.Fatalf("DONE record's remaining life %v, want in (0, %v]", a.TTL, cRetention)
 		}
-		s.wantStatus(s.claim(k, "B", ""), StatusDuplicate)
-		s.wantStatus(s.claim(k, "A", "fp1"), StatusDuplicate)
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusDuplicate)
+		s.wantStatus(s.claim(k, "A", "fp1"), driver.StatusDuplicate)
 	}},
 	{"claim/done-other-fingerprint", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "fp1")
 		s.must(s.complete(k, "A"))
-		s.wantStatus(s.claim(k, "B", "fp2"), StatusConflict)
+		s.wantStatus(s.claim(k, "B", "fp2"), driver.StatusConflict)
 	}},
 	{"claim/lease-expiry", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
-		s.b.advance(cLease + cMargin)
-		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+		s.b.Advance(cLease + cMargin)
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusAcquired)
 		s.wantLeaseLost(s.complete(k, "A"))
 		s.must(s.complete(k, "B"))
 	}},
@@ -261,16 +249,16 @@ var conformanceCases = []struct {
 		s.claim(k, "A", "")
 		s.must(s.complete(k, "A"))
 		// DONE lives for the retention, not the lease
-		s.b.advance(cRetention - cMargin)
-		s.wantStatus(s.claim(k, "B", ""), StatusDuplicate)
-		s.b.advance(2 * cMargin)
-		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+		s.b.Advance(cRetention - cMargin)
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusDuplicate)
+		s.b.Advance(2 * cMargin)
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusAcquired)
 	}},
 	{"complete/in-progress-other", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
 		s.wantLeaseLost(s.complete(k, "B"))
-		s.wantStatus(s.claim(k, "C", ""), StatusInProgress)
+		s.wantStatus(s.claim(k, "C", ""), driver.StatusInProgress)
 	}},
 	{"complete/done-mine-retried", func(t *testing.T, s *suite) {
 		k := s.key()
@@ -286,77 +274,77 @@ var conformanceCases = []struct {
 	}},
 	{"release/absent", func(t *testing.T, s *suite) {
 		k := s.key()
-		s.must(s.b.store.Release(s.ctx, k, "A"))
-		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+		s.must(s.b.Store.Release(s.ctx, k, "A"))
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusAcquired)
 	}},
 	{"release/in-progress-mine", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
-		s.must(s.b.store.Release(s.ctx, k, "A"))
-		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+		s.must(s.b.Store.Release(s.ctx, k, "A"))
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusAcquired)
 	}},
 	{"release/in-progress-other", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
-		s.must(s.b.store.Release(s.ctx, k, "B"))
-		s.wantStatus(s.claim(k, "C", ""), StatusInProgress)
+		s.must(s.b.Store.Release(s.ctx, k, "B"))
+		s.wantStatus(s.claim(k, "C", ""), driver.StatusInProgress)
 	}},
 	{"release/done", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
 		s.must(s.complete(k, "A"))
-		s.must(s.b.store.Release(s.ctx, k, "A"))
-		s.wantStatus(s.claim(k, "B", ""), StatusDuplicate)
+		s.must(s.b.Store.Release(s.ctx, k, "A"))
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusDuplicate)
 	}},
 	{"extend/absent", func(t *testing.T, s *suite) {
-		s.wantLeaseLost(s.b.store.Extend(s.ctx, s.key(), "A", cLease))
+		s.wantLeaseLost(s.b.Store.Extend(s.ctx, s.key(), "A", cLease))
 	}},
 	{"extend/in-progress-mine", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
-		s.b.advance(cLease - cMargin)
-		s.must(s.b.store.Extend(s.ctx, k, "A", cLease))
+		s.b.Advance(cLease - cMargin)
+		s.must(s.b.Store.Extend(s.ctx, k, "A", cLease))
 		s.checkTTL(k)
-		s.b.advance(2 * cMargin) // past the first lease, inside the extended one
-		s.wantStatus(s.claim(k, "B", ""), StatusInProgress)
+		s.b.Advance(2 * cMargin) // past the first lease, inside the extended one
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusInProgress)
 		s.must(s.complete(k, "A"))
 	}},
 	{"extend/in-progress-other", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
-		s.wantLeaseLost(s.b.store.Extend(s.ctx, k, "B", cLease))
+		s.wantLeaseLost(s.b.Store.Extend(s.ctx, k, "B", cLease))
 	}},
 	{"extend/done", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
 		s.must(s.complete(k, "A"))
-		s.wantLeaseLost(s.b.store.Extend(s.ctx, k, "A", cLease))
+		s.wantLeaseLost(s.b.Store.Extend(s.ctx, k, "A", cLease))
 	}},
 	{"mark/absent", func(t *testing.T, s *suite) {
 		k := s.key()
-		s.wantStatus(s.mark(k, "A", ""), StatusAcquired)
-		s.wantStatus(s.claim(k, "B", ""), StatusDuplicate) // the mark wrote DONE
-		s.b.advance(cRetention + cMargin)
-		s.wantStatus(s.mark(k, "C", ""), StatusAcquired)
+		s.wantStatus(s.mark(k, "A", ""), driver.StatusAcquired)
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusDuplicate) // the mark wrote DONE
+		s.b.Advance(cRetention + cMargin)
+		s.wantStatus(s.mark(k, "C", ""), driver.StatusAcquired)
 	}},
 	{"mark/in-progress-other", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
-		s.wantStatus(s.mark(k, "B", ""), StatusInProgress)
+		s.wantStatus(s.mark(k, "B", ""), driver.StatusInProgress)
 		s.must(s.complete(k, "A")) // the mark did not disturb the claim
-		s.wantStatus(s.mark(k, "B", ""), StatusDuplicate)
+		s.wantStatus(s.mark(k, "B", ""), driver.StatusDuplicate)
 	}},
 	{"mark/done-mine-retried", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.mark(k, "A", "")
-		s.wantStatus(s.mark(k, "A", ""), StatusAcquired)
+		s.wantStatus(s.mark(k, "A", ""), driver.StatusAcquired)
 	}},
 	{"mark/done-other", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.mark(k, "A", "fp1")
-		s.wantStatus(s.mark(k, "B", "fp1"), StatusDuplicate)
-		s.wantStatus(s.mark(k, "B", "fp2"), StatusConflict)
-		s.wantStatus(s.mark(k, "B", ""), StatusDuplicate)
+		s.wantStatus(s.mark(k, "B", "fp1"), driver.StatusDuplicate)
+		s.wantStatus(s.mark(k, "B", "fp2"), driver.StatusConflict)
+		s.wantStatus(s.mark(k, "B", ""), driver.StatusDuplicate)
 	}},
 	{"batch/claim-many", func(t *testing.T, s *suite) {
 		free, mine, other, done, reused := s.key(), s.key(), s.key(), s.key(), s.key()
@@ -364,7 +352,7 @@ var conformanceCases = []struct {
 		s.claim(other, "X", "")
 		s.mark(done, "X", "fp1")
 		s.mark(reused, "X", "fp1")
-		got, err := s.b.store.ClaimMany(s.ctx, []Entry{
+		got, err := s.b.Store.ClaimMany(s.ctx, []driver.Entry{
 			{Key: free, Token: "A", TTL: cLease},
 			{Key: mine, Token: "A", TTL: cLease},
 			{Key: other, Token: "A", TTL: cLease},
@@ -372,7 +360,7 @@ var conformanceCases = []struct {
 			{Key: reused, Token: "A", Fingerprint: "fp2", TTL: cLease},
 		})
 		s.must(err)
-		want := []Status{StatusAcquired, StatusAcquired, StatusInProgress, StatusDuplicate, StatusConflict}
+		want := []driver.Status{driver.StatusAcquired, driver.StatusAcquired, driver.StatusInProgress, driver.StatusDuplicate, driver.StatusConflict}
 		for i, a := range got {
 			if a.Err != nil || a.Status != want[i] {
 				t.Fatalf("entry %d: %v %v, want %v", i, a.Status, a.Err, want[i])
@@ -389,33 +377,33 @@ var conformanceCases = []struct {
 		mine, other := s.key(), s.key()
 		s.claim(mine, "A", "")
 		s.claim(other, "X", "")
-		s.b.advance(cLease - cMargin)
-		got, err := s.b.store.ClaimMany(s.ctx, []Entry{{Key: mine, Token: "A", TTL: cLease}, {Key: other, Token: "A", TTL: cLease}})
+		s.b.Advance(cLease - cMargin)
+		got, err := s.b.Store.ClaimMany(s.ctx, []driver.Entry{{Key: mine, Token: "A", TTL: cLease}, {Key: other, Token: "A", TTL: cLease}})
 		s.must(err)
-		if got[0].Err != nil || got[0].Status != StatusAcquired || got[1].Err != nil || got[1].Status != StatusInProgress {
+		if got[0].Err != nil || got[0].Status != driver.StatusAcquired || got[1].Err != nil || got[1].Status != driver.StatusInProgress {
 			t.Fatalf("got %+v, want Acquired then InProgress", got)
 		}
 		if got[1].TTL <= 0 || got[1].TTL > cMargin+cMargin/2 {
 			t.Fatalf("other's remaining lease %v, want about %v", got[1].TTL, cMargin)
 		}
 		// the retried claim renewed the lease; the other one's ran out
-		s.b.advance(2 * cMargin)
-		s.wantStatus(s.claim(mine, "B", ""), StatusInProgress)
-		s.wantStatus(s.claim(other, "B", ""), StatusAcquired)
+		s.b.Advance(2 * cMargin)
+		s.wantStatus(s.claim(mine, "B", ""), driver.StatusInProgress)
+		s.wantStatus(s.claim(other, "B", ""), driver.StatusAcquired)
 	}},
 	{"batch/mark-many", func(t *testing.T, s *suite) {
 		free, other, mine, reused := s.key(), s.key(), s.key(), s.key()
 		s.claim(other, "X", "")
 		s.mark(mine, "A", "")
 		s.mark(reused, "X", "fp1")
-		got, err := s.b.store.MarkMany(s.ctx, []Entry{
+		got, err := s.b.Store.MarkMany(s.ctx, []driver.Entry{
 			{Key: free, Token: "A", TTL: cRetention},
 			{Key: other, Token: "A", TTL: cRetention},
 			{Key: mine, Token: "A", TTL: cRetention},
 			{Key: reused, Token: "A", Fingerprint: "fp2", TTL: cRetention},
 		})
 		s.must(err)
-		want := []Status{StatusAcquired, StatusInProgress, StatusAcquired, StatusConflict}
+		want := []driver.Status{driver.StatusAcquired, driver.StatusInProgress, driver.StatusAcquired, driver.StatusConflict}
 		for i, a := range got {
 			if a.Err != nil || a.Status != want[i] {
 				t.Fatalf("entry %d: %v %v, want %v", i, a.Status, a.Err, want[i])
@@ -427,24 +415,24 @@ var conformanceCases = []struct {
 		mine, other, absent := s.key(), s.key(), s.key()
 		s.claim(mine, "A", "")
 		s.claim(other, "X", "")
-		got, err := s.b.store.CompleteMany(s.ctx, []Entry{
+		got, err := s.b.Store.CompleteMany(s.ctx, []driver.Entry{
 			{Key: mine, Token: "A", TTL: cRetention},
 			{Key: other, Token: "A", TTL: cRetention},
 			{Key: absent, Token: "A", TTL: cRetention},
 		})
 		s.must(err)
-		if got[0] != nil || !errors.Is(got[1], ErrLeaseLost) || !errors.Is(got[2], ErrLeaseLost) {
+		if got[0] != nil || !errors.Is(got[1], driver.ErrLeaseLost) || !errors.Is(got[2], driver.ErrLeaseLost) {
 			t.Fatalf("got %v", got)
 		}
-		s.wantStatus(s.claim(mine, "B", ""), StatusDuplicate)
+		s.wantStatus(s.claim(mine, "B", ""), driver.StatusDuplicate)
 		s.checkTTL(mine)
 	}},
 	{"batch/empty", func(t *testing.T, s *suite) {
-		a, err := s.b.store.ClaimMany(s.ctx, nil)
+		a, err := s.b.Store.ClaimMany(s.ctx, nil)
 		s.must(err)
-		m, err := s.b.store.MarkMany(s.ctx, nil)
+		m, err := s.b.Store.MarkMany(s.ctx, nil)
 		s.must(err)
-		c, err := s.b.store.CompleteMany(s.ctx, nil)
+		c, err := s.b.Store.CompleteMany(s.ctx, nil)
 		s.must(err)
 		if len(a)+len(m)+len(c) != 0 {
 			t.Fatal("answers for no entries")
@@ -452,21 +440,21 @@ var conformanceCases = []struct {
 	}},
 	{"invalid-input", func(t *testing.T, s *suite) {
 		k := s.key()
-		for _, tok := range []string{"", "a:b", string(make([]byte, maxTokenLen+1))} {
-			if _, err := s.b.store.Claim(s.ctx, k, tok, "", cLease); !errors.Is(err, ErrInvalidOption) {
+		for _, tok := range []string{"", "a:b", string(make([]byte, storekit.MaxTokenLen+1))} {
+			if _, err := s.b.Store.Claim(s.ctx, k, tok, "", cLease); !errors.Is(err, driver.ErrInvalidOption) {
 				t.Fatalf("token %q: err %v", tok, err)
 			}
 		}
-		if _, err := s.b.store.Claim(s.ctx, k, "A", "", 0); !errors.Is(err, ErrInvalidOption) {
+		if _, err := s.b.Store.Claim(s.ctx, k, "A", "", 0); !errors.Is(err, driver.ErrInvalidOption) {
 			t.Fatalf("zero lease: err %v", err)
 		}
-		if _, err := s.b.store.Mark(s.ctx, k, "A", "", -time.Second); !errors.Is(err, ErrInvalidOption) {
+		if _, err := s.b.Store.Mark(s.ctx, k, "A", "", -time.Second); !errors.Is(err, driver.ErrInvalidOption) {
 			t.Fatalf("negative retention: err %v", err)
 		}
-		if _, err := s.b.store.ClaimMany(s.ctx, []Entry{{Key: k, Token: "A"}}); !errors.Is(err, ErrInvalidOption) {
+		if _, err := s.b.Store.ClaimMany(s.ctx, []driver.Entry{{Key: k, Token: "A"}}); !errors.Is(err, driver.ErrInvalidOption) {
 			t.Fatalf("batch without ttl: err %v", err)
 		}
-		s.wantStatus(s.claim(k, "A", ""), StatusAcquired) // nothing was written
+		s.wantStatus(s.claim(k, "A", ""), driver.StatusAcquired) // nothing was written
 	}},
 	{"lookup/states", func(t *testing.T, s *suite) {
 		absent, inProgress, done := s.key(), s.key(), s.key()
@@ -474,15 +462,15 @@ var conformanceCases = []struct {
 		s.claim(done, "B", "fp2")
 		s.must(s.complete(done, "B"))
 		got := s.lookup(absent, inProgress, done)
-		if got[0] != (Record{}) {
+		if got[0] != (driver.Record{}) {
 			t.Fatalf("absent: %+v", got[0])
 		}
-		s.wantRecord(got[1], RecordInProgress, "A", "fp1", cLease)
-		s.wantRecord(got[2], RecordDone, "B", "fp2", cRetention)
+		s.wantRecord(got[1], driver.RecordInProgress, "A", "fp1", cLease)
+		s.wantRecord(got[2], driver.RecordDone, "B", "fp2", cRetention)
 		// Lookup writes nothing: the claim is still A's, the DONE record unchanged
-		s.wantStatus(s.claim(inProgress, "C", ""), StatusInProgress)
-		s.wantStatus(s.claim(done, "C", "fp2"), StatusDuplicate)
-		s.wantStatus(s.claim(absent, "C", ""), StatusAcquired)
+		s.wantStatus(s.claim(inProgress, "C", ""), driver.StatusInProgress)
+		s.wantStatus(s.claim(done, "C", "fp2"), driver.StatusDuplicate)
+		s.wantStatus(s.claim(absent, "C", ""), driver.StatusAcquired)
 	}},
 	{"lookup/empty", func(t *testing.T, s *suite) {
 		rs, err := s.records().Lookup(s.ctx, nil)
@@ -495,53 +483,53 @@ var conformanceCases = []struct {
 		k := s.key()
 		s.mark(k, "A", "fp1")
 		got := s.forget(false, k)
-		s.wantRecord(got[0], RecordDone, "A", "fp1", cRetention)
-		if r := s.lookup(k)[0]; r.State != RecordAbsent {
+		s.wantRecord(got[0], driver.RecordDone, "A", "fp1", cRetention)
+		if r := s.lookup(k)[0]; r.State != driver.RecordAbsent {
 			t.Fatalf("after Forget: %+v", r)
 		}
-		s.wantStatus(s.mark(k, "B", "fp2"), StatusAcquired) // runs again, another payload too
+		s.wantStatus(s.mark(k, "B", "fp2"), driver.StatusAcquired) // runs again, another payload too
 	}},
 	{"forget/absent", func(t *testing.T, s *suite) {
 		k := s.key()
 		got := s.forget(false, k)
-		if got[0].State != RecordAbsent || got[0].Err != nil {
+		if got[0].State != driver.RecordAbsent || got[0].Err != nil {
 			t.Fatalf("forget of an absent record: %+v", got[0])
 		}
-		s.wantStatus(s.claim(k, "A", ""), StatusAcquired)
+		s.wantStatus(s.claim(k, "A", ""), driver.StatusAcquired)
 	}},
 	{"forget/in-progress", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
 		got := s.forget(false, k)
-		if !errors.Is(got[0].Err, ErrRecordInProgress) {
-			t.Fatalf("forget of a record in progress: err %v, want ErrRecordInProgress", got[0].Err)
+		if !errors.Is(got[0].Err, driver.ErrRecordInProgress) {
+			t.Fatalf("forget of a record in progress: err %v, want driver.ErrRecordInProgress", got[0].Err)
 		}
-		s.wantRecord(got[0], RecordInProgress, "A", "", cLease)
-		s.wantStatus(s.claim(k, "B", ""), StatusInProgress) // left alone
-		s.must(s.b.store.Extend(s.ctx, k, "A", cLease))
+		s.wantRecord(got[0], driver.RecordInProgress, "A", "", cLease)
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusInProgress) // left alone
+		s.must(s.b.Store.Extend(s.ctx, k, "A", cLease))
 		got = s.forget(true, k)
-		if got[0].Err != nil || got[0].State != RecordInProgress {
+		if got[0].Err != nil || got[0].State != driver.RecordInProgress {
 			t.Fatalf("forced forget: %+v", got[0])
 		}
 		s.wantLeaseLost(s.complete(k, "A")) // the owner finds its lease lost
-		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusAcquired)
 	}},
 	{"forget/many", func(t *testing.T, s *suite) {
 		done, inProgress, absent := s.key(), s.key(), s.key()
 		s.mark(done, "A", "")
 		s.claim(inProgress, "A", "")
 		got := s.forget(false, done, inProgress, absent)
-		if got[0].Err != nil || got[0].State != RecordDone || !errors.Is(got[1].Err, ErrRecordInProgress) ||
-			got[2].Err != nil || got[2].State != RecordAbsent {
+		if got[0].Err != nil || got[0].State != driver.RecordDone || !errors.Is(got[1].Err, driver.ErrRecordInProgress) ||
+			got[2].Err != nil || got[2].State != driver.RecordAbsent {
 			t.Fatalf("got %+v", got)
 		}
-		s.wantStatus(s.mark(done, "B", ""), StatusAcquired)
-		s.wantStatus(s.mark(inProgress, "B", ""), StatusInProgress)
+		s.wantStatus(s.mark(done, "B", ""), driver.StatusAcquired)
+		s.wantStatus(s.mark(inProgress, "B", ""), driver.StatusInProgress)
 	}},
 	{"forget/not-a-record-key", func(t *testing.T, s *suite) {
 		for _, k := range []string{"", "nocolon", "prefix:handler-only"} {
-			if _, err := s.records().Forget(s.ctx, []string{s.key(), k}, false); !errors.Is(err, ErrInvalidOption) {
-				t.Fatalf("Forget(%q): err %v, want ErrInvalidOption", k, err)
+			if _, err := s.records().Forget(s.ctx, []string{s.key(), k}, false); !errors.Is(err, driver.ErrInvalidOption) {
+				t.Fatalf("Forget(%q): err %v, want driver.ErrInvalidOption", k, err)
 			}
 		}
 	}},
@@ -550,49 +538,46 @@ var conformanceCases = []struct {
 		fp := "a:b:c\x00\xff"
 		s.claim(k, "A", fp)
 		s.must(s.complete(k, "A"))
-		s.wantStatus(s.claim(k, "B", fp), StatusDuplicate)
-		s.wantStatus(s.claim(k, "B", fp+"x"), StatusConflict)
+		s.wantStatus(s.claim(k, "B", fp), driver.StatusDuplicate)
+		s.wantStatus(s.claim(k, "B", fp+"x"), driver.StatusConflict)
 	}},
 }
 
 // replyCases are the conformance cases of ReplyStore: a reply written with DONE comes
 // back with every duplicate's claim, byte for byte.
-var replyCases = []struct {
-	name string
-	run  func(t *testing.T, s *suite)
-}{
+var replyCases = []conformanceCase{
 	{"reply/complete", func(t *testing.T, s *suite) {
 		k := s.key()
 		reply := "\x00{\"id\":7}\r\n:d:x:\xff" // binary, separators, CRLF
 		s.claim(k, "A", "fp1")
 		s.must(s.completeReply(k, "A", reply))
 		a := s.claim(k, "B", "fp1")
-		s.wantStatus(a, StatusDuplicate)
+		s.wantStatus(a, driver.StatusDuplicate)
 		if !a.HasReply || a.Reply != reply || a.TTL <= 0 || a.TTL > cRetention {
 			t.Fatalf("duplicate's answer %+v, want the reply %q and a TTL in (0, %v]", a, reply, cRetention)
 		}
-		if s.b.rdb != nil { // the record's form: r:<token>:<len(fingerprint)>:<fingerprint><reply>
-			if v := s.b.rdb.Get(s.ctx, k).Val(); v != "r:A:3:fp1"+reply {
+		if s.b.Raw != nil { // the record's form: r:<token>:<len(fingerprint)>:<fingerprint><reply>
+			if v, _ := s.b.Raw.Get(s.ctx, k); v != "r:A:3:fp1"+reply {
 				t.Fatalf("record value %q", v)
 			}
 		}
-		s.wantStatus(s.claim(k, "B", "fp2"), StatusConflict)
+		s.wantStatus(s.claim(k, "B", "fp2"), driver.StatusConflict)
 		if a := s.claim(k, "B", ""); !a.HasReply || a.Reply != reply {
 			t.Fatalf("unfingerprinted duplicate: %+v", a)
 		}
 		s.must(s.completeReply(k, "A", reply)) // retried, its first attempt landed
 		s.must(s.complete(k, "A"))
 		s.wantLeaseLost(s.completeReply(k, "B", reply))
-		s.wantLeaseLost(s.b.store.Extend(s.ctx, k, "A", cLease))
-		s.must(s.b.store.Release(s.ctx, k, "A"))
-		s.wantStatus(s.mark(k, "B", ""), StatusDuplicate)
-		s.wantStatus(s.mark(k, "A", ""), StatusAcquired) // a mark finds its own token
+		s.wantLeaseLost(s.b.Store.Extend(s.ctx, k, "A", cLease))
+		s.must(s.b.Store.Release(s.ctx, k, "A"))
+		s.wantStatus(s.mark(k, "B", ""), driver.StatusDuplicate)
+		s.wantStatus(s.mark(k, "A", ""), driver.StatusAcquired) // a mark finds its own token
 		r := s.lookup(k)[0]
-		if r.State != RecordDone || r.Owner != "A" || r.Fingerprint != "fp1" || !r.HasReply || r.ReplySize != len(reply) {
+		if r.State != driver.RecordDone || r.Owner != "A" || r.Fingerprint != "fp1" || !r.HasReply || r.ReplySize != len(reply) {
 			t.Fatalf("lookup: %+v", r)
 		}
-		s.b.advance(cRetention + cMargin)
-		s.wantStatus(s.claim(k, "C", ""), StatusAcquired)
+		s.b.Advance(cRetention + cMargin)
+		s.wantStatus(s.claim(k, "C", ""), driver.StatusAcquired)
 	}},
 	{"reply/empty-and-none", func(t *testing.T, s *suite) {
 		empty, none := s.key(), s.key()
@@ -600,10 +585,10 @@ var replyCases = []struct {
 		s.claim(none, "A", "")
 		s.must(s.completeReply(empty, "A", ""))
 		s.must(s.complete(none, "A"))
-		if a := s.claim(empty, "B", ""); a.Status != StatusDuplicate || !a.HasReply || a.Reply != "" {
+		if a := s.claim(empty, "B", ""); a.Status != driver.StatusDuplicate || !a.HasReply || a.Reply != "" {
 			t.Fatalf("empty reply: %+v", a)
 		}
-		if a := s.claim(none, "B", ""); a.Status != StatusDuplicate || a.HasReply {
+		if a := s.claim(none, "B", ""); a.Status != driver.StatusDuplicate || a.HasReply {
 			t.Fatalf("no reply: %+v", a)
 		}
 		got := s.lookup(empty, none)
@@ -616,23 +601,23 @@ var replyCases = []struct {
 		fp := "a:b:3:c\x00\xff"
 		s.claim(k, "A", fp)
 		s.must(s.completeReply(k, "A", "7:x:"))
-		if a := s.claim(k, "B", fp); a.Status != StatusDuplicate || a.Reply != "7:x:" {
+		if a := s.claim(k, "B", fp); a.Status != driver.StatusDuplicate || a.Reply != "7:x:" {
 			t.Fatalf("got %+v", a)
 		}
-		s.wantStatus(s.claim(k, "B", fp+"x"), StatusConflict)
+		s.wantStatus(s.claim(k, "B", fp+"x"), driver.StatusConflict)
 		if r := s.lookup(k)[0]; r.Fingerprint != fp || r.ReplySize != 4 {
 			t.Fatalf("lookup: %+v", r)
 		}
 	}},
 	{"reply/largest", func(t *testing.T, s *suite) {
 		k := s.key()
-		reply := strings.Repeat("\xfe:", MaxReplyLimit/2)
-		s.claim(k, "A", Fingerprint([]byte("x")))
+		reply := strings.Repeat("\xfe:", maxReply/2)
+		s.claim(k, "A", "2d711642b726b04401627ca9fbac32f5") // a fingerprint as dedup.Fingerprint makes it
 		s.must(s.completeReply(k, "A", reply))
 		if a := s.claim(k, "B", ""); !a.HasReply || a.Reply != reply {
 			t.Fatalf("a %d-byte reply came back as %d bytes (has %v)", len(reply), len(a.Reply), a.HasReply)
 		}
-		got, err := s.b.store.ClaimMany(s.ctx, []Entry{{Key: k, Token: "B", TTL: cLease}})
+		got, err := s.b.Store.ClaimMany(s.ctx, []driver.Entry{{Key: k, Token: "B", TTL: cLease}})
 		s.must(err)
 		if !got[0].HasReply || got[0].Reply != reply {
 			t.Fatalf("ClaimMany: %d bytes (has %v)", len(got[0].Reply), got[0].HasReply)
@@ -644,34 +629,34 @@ var replyCases = []struct {
 			s.claim(k, "A", "")
 		}
 		s.claim(other, "X", "")
-		errs, err := s.b.store.CompleteMany(s.ctx, []Entry{
+		errs, err := s.b.Store.CompleteMany(s.ctx, []driver.Entry{
 			{Key: withReply, Token: "A", TTL: cRetention, Reply: "one", HasReply: true},
 			{Key: without, Token: "A", TTL: cRetention},
 			{Key: other, Token: "A", TTL: cRetention, Reply: "two", HasReply: true},
 			{Key: absent, Token: "A", TTL: cRetention, Reply: "three", HasReply: true},
 		})
 		s.must(err)
-		if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], ErrLeaseLost) || !errors.Is(errs[3], ErrLeaseLost) {
+		if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], driver.ErrLeaseLost) || !errors.Is(errs[3], driver.ErrLeaseLost) {
 			t.Fatalf("CompleteMany: %v", errs)
 		}
 		s.checkTTL(withReply)
-		got, err := s.b.store.ClaimMany(s.ctx, []Entry{
+		got, err := s.b.Store.ClaimMany(s.ctx, []driver.Entry{
 			{Key: withReply, Token: "B", TTL: cLease},
 			{Key: without, Token: "B", TTL: cLease},
 			{Key: other, Token: "B", TTL: cLease},
 			{Key: absent, Token: "B", TTL: cLease},
 		})
 		s.must(err)
-		if got[0].Status != StatusDuplicate || !got[0].HasReply || got[0].Reply != "one" || got[0].TTL <= 0 ||
-			got[1].Status != StatusDuplicate || got[1].HasReply || got[2].Status != StatusInProgress || got[2].HasReply ||
-			got[3].Status != StatusAcquired {
+		if got[0].Status != driver.StatusDuplicate || !got[0].HasReply || got[0].Reply != "one" || got[0].TTL <= 0 ||
+			got[1].Status != driver.StatusDuplicate || got[1].HasReply || got[2].Status != driver.StatusInProgress || got[2].HasReply ||
+			got[3].Status != driver.StatusAcquired {
 			t.Fatalf("ClaimMany: %+v", got)
 		}
 		// a batch that names a key twice goes as claim scripts
-		got, err = s.b.store.ClaimMany(s.ctx, []Entry{{Key: withReply, Token: "C", TTL: cLease}, {Key: withReply, Token: "D", TTL: cLease}})
+		got, err = s.b.Store.ClaimMany(s.ctx, []driver.Entry{{Key: withReply, Token: "C", TTL: cLease}, {Key: withReply, Token: "D", TTL: cLease}})
 		s.must(err)
 		for _, a := range got {
-			if a.Status != StatusDuplicate || a.Reply != "one" {
+			if a.Status != driver.StatusDuplicate || a.Reply != "one" {
 				t.Fatalf("repeated key: %+v", got)
 			}
 		}
@@ -681,53 +666,51 @@ var replyCases = []struct {
 		s.claim(k, "A", "")
 		s.must(s.completeReply(k, "A", "reply"))
 		got := s.forget(false, k)
-		if got[0].Err != nil || got[0].State != RecordDone || got[0].ReplySize != 5 {
+		if got[0].Err != nil || got[0].State != driver.RecordDone || got[0].ReplySize != 5 {
 			t.Fatalf("forget: %+v", got[0])
 		}
-		s.wantStatus(s.claim(k, "B", ""), StatusAcquired)
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusAcquired)
 	}},
 }
 
 func (s *suite) completeReply(key, token, reply string) error {
 	s.t.Helper()
-	rs, ok := s.b.store.(ReplyStore)
+	rs, ok := s.b.Store.(driver.ReplyStore)
 	if !ok {
-		s.t.Fatalf("%T does not implement ReplyStore", s.b.store)
+		s.t.Skipf("%T does not implement ReplyStore", s.b.Store)
 	}
 	err := rs.CompleteReply(s.ctx, key, token, reply, cRetention)
 	s.checkTTL(key)
 	return err
 }
 
-// A value under a record key that dedup did not write is reported, never taken for a
-// record (which could drop a message) and never overwritten.
-func TestRedisStoreReportsAForeignValueAndNeverOverwritesIt(t *testing.T) {
-	for _, bf := range storeBackends()[1:] {
-		t.Run(bf.name, func(t *testing.T) {
-			b := bf.new(t)
-			ctx := context.Background()
-			k := b.prefix + ":h:foreign"
-			if err := b.rdb.Set(ctx, k, "hello", time.Minute).Err(); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := b.store.Claim(ctx, k, "A", "", cLease); !errors.Is(err, ErrBadRecord) || !errors.Is(err, ErrStoreUnavailable) {
-				t.Fatalf("claim: %v", err)
-			}
-			if _, err := b.store.Mark(ctx, k, "A", "", cRetention); !errors.Is(err, ErrBadRecord) {
-				t.Fatalf("mark: %v", err)
-			}
-			rs := b.store.(RecordStore)
-			if got, err := rs.Lookup(ctx, []string{k}); err != nil || !errors.Is(got[0].Err, ErrBadRecord) {
-				t.Fatalf("lookup: %v %+v", err, got)
-			}
-			for _, force := range []bool{false, true} {
-				if got, err := rs.Forget(ctx, []string{k}, force); err != nil || !errors.Is(got[0].Err, ErrBadRecord) {
-					t.Fatalf("forget (force %v): %v %+v", force, err, got)
-				}
-			}
-			if v := b.rdb.Get(ctx, k).Val(); v != "hello" {
-				t.Fatalf("value overwritten: %q", v)
-			}
-		})
+// foreignCase: a value under a record key that dedup did not write is reported, never
+// taken for a record (which could drop a message) and never overwritten.
+var foreignCase = conformanceCase{"foreign-value", func(t *testing.T, s *suite) {
+	if s.b.Raw == nil {
+		t.Skip("no Raw access")
 	}
-}
+	ctx := s.ctx
+	k := s.key()
+	if err := s.b.Raw.Set(ctx, k, "hello", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.b.Store.Claim(ctx, k, "A", "", cLease); !errors.Is(err, driver.ErrBadRecord) || !errors.Is(err, driver.ErrStoreUnavailable) {
+		t.Fatalf("claim: %v", err)
+	}
+	if _, err := s.b.Store.Mark(ctx, k, "A", "", cRetention); !errors.Is(err, driver.ErrBadRecord) {
+		t.Fatalf("mark: %v", err)
+	}
+	rs := s.records()
+	if got, err := rs.Lookup(ctx, []string{k}); err != nil || !errors.Is(got[0].Err, driver.ErrBadRecord) {
+		t.Fatalf("lookup: %v %+v", err, got)
+	}
+	for _, force := range []bool{false, true} {
+		if got, err := rs.Forget(ctx, []string{k}, force); err != nil || !errors.Is(got[0].Err, driver.ErrBadRecord) {
+			t.Fatalf("forget (force %v): %v %+v", force, err, got)
+		}
+	}
+	if v, _ := s.b.Raw.Get(ctx, k); v != "hello" {
+		t.Fatalf("value overwritten: %q", v)
+	}
+}}

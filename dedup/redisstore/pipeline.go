@@ -1,4 +1,4 @@
-package dedup
+package redisstore
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
 // Defaults for auto-pipelining (see WithAutoPipeline).
@@ -26,13 +28,13 @@ const (
 // (up to batch commands) goes out as one pipeline. There is no timer: nothing ever
 // waits for more work to arrive. Defaults: DefaultPipelineBatch and
 // DefaultPipelinesInFlight. batch must be 1 to 10000 and inFlight 1 to 1024.
-func WithAutoPipeline(batch, inFlight int) RedisOption {
-	return func(s *RedisStore) error {
+func WithAutoPipeline(batch, inFlight int) Option {
+	return func(s *Store) error {
 		if batch < 1 || batch > 10000 {
-			return fmt.Errorf("%w: auto-pipeline batch %d is outside 1..10000", ErrInvalidOption, batch)
+			return fmt.Errorf("%w: auto-pipeline batch %d is outside 1..10000", driver.ErrInvalidOption, batch)
 		}
 		if inFlight < 1 || inFlight > 1024 {
-			return fmt.Errorf("%w: auto-pipeline round trips in flight %d is outside 1..1024", ErrInvalidOption, inFlight)
+			return fmt.Errorf("%w: auto-pipeline round trips in flight %d is outside 1..1024", driver.ErrInvalidOption, inFlight)
 		}
 		s.pipe = newAutoPipe(s, batch, inFlight)
 		return nil
@@ -41,8 +43,8 @@ func WithAutoPipeline(batch, inFlight int) RedisOption {
 
 // WithoutAutoPipeline sends every single call as its own command: each concurrent
 // caller then holds a pooled connection for a full round trip.
-func WithoutAutoPipeline() RedisOption {
-	return func(s *RedisStore) error {
+func WithoutAutoPipeline() Option {
+	return func(s *Store) error {
 		s.pipe = nil
 		return nil
 	}
@@ -54,7 +56,7 @@ func WithoutAutoPipeline() RedisOption {
 // queue in pipelines of at most batch commands until the queue is empty, then exits.
 // No goroutine outlives the calls that need it, so there is nothing to close.
 type autoPipe struct {
-	s        *RedisStore // sends each round trip (process, exec)
+	s        *Store // sends each round trip (process, exec)
 	batch    int
 	inFlight int
 
@@ -74,12 +76,12 @@ type pcall struct {
 	sent bool
 	// comp, for a single Complete (doComplete), is its entry: a flush that takes
 	// several sends them as one complete_many call instead of a script each
-	comp *Entry
+	comp *driver.Entry
 }
 
 var pcallPool = sync.Pool{New: func() any { return &pcall{done: make(chan struct{}, 1)} }}
 
-func newAutoPipe(s *RedisStore, batch, inFlight int) *autoPipe {
+func newAutoPipe(s *Store, batch, inFlight int) *autoPipe {
 	return &autoPipe{s: s, batch: batch, inFlight: inFlight}
 }
 
@@ -96,7 +98,7 @@ func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
 // doComplete is do for a command that is the complete script of comp's entry when
 // comp is not nil: queued with others, it may go out as part of one complete_many
 // call (see send), and its command then gets its own element of that call's reply.
-func (p *autoPipe) doComplete(ctx context.Context, cmd redis.Cmder, comp *Entry) error {
+func (p *autoPipe) doComplete(ctx context.Context, cmd redis.Cmder, comp *driver.Entry) error {
 	p.mu.Lock()
 	if len(p.queue) == 0 && p.flushers < p.inFlight {
 		p.flushers++
@@ -288,7 +290,7 @@ func (p *autoPipe) send(batch []*pcall) {
 		}
 		var merged []*redis.Cmd
 		if len(comps) > 0 {
-			entries := make([]Entry, len(comps))
+			entries := make([]driver.Entry, len(comps))
 			for i, c := range comps {
 				entries[i] = *c.comp
 			}

@@ -1,4 +1,4 @@
-package dedup
+package redisstore
 
 import (
 	"context"
@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
 var (
@@ -34,7 +37,7 @@ var (
 	completeManyScript = redis.NewScript(completeManyLua)
 )
 
-// RedisStore is the Store backed by Redis 7 or later. Every command and script has
+// Store is the Store backed by Redis 7 or later. Every command and script has
 // one key, so it runs unchanged on Redis Cluster.
 //
 // Mark is one SET NX PX GET. Claim is one SET NX PX GET too when the key is free (or
@@ -46,7 +49,7 @@ var (
 // keys each, ClaimMany's for the keys that held a record); on a cluster, a ring or a
 // proxy, one pipeline of a command or script per key. Concurrent single calls are coalesced into pipelines (see
 // WithAutoPipeline).
-type RedisStore struct {
+type Store struct {
 	c    redis.UniversalClient
 	pipe *autoPipe    // nil: every single call is sent on its own
 	wait *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
@@ -59,7 +62,7 @@ type RedisStore struct {
 	probing  atomic.Bool // one probe at a time; calls meanwhile go per key
 }
 
-// How a *redis.Client's batch calls go (RedisStore.scripts).
+// How a *redis.Client's batch calls go (Store.scripts).
 const (
 	scriptsUnknown int32 = iota
 	scriptsOn
@@ -72,13 +75,13 @@ const reprobeAfter = time.Minute
 
 // WithoutBatchScripts sends ClaimMany and CompleteMany (and the auto-pipeliner's
 // Completes) as a command or script per key, as on a cluster, also through a
-// *redis.Client. The store finds a proxy by itself (see RedisStore.ClaimMany); this
+// *redis.Client. The store finds a proxy by itself (see Store.ClaimMany); this
 // option is for one it cannot tell from a server: a proxy in front of several servers
 // that routes each command by its key, answers INFO, and would run a script on the
 // server of its first key whatever its other keys. It costs Redis about a quarter
 // more CPU per claim and per completion.
-func WithoutBatchScripts() RedisOption {
-	return func(s *RedisStore) error {
+func WithoutBatchScripts() Option {
+	return func(s *Store) error {
 		s.scripts.Store(scriptsOff)
 		return nil
 	}
@@ -96,7 +99,7 @@ const maxScriptKeys = 128
 // Envoy) would run a script on the server of its first key, whatever its other keys:
 // so the first batch call probes what answers (probeScripts), and until the answer is
 // known, and where it says proxy or cluster, the calls go per key.
-func (s *RedisStore) batchScripts(ctx context.Context) bool {
+func (s *Store) batchScripts(ctx context.Context) bool {
 	switch s.scripts.Load() {
 	case scriptsOn:
 		return true
@@ -110,13 +113,13 @@ func (s *RedisStore) batchScripts(ctx context.Context) bool {
 
 // batchScriptsKnown is batchScripts without a probe: for the auto-pipeliner's merge,
 // which follows what the batch calls found.
-func (s *RedisStore) batchScriptsKnown() bool { return s.scripts.Load() == scriptsOn }
+func (s *Store) batchScriptsKnown() bool { return s.scripts.Load() == scriptsOn }
 
 // probeScripts asks the server for INFO. A Redis server answers it, and says
 // redis_mode:cluster when it is a cluster node; twemproxy and Envoy's Redis proxy do
 // not implement INFO. An error reply settles it (per key, for good); a network failure
 // leaves the calls per key and the question open for reprobeAfter.
-func (s *RedisStore) probeScripts(ctx context.Context) bool {
+func (s *Store) probeScripts(ctx context.Context) bool {
 	if !s.probing.CompareAndSwap(false, true) {
 		return false
 	}
@@ -153,7 +156,7 @@ var errCrossSlot = errors.New("dedup: batch script refused (CROSSSLOT)")
 
 // crossSlot reports a reply that refuses a script over keys of several slots, and
 // turns the batch scripts off.
-func (s *RedisStore) crossSlot(err error) bool {
+func (s *Store) crossSlot(err error) bool {
 	if err != nil && redis.HasErrorPrefix(err, "CROSSSLOT") {
 		s.probedAt.Store(0)
 		s.scripts.Store(scriptsOff)
@@ -162,23 +165,23 @@ func (s *RedisStore) crossSlot(err error) bool {
 	return false
 }
 
-var _ ReplyStore = (*RedisStore)(nil)
+var _ driver.ReplyStore = (*Store)(nil)
 
-// RedisOption configures a RedisStore.
-type RedisOption func(*RedisStore) error
+// Option configures a Store.
+type Option func(*Store) error
 
-// NewRedisStore returns a store over c: a *redis.Client, *redis.ClusterClient,
+// New returns a store over c: a *redis.Client, *redis.ClusterClient,
 // *redis.Ring or failover client. The caller owns c and closes it. A nil client or a
 // bad option is an error wrapping ErrInvalidOption.
-func NewRedisStore(c redis.UniversalClient, opts ...RedisOption) (*RedisStore, error) {
-	if isNil(c) {
-		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidOption)
+func New(c redis.UniversalClient, opts ...Option) (*Store, error) {
+	if storekit.IsNil(c) {
+		return nil, fmt.Errorf("%w: redis client is nil", driver.ErrInvalidOption)
 	}
-	s := &RedisStore{c: c}
+	s := &Store{c: c}
 	s.pipe = newAutoPipe(s, DefaultPipelineBatch, DefaultPipelinesInFlight)
 	for _, o := range opts {
 		if o == nil {
-			return nil, fmt.Errorf("%w: nil RedisOption", ErrInvalidOption)
+			return nil, fmt.Errorf("%w: nil Option", driver.ErrInvalidOption)
 		}
 		if err := o(s); err != nil {
 			return nil, err
@@ -194,20 +197,10 @@ func ms(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-func storeErr(op string, err error) error {
-	if errors.Is(err, ErrStoreUnavailable) {
-		return err
-	}
-	if strings.Contains(err.Error(), ErrBadRecord.Error()) {
-		return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, ErrBadRecord)
-	}
-	return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
-}
-
 // send runs one command, coalesced with concurrent ones unless auto-pipelining is
 // off. On an error the command's reply must not be read: the call may have returned
 // early on ctx while the command was still queued.
-func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
+func (s *Store) send(ctx context.Context, cmd redis.Cmder) error {
 	if s.pipe != nil {
 		return s.pipe.do(ctx, cmd)
 	}
@@ -216,14 +209,14 @@ func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
 
 // process sends one command on its own through the client. It returns the command's
 // error.
-func (s *RedisStore) process(ctx context.Context, cmd redis.Cmder) error {
+func (s *Store) process(ctx context.Context, cmd redis.Cmder) error {
 	_ = s.c.Process(ctx, cmd)
 	return cmd.Err()
 }
 
 // exec sends cmds in one round trip, a go-redis pipeline. Its error is the round
 // trip's, as failedRoundTrip tells it from a command's reply.
-func (s *RedisStore) exec(ctx context.Context, cmds ...redis.Cmder) error {
+func (s *Store) exec(ctx context.Context, cmds ...redis.Cmder) error {
 	pipe := s.c.Pipeline()
 	for _, c := range cmds {
 		_ = pipe.Process(ctx, c)
@@ -234,7 +227,7 @@ func (s *RedisStore) exec(ctx context.Context, cmds ...redis.Cmder) error {
 
 // eval runs a script by its SHA, and by its source should the server not have it
 // (after a restart or SCRIPT FLUSH). An error reply from the script is returned as err.
-func (s *RedisStore) eval(ctx context.Context, sc *redis.Script, src, key string, args ...any) (*redis.Cmd, error) {
+func (s *Store) eval(ctx context.Context, sc *redis.Script, src, key string, args ...any) (*redis.Cmd, error) {
 	cmd := scriptCmd(ctx, "evalsha", sc.Hash(), key, args...)
 	err := s.send(ctx, cmd)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -253,21 +246,21 @@ func scriptCmd(ctx context.Context, op, body, key string, args ...any) *redis.Cm
 // Claim implements Store. The common case, a free key, costs one SET NX PX GET. When
 // a record is there, the claim script reads it with its TTL atomically and answers
 // (a second round trip, for duplicates and rivals only).
-func (s *RedisStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (Answer, error) {
-	if err := checkEntry(Entry{Token: token, TTL: lease}, "lease"); err != nil {
-		return Answer{}, err
+func (s *Store) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
+	if err := storekit.CheckEntry(driver.Entry{Token: token, TTL: lease}, "lease"); err != nil {
+		return driver.Answer{}, err
 	}
-	cmd := redis.NewStatusCmd(ctx, setNXGet(stateInProgress, key, token, fingerprint, lease)...)
+	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateInProgress, key, token, fingerprint, lease)...)
 	err := s.send(ctx, cmd)
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return Answer{}, storeErr("claim", err)
+		return driver.Answer{}, storekit.StoreErr("claim", err)
 	}
 	if ans, ok := claimSetAnswer(err); ok {
 		return ans, nil
 	}
 	v, err := s.eval(ctx, claimScript, claimLua, key, token, fingerprint, ms(lease))
 	if err != nil {
-		return Answer{}, storeErr("claim", err)
+		return driver.Answer{}, storekit.StoreErr("claim", err)
 	}
 	return claimAnswer(v.Val())
 }
@@ -276,7 +269,7 @@ func (s *RedisStore) Claim(ctx context.Context, key, token, fingerprint string, 
 // Mark (DONE, the retention): SET the record if the key is free, and return what was
 // there.
 func setNXGet(state byte, key, token, fingerprint string, ttl time.Duration) []any {
-	return appendSetNXGet(make([]any, 0, 7), key, encodeRecord(state, token, fingerprint), ms(ttl))
+	return appendSetNXGet(make([]any, 0, 7), key, storekit.Encode(state, token, fingerprint), ms(ttl))
 }
 
 func appendSetNXGet(dst []any, key, record, ttlMillis any) []any {
@@ -317,60 +310,60 @@ func (b *batchArgs) ms(ttl time.Duration) any {
 }
 
 // setNXGet is the package's setNXGet for e, its key boxed by the caller.
-func (b *batchArgs) setNXGet(state byte, key any, e Entry) []any {
+func (b *batchArgs) setNXGet(state byte, key any, e driver.Entry) []any {
 	i := len(b.args)
-	b.args = appendSetNXGet(b.args, key, encodeRecord(state, e.Token, e.Fingerprint), b.ms(e.TTL))
+	b.args = appendSetNXGet(b.args, key, storekit.Encode(state, e.Token, e.Fingerprint), b.ms(e.TTL))
 	return b.since(i)
 }
 
 // claimSetAnswer settles a fast claim from its reply (err is nil or redis.Nil): a free
 // key is now ours. Anything else, our own claim found again included (its first
 // attempt landed, the reply was lost; the script renews its lease), is not settled.
-func claimSetAnswer(err error) (Answer, bool) {
+func claimSetAnswer(err error) (driver.Answer, bool) {
 	if errors.Is(err, redis.Nil) {
-		return Answer{Status: StatusAcquired}, true
+		return driver.Answer{Status: driver.StatusAcquired}, true
 	}
-	return Answer{}, false
+	return driver.Answer{}, false
 }
 
-func claimAnswer(v any) (Answer, error) {
+func claimAnswer(v any) (driver.Answer, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) < 2 || len(a) > 3 {
-		return Answer{}, storeErr("claim", fmt.Errorf("unexpected reply %T", v))
+		return driver.Answer{}, storekit.StoreErr("claim", fmt.Errorf("unexpected reply %T", v))
 	}
 	st, ok1 := a[0].(int64)
 	ttl, ok2 := a[1].(int64)
-	if !ok1 || !ok2 || st < int64(StatusAcquired) || st > int64(StatusConflict) {
-		return Answer{}, storeErr("claim", fmt.Errorf("unexpected reply %v", a))
+	if !ok1 || !ok2 || st < int64(driver.StatusAcquired) || st > int64(driver.StatusConflict) {
+		return driver.Answer{}, storekit.StoreErr("claim", fmt.Errorf("unexpected reply %v", a))
 	}
-	ans := Answer{Status: Status(st)}
-	if ans.Status == StatusInProgress || ans.Status == StatusDuplicate {
+	ans := driver.Answer{Status: driver.Status(st)}
+	if ans.Status == driver.StatusInProgress || ans.Status == driver.StatusDuplicate {
 		ans.TTL = time.Duration(max(ttl, 0)) * time.Millisecond
 	}
 	if len(a) == 3 { // a DONE record with a reply: the record itself
 		v, _ := a[2].(string)
-		r, ok := parseRecord(v)
-		if !ok || !r.hasReply || ans.Status != StatusDuplicate {
-			return Answer{}, storeErr("claim", ErrBadRecord)
+		r, ok := storekit.Parse(v)
+		if !ok || !r.HasReply || ans.Status != driver.StatusDuplicate {
+			return driver.Answer{}, storekit.StoreErr("claim", driver.ErrBadRecord)
 		}
-		ans.Reply, ans.HasReply = r.reply, true
+		ans.Reply, ans.HasReply = r.Reply, true
 	}
 	return ans, nil
 }
 
 // Complete implements Store.
-func (s *RedisStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	return s.complete(ctx, Entry{Key: key, Token: token, TTL: retention})
+func (s *Store) Complete(ctx context.Context, key, token string, retention time.Duration) error {
+	return s.complete(ctx, driver.Entry{Key: key, Token: token, TTL: retention})
 }
 
 // CompleteReply implements ReplyStore: the complete script, given the reply, writes
 // the DONE record with it (r:<token>:<len(fingerprint)>:<fingerprint><reply>).
-func (s *RedisStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
-	return s.complete(ctx, Entry{Key: key, Token: token, TTL: retention, Reply: reply, HasReply: true})
+func (s *Store) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
+	return s.complete(ctx, driver.Entry{Key: key, Token: token, TTL: retention, Reply: reply, HasReply: true})
 }
 
-func (s *RedisStore) complete(ctx context.Context, e Entry) error {
-	if err := checkEntry(e, "retention"); err != nil {
+func (s *Store) complete(ctx context.Context, e driver.Entry) error {
+	if err := storekit.CheckEntry(e, "retention"); err != nil {
 		return err
 	}
 	if s.wait != nil {
@@ -393,7 +386,7 @@ func (s *RedisStore) complete(ctx context.Context, e Entry) error {
 
 // completeArgs are the complete script's arguments for e: its token, its retention,
 // and its reply when it has one.
-func completeArgs(e Entry) []any {
+func completeArgs(e driver.Entry) []any {
 	if e.HasReply {
 		return []any{e.Token, ms(e.TTL), e.Reply}
 	}
@@ -402,30 +395,30 @@ func completeArgs(e Entry) []any {
 
 func ownedReply(op string, cmd *redis.Cmd, err error) error {
 	if err != nil {
-		return storeErr(op, err)
+		return storekit.StoreErr(op, err)
 	}
 	if n, err := cmd.Int(); err != nil {
-		return storeErr(op, err)
+		return storekit.StoreErr(op, err)
 	} else if n != 1 {
-		return ErrLeaseLost
+		return driver.ErrLeaseLost
 	}
 	return nil
 }
 
 // Release implements Store.
-func (s *RedisStore) Release(ctx context.Context, key, token string) error {
-	if err := checkToken(token); err != nil {
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	if err := storekit.CheckToken(token); err != nil {
 		return err
 	}
 	if _, err := s.eval(ctx, releaseScript, releaseLua, key, token); err != nil {
-		return storeErr("release", err)
+		return storekit.StoreErr("release", err)
 	}
 	return nil
 }
 
 // Extend implements Store.
-func (s *RedisStore) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	if err := checkEntry(Entry{Token: token, TTL: lease}, "lease"); err != nil {
+func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	if err := storekit.CheckEntry(driver.Entry{Token: token, TTL: lease}, "lease"); err != nil {
 		return err
 	}
 	cmd, err := s.eval(ctx, extendScript, extendLua, key, token, ms(lease))
@@ -434,39 +427,39 @@ func (s *RedisStore) Extend(ctx context.Context, key, token string, lease time.D
 
 // Mark implements Store with one SET NX PX GET: the reply is the previous value, so one
 // command both writes the DONE record and says what was there.
-func (s *RedisStore) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error) {
-	if err := checkEntry(Entry{Token: token, TTL: retention}, "retention"); err != nil {
-		return Answer{}, err
+func (s *Store) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
+	if err := storekit.CheckEntry(driver.Entry{Token: token, TTL: retention}, "retention"); err != nil {
+		return driver.Answer{}, err
 	}
 	if s.wait != nil {
 		return s.markWaiting(ctx, key, token, fingerprint, retention)
 	}
-	cmd := redis.NewStatusCmd(ctx, setNXGet(stateDone, key, token, fingerprint, retention)...)
+	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateDone, key, token, fingerprint, retention)...)
 	err := s.send(ctx, cmd)
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return Answer{}, storeErr("mark", err)
+		return driver.Answer{}, storekit.StoreErr("mark", err)
 	}
 	return markAnswer(cmd.Val(), err, token, fingerprint)
 }
 
 // markAnswer reads a Mark's reply: err is nil (old is the previous value) or redis.Nil
 // (the key was free).
-func markAnswer(old string, err error, token, fingerprint string) (Answer, error) {
+func markAnswer(old string, err error, token, fingerprint string) (driver.Answer, error) {
 	if errors.Is(err, redis.Nil) {
-		return Answer{Status: StatusAcquired}, nil
+		return driver.Answer{Status: driver.StatusAcquired}, nil
 	}
-	r, ok := parseRecord(old)
+	r, ok := storekit.Parse(old)
 	switch {
 	case !ok:
-		return Answer{}, storeErr("mark", ErrBadRecord)
-	case r.state == stateDone && r.token == token:
-		return Answer{Status: StatusAcquired}, nil // our own mark, retried
-	case r.state == stateDone && fingerprintsDiffer(r.fp, fingerprint):
-		return Answer{Status: StatusConflict}, nil
-	case r.state == stateInProgress:
-		return Answer{Status: StatusInProgress}, nil // TTL unknown: SET ... GET does not say
+		return driver.Answer{}, storekit.StoreErr("mark", driver.ErrBadRecord)
+	case r.State == storekit.StateDone && r.Token == token:
+		return driver.Answer{Status: driver.StatusAcquired}, nil // our own mark, retried
+	case r.State == storekit.StateDone && storekit.FingerprintsDiffer(r.FP, fingerprint):
+		return driver.Answer{Status: driver.StatusConflict}, nil
+	case r.State == storekit.StateInProgress:
+		return driver.Answer{Status: driver.StatusInProgress}, nil // TTL unknown: SET ... GET does not say
 	default:
-		return Answer{Status: StatusDuplicate}, nil
+		return driver.Answer{Status: driver.StatusDuplicate}, nil
 	}
 }
 
@@ -489,9 +482,9 @@ func markAnswer(old string, err error, token, fingerprint string) (Answer, error
 // one whose claim ran out meanwhile is claimed again with the claim script. A batch
 // that names a key twice is one pipeline of claim scripts instead, so that each entry
 // sees the ones before it as the table in docs/design.md §3 says.
-func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (s *Store) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	for _, e := range entries {
-		if err := checkEntry(e, "lease"); err != nil {
+		if err := storekit.CheckEntry(e, "lease"); err != nil {
 			return nil, err
 		}
 	}
@@ -506,18 +499,18 @@ func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, 
 	}
 	sets, ttls, gets, sent := claimCmds(ctx, entries)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
-		return nil, storeErr("claim", err)
+		return nil, storekit.StoreErr("claim", err)
 	}
-	out := make([]Answer, len(entries))
+	out := make([]driver.Answer, len(entries))
 	var own []int // entries that found their own claim: to renew
 	for i, e := range entries {
 		old, err := sets[i].Result()
 		if errors.Is(err, redis.Nil) {
-			out[i] = Answer{Status: StatusAcquired}
+			out[i] = driver.Answer{Status: driver.StatusAcquired}
 			continue
 		}
 		if err != nil {
-			out[i].Err = storeErr("claim", err)
+			out[i].Err = storekit.StoreErr("claim", err)
 			continue
 		}
 		pttl, perr := ttls[i].Int64()
@@ -537,27 +530,27 @@ func (s *RedisStore) ClaimMany(ctx context.Context, entries []Entry) ([]Answer, 
 // foundAnswer is the answer to e's claim, which found the record old, whose PTTL was
 // pttl; same says that PTTL is old's (read atomically with it, or found unchanged
 // since). mine reports e's own claim found again, to renew, with no answer yet.
-func foundAnswer(e Entry, old string, pttl int64, same bool) (a Answer, mine bool) {
-	r, ok := parseRecord(old)
+func foundAnswer(e driver.Entry, old string, pttl int64, same bool) (a driver.Answer, mine bool) {
+	r, ok := storekit.Parse(old)
 	ttl := time.Duration(max(pttl, 0)) * time.Millisecond // -2 gone, -1 no expiry
 	switch {
 	case !ok:
-		a.Err = storeErr("claim", ErrBadRecord)
-	case r.state == stateInProgress && r.token == e.Token:
-		return Answer{}, true
-	case r.state == stateInProgress && same:
-		a = Answer{Status: StatusInProgress, TTL: ttl}
-	case r.state == stateInProgress: // completed, released or taken meanwhile
-		a = Answer{Status: StatusInProgress, TTL: min(ttl, e.TTL)}
-	case fingerprintsDiffer(r.fp, e.Fingerprint):
-		a = Answer{Status: StatusConflict}
+		a.Err = storekit.StoreErr("claim", driver.ErrBadRecord)
+	case r.State == storekit.StateInProgress && r.Token == e.Token:
+		return driver.Answer{}, true
+	case r.State == storekit.StateInProgress && same:
+		a = driver.Answer{Status: driver.StatusInProgress, TTL: ttl}
+	case r.State == storekit.StateInProgress: // completed, released or taken meanwhile
+		a = driver.Answer{Status: driver.StatusInProgress, TTL: min(ttl, e.TTL)}
+	case storekit.FingerprintsDiffer(r.FP, e.Fingerprint):
+		a = driver.Answer{Status: driver.StatusConflict}
 	case same:
-		a = Answer{Status: StatusDuplicate, TTL: ttl}
+		a = driver.Answer{Status: driver.StatusDuplicate, TTL: ttl}
 	default: // the record ended meanwhile: DONE when seen, for how long unknown
-		a = Answer{Status: StatusDuplicate}
+		a = driver.Answer{Status: driver.StatusDuplicate}
 	}
-	if a.Status == StatusDuplicate && r.hasReply {
-		a.Reply, a.HasReply = r.reply, true
+	if a.Status == driver.StatusDuplicate && r.HasReply {
+		a.Reply, a.HasReply = r.Reply, true
 	}
 	return a, false
 }
@@ -570,19 +563,19 @@ func foundAnswer(e Entry, old string, pttl int64, same bool) (a Answer, mine boo
 // turn, the record and its TTL read atomically, our own claim renewed, in one call per
 // maxScriptKeys entries. A key named twice sees its first claim, as docs/design.md §3's table
 // says: its second SET finds the first's record.
-func (s *RedisStore) claimManySingle(ctx context.Context, entries []Entry) ([]Answer, error) {
-	cmds, sent := setNXGetCmds(ctx, stateInProgress, entries)
+func (s *Store) claimManySingle(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	cmds, sent := setNXGetCmds(ctx, storekit.StateInProgress, entries)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
-		return nil, storeErr("claim", err)
+		return nil, storekit.StoreErr("claim", err)
 	}
-	out := make([]Answer, len(entries))
+	out := make([]driver.Answer, len(entries))
 	var found []int
 	for i, c := range cmds {
 		switch err := c.Err(); {
 		case errors.Is(err, redis.Nil):
-			out[i] = Answer{Status: StatusAcquired}
+			out[i] = driver.Answer{Status: driver.StatusAcquired}
 		case err != nil:
-			out[i].Err = storeErr("claim", err)
+			out[i].Err = storekit.StoreErr("claim", err)
 		default:
 			found = append(found, i)
 		}
@@ -607,26 +600,26 @@ func (s *RedisStore) claimManySingle(ctx context.Context, entries []Entry) ([]An
 
 // claimManyScript runs the claim_many script for entries: for each in turn, what the
 // claim script does.
-func (s *RedisStore) claimManyScript(ctx context.Context, entries []Entry) ([]Answer, error) {
-	vals, err := s.runBatchScript(ctx, claimManyScript, claimManyLua, entries, 2, func(args *batchArgs, e Entry) {
-		args.args = append(args.args, encodeRecord(stateInProgress, e.Token, e.Fingerprint), args.ms(e.TTL))
+func (s *Store) claimManyScript(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	vals, err := s.runBatchScript(ctx, claimManyScript, claimManyLua, entries, 2, func(args *batchArgs, e driver.Entry) {
+		args.args = append(args.args, storekit.Encode(storekit.StateInProgress, e.Token, e.Fingerprint), args.ms(e.TTL))
 	})
 	if errors.Is(err, errCrossSlot) {
 		return nil, err
 	}
 	if err != nil {
-		return nil, storeErr("claim", err)
+		return nil, storekit.StoreErr("claim", err)
 	}
-	out := make([]Answer, len(entries))
+	out := make([]driver.Answer, len(entries))
 	for i, v := range vals {
 		switch v := v.(type) {
 		case int64:
 			if v == 1 {
-				out[i] = Answer{Status: StatusAcquired}
+				out[i] = driver.Answer{Status: driver.StatusAcquired}
 				continue
 			}
 		case error:
-			out[i].Err = storeErr("claim", v)
+			out[i].Err = storekit.StoreErr("claim", v)
 			continue
 		case []any:
 			if len(v) != 2 {
@@ -642,7 +635,7 @@ func (s *RedisStore) claimManyScript(ctx context.Context, entries []Entry) ([]An
 				}
 			}
 		}
-		out[i].Err = storeErr("claim", fmt.Errorf("unexpected reply %v", v))
+		out[i].Err = storekit.StoreErr("claim", fmt.Errorf("unexpected reply %v", v))
 	}
 	return out, nil
 }
@@ -650,13 +643,13 @@ func (s *RedisStore) claimManyScript(ctx context.Context, entries []Entry) ([]An
 // completeManyScript is CompleteMany on a single server: the complete_many script,
 // which completes each key in turn as the complete script would. One call per
 // maxScriptKeys entries, all in one round trip.
-func (s *RedisStore) completeManyScript(ctx context.Context, entries []Entry) ([]error, error) {
+func (s *Store) completeManyScript(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	vals, err := s.runBatchScript(ctx, completeManyScript, completeManyLua, entries, 4, completeManyArgs)
 	if errors.Is(err, errCrossSlot) {
 		return nil, err
 	}
 	if err != nil {
-		return nil, storeErr("complete", err)
+		return nil, storekit.StoreErr("complete", err)
 	}
 	out := make([]error, len(entries))
 	for i, v := range vals {
@@ -666,25 +659,25 @@ func (s *RedisStore) completeManyScript(ctx context.Context, entries []Entry) ([
 			case 1:
 				continue
 			case 0:
-				out[i] = ErrLeaseLost
+				out[i] = driver.ErrLeaseLost
 				continue
 			}
 		case error:
-			out[i] = storeErr("complete", v)
+			out[i] = storekit.StoreErr("complete", v)
 			continue
 		}
-		out[i] = storeErr("complete", fmt.Errorf("unexpected reply %v", v))
+		out[i] = storekit.StoreErr("complete", fmt.Errorf("unexpected reply %v", v))
 	}
 	return out, nil
 }
 
 // completeManyCmds is the complete_many calls for entries, as completeManyScript
 // sends them (by SHA).
-func completeManyCmds(ctx context.Context, entries []Entry) []*redis.Cmd {
+func completeManyCmds(ctx context.Context, entries []driver.Entry) []*redis.Cmd {
 	return batchScriptCmds(ctx, completeManyScript, entries, 4, completeManyArgs)
 }
 
-func completeManyArgs(args *batchArgs, e Entry) {
+func completeManyArgs(args *batchArgs, e driver.Entry) {
 	if e.HasReply {
 		args.args = append(args.args, e.Token, args.ms(e.TTL), "1", e.Reply)
 	} else {
@@ -708,7 +701,7 @@ func spreadCompletes(merged []*redis.Cmd, calls []*pcall) {
 
 // batchScriptCmds builds the calls of the batch script sc for entries, maxScriptKeys
 // keys a call; argv appends an entry's arguments (at most perEntry of them).
-func batchScriptCmds(ctx context.Context, sc *redis.Script, entries []Entry, perEntry int, argv func(*batchArgs, Entry)) []*redis.Cmd {
+func batchScriptCmds(ctx context.Context, sc *redis.Script, entries []driver.Entry, perEntry int, argv func(*batchArgs, driver.Entry)) []*redis.Cmd {
 	calls := (len(entries) + maxScriptKeys - 1) / maxScriptKeys
 	args := newBatchArgs(1, calls*3+len(entries)*(1+perEntry))
 	cmds := make([]*redis.Cmd, calls)
@@ -755,7 +748,7 @@ func spreadBatchReplies(cmds []*redis.Cmd, n int) []any {
 // returns one value per entry: the element of its call's reply, or, where a call
 // failed as a whole, its error. Calls answered NOSCRIPT (the server lost its script
 // cache) go again, as EVAL, in a second round trip. err is a failed round trip.
-func (s *RedisStore) runBatchScript(ctx context.Context, sc *redis.Script, src string, entries []Entry, perEntry int, argv func(*batchArgs, Entry)) ([]any, error) {
+func (s *Store) runBatchScript(ctx context.Context, sc *redis.Script, src string, entries []driver.Entry, perEntry int, argv func(*batchArgs, driver.Entry)) ([]any, error) {
 	cmds := batchScriptCmds(ctx, sc, entries, perEntry, argv)
 	sent := make([]redis.Cmder, len(cmds))
 	for c, cmd := range cmds {
@@ -800,8 +793,8 @@ func evalAgain(ctx context.Context, send func(context.Context, ...redis.Cmder) e
 // renewOwnClaims settles the entries own of ClaimMany, which found their own claim:
 // its lease is renewed (the extend script), or, where it ran out meanwhile, the key
 // is claimed again (the claim script), in one round trip each.
-func (s *RedisStore) renewOwnClaims(ctx context.Context, entries []Entry, own []int, out []Answer) {
-	cmds, err := s.runScripts(ctx, extendScript, extendLua, entriesAt(entries, own), func(e Entry) []any {
+func (s *Store) renewOwnClaims(ctx context.Context, entries []driver.Entry, own []int, out []driver.Answer) {
+	cmds, err := s.runScripts(ctx, extendScript, extendLua, entriesAt(entries, own), func(e driver.Entry) []any {
 		return []any{e.Token, ms(e.TTL)}
 	})
 	var lapsed []int
@@ -812,11 +805,11 @@ func (s *RedisStore) renewOwnClaims(ctx context.Context, entries []Entry, own []
 		}
 		switch {
 		case rerr == nil:
-			out[i] = Answer{Status: StatusAcquired}
-		case errors.Is(rerr, ErrLeaseLost): // not ours any more: claim it as anyone would
+			out[i] = driver.Answer{Status: driver.StatusAcquired}
+		case errors.Is(rerr, driver.ErrLeaseLost): // not ours any more: claim it as anyone would
 			lapsed = append(lapsed, i)
 		default:
-			out[i].Err = storeErr("claim", rerr)
+			out[i].Err = storekit.StoreErr("claim", rerr)
 		}
 	}
 	if len(lapsed) == 0 {
@@ -833,8 +826,8 @@ func (s *RedisStore) renewOwnClaims(ctx context.Context, entries []Entry, own []
 }
 
 // entriesAt returns the entries at the indexes idx, in that order.
-func entriesAt(entries []Entry, idx []int) []Entry {
-	es := make([]Entry, len(idx))
+func entriesAt(entries []driver.Entry, idx []int) []driver.Entry {
+	es := make([]driver.Entry, len(idx))
 	for j, i := range idx {
 		es[j] = entries[i]
 	}
@@ -842,7 +835,7 @@ func entriesAt(entries []Entry, idx []int) []Entry {
 }
 
 // repeatsAKey reports whether two entries have the same key.
-func repeatsAKey(entries []Entry) bool {
+func repeatsAKey(entries []driver.Entry) bool {
 	seen := make(map[string]struct{}, len(entries))
 	for _, e := range entries {
 		if _, ok := seen[e.Key]; ok {
@@ -855,18 +848,18 @@ func repeatsAKey(entries []Entry) bool {
 
 // claimManyScripts is ClaimMany as one pipeline of claim scripts. Should the server
 // have lost its script cache (a restart), the affected claims are sent again as EVAL.
-func (s *RedisStore) claimManyScripts(ctx context.Context, entries []Entry) ([]Answer, error) {
-	cmds, err := s.runScripts(ctx, claimScript, claimLua, entries, func(e Entry) []any {
+func (s *Store) claimManyScripts(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	cmds, err := s.runScripts(ctx, claimScript, claimLua, entries, func(e driver.Entry) []any {
 		return []any{e.Token, e.Fingerprint, ms(e.TTL)}
 	})
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Answer, len(entries))
+	out := make([]driver.Answer, len(entries))
 	for i, c := range cmds {
 		v, err := c.Result()
 		if err != nil {
-			out[i].Err = storeErr("claim", err)
+			out[i].Err = storekit.StoreErr("claim", err)
 			continue
 		}
 		if out[i], err = claimAnswer(v); err != nil {
@@ -880,9 +873,9 @@ func (s *RedisStore) claimManyScripts(ctx context.Context, entries []Entry) ([]A
 // its DONE record) in one round trip: on a single server, the complete_many script
 // (one call per maxScriptKeys entries); on a cluster or ring, the complete script per
 // entry, in one pipeline.
-func (s *RedisStore) CompleteMany(ctx context.Context, entries []Entry) ([]error, error) {
+func (s *Store) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	for _, e := range entries {
-		if err := checkEntry(e, "retention"); err != nil {
+		if err := storekit.CheckEntry(e, "retention"); err != nil {
 			return nil, err
 		}
 	}
@@ -910,9 +903,9 @@ func (s *RedisStore) CompleteMany(ctx context.Context, entries []Entry) ([]error
 }
 
 // MarkMany implements Store in one pipeline of SET NX PX GET.
-func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, error) {
+func (s *Store) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	for _, e := range entries {
-		if err := checkEntry(e, "retention"); err != nil {
+		if err := storekit.CheckEntry(e, "retention"); err != nil {
 			return nil, err
 		}
 	}
@@ -924,14 +917,14 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 	}
 	cmds, sent := markCmds(ctx, entries)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
-		return nil, storeErr("mark", err)
+		return nil, storekit.StoreErr("mark", err)
 	}
-	out := make([]Answer, len(entries))
+	out := make([]driver.Answer, len(entries))
 	for i, c := range cmds {
 		old, err := c.Result()
-		var a Answer
+		var a driver.Answer
 		if err != nil && !errors.Is(err, redis.Nil) {
-			a.Err = storeErr("mark", err)
+			a.Err = storekit.StoreErr("mark", err)
 		} else if a, err = markAnswer(old, err, entries[i].Token, entries[i].Fingerprint); err != nil {
 			a.Err = err
 		}
@@ -942,7 +935,7 @@ func (s *RedisStore) MarkMany(ctx context.Context, entries []Entry) ([]Answer, e
 
 // claimCmds builds ClaimMany's commands: per entry a SET NX PX GET, a PTTL and a GET
 // to read, and all of them, in that order, to send.
-func claimCmds(ctx context.Context, entries []Entry) (sets []*redis.StatusCmd, ttls, gets []*redis.Cmd, sent []redis.Cmder) {
+func claimCmds(ctx context.Context, entries []driver.Entry) (sets []*redis.StatusCmd, ttls, gets []*redis.Cmd, sent []redis.Cmder) {
 	sets = make([]*redis.StatusCmd, len(entries))
 	ttls = make([]*redis.Cmd, len(entries))
 	gets = make([]*redis.Cmd, len(entries))
@@ -950,7 +943,7 @@ func claimCmds(ctx context.Context, entries []Entry) (sets []*redis.StatusCmd, t
 	args := newBatchArgs(len(entries), 7+2+2)
 	for i, e := range entries {
 		key := any(e.Key)
-		sets[i] = redis.NewStatusCmd(ctx, args.setNXGet(stateInProgress, key, e)...)
+		sets[i] = redis.NewStatusCmd(ctx, args.setNXGet(storekit.StateInProgress, key, e)...)
 		ttls[i] = redis.NewCmd(ctx, args.add("pttl", key)...)
 		gets[i] = redis.NewCmd(ctx, args.add("get", key)...)
 		sent = append(sent, sets[i], ttls[i], gets[i])
@@ -959,13 +952,13 @@ func claimCmds(ctx context.Context, entries []Entry) (sets []*redis.StatusCmd, t
 }
 
 // markCmds builds MarkMany's commands: cmds to read, sent (the same) to send.
-func markCmds(ctx context.Context, entries []Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
-	return setNXGetCmds(ctx, stateDone, entries)
+func markCmds(ctx context.Context, entries []driver.Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
+	return setNXGetCmds(ctx, storekit.StateDone, entries)
 }
 
 // setNXGetCmds builds a SET NX PX GET of a record in state for each entry (MarkMany's
 // and a single server's ClaimMany's commands): cmds to read, sent (the same) to send.
-func setNXGetCmds(ctx context.Context, state byte, entries []Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
+func setNXGetCmds(ctx context.Context, state byte, entries []driver.Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
 	cmds = make([]*redis.StatusCmd, len(entries))
 	sent = make([]redis.Cmder, len(entries))
 	args := newBatchArgs(len(entries), 7)
@@ -978,13 +971,13 @@ func setNXGetCmds(ctx context.Context, state byte, entries []Entry) (cmds []*red
 
 // runScripts sends one EVALSHA per entry in a single round trip. Entries answered
 // NOSCRIPT (the server lost its script cache) go again, as EVAL, in a second one.
-func (s *RedisStore) runScripts(ctx context.Context, sc *redis.Script, src string, entries []Entry, args func(Entry) []any) ([]*redis.Cmd, error) {
+func (s *Store) runScripts(ctx context.Context, sc *redis.Script, src string, entries []driver.Entry, args func(driver.Entry) []any) ([]*redis.Cmd, error) {
 	return s.runScriptsVia(ctx, s.exec, sc, src, entries, args)
 }
 
 // runScriptsVia is runScripts, each round trip sent by send: exec (a pipeline of its
 // own), or the auto-pipeliner's doAll.
-func (s *RedisStore) runScriptsVia(ctx context.Context, send func(context.Context, ...redis.Cmder) error, sc *redis.Script, src string, entries []Entry, args func(Entry) []any) ([]*redis.Cmd, error) {
+func (s *Store) runScriptsVia(ctx context.Context, send func(context.Context, ...redis.Cmder) error, sc *redis.Script, src string, entries []driver.Entry, args func(driver.Entry) []any) ([]*redis.Cmd, error) {
 	if len(entries) == 0 {
 		return nil, nil
 	}
@@ -995,7 +988,7 @@ func (s *RedisStore) runScriptsVia(ctx context.Context, send func(context.Contex
 		sent[i] = cmds[i]
 	}
 	if err := send(ctx, sent...); failedRoundTrip(err) {
-		return nil, storeErr("pipeline", err)
+		return nil, storekit.StoreErr("pipeline", err)
 	}
 	// A failure here is already on each re-sent command; the others have their
 	// answers and keep them (a claim that was acquired is reported as acquired).
@@ -1012,9 +1005,9 @@ func failedRoundTrip(err error) bool {
 
 // Ping implements Pinger: one PING, which the breaker sends while the store is known
 // down (see Deduper.Breaker).
-func (s *RedisStore) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context) error {
 	if err := s.process(ctx, redis.NewStatusCmd(ctx, "ping")); err != nil {
-		return storeErr("ping", err)
+		return storekit.StoreErr("ping", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package dedup
+package redisstore
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -31,28 +33,28 @@ const scanCount = 1000
 // together; one key each, so it runs on Redis Cluster), all in one round trip,
 // coalesced with concurrent calls by the auto-pipeliner (a handler's former names on
 // a miss share round trips as its claims do), or a pipeline of its own without it.
-func (s *RedisStore) Lookup(ctx context.Context, keys []string) ([]Record, error) {
+func (s *Store) Lookup(ctx context.Context, keys []string) ([]driver.Record, error) {
 	switch len(keys) {
 	case 0:
 		return nil, nil
 	case 1:
-		return []Record{s.lookupOne(ctx, keys[0])}, nil
+		return []driver.Record{s.lookupOne(ctx, keys[0])}, nil
 	}
 	send := s.exec
 	if s.pipe != nil {
 		send = s.pipe.doAll
 	}
-	cmds, err := s.runScriptsVia(ctx, send, lookupScript, lookupLua, keyEntries(keys), func(Entry) []any { return nil })
+	cmds, err := s.runScriptsVia(ctx, send, lookupScript, lookupLua, storekit.KeyEntries(keys), func(driver.Entry) []any { return nil })
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Record, len(keys))
+	out := make([]driver.Record, len(keys))
 	for i, c := range cmds {
 		v, err := c.Result()
 		switch {
 		case errors.Is(err, redis.Nil): // no record
 		case err != nil:
-			out[i].Err = storeErr("lookup", err)
+			out[i].Err = storekit.StoreErr("lookup", err)
 		default:
 			out[i] = lookupReply(v)
 		}
@@ -61,31 +63,31 @@ func (s *RedisStore) Lookup(ctx context.Context, keys []string) ([]Record, error
 }
 
 // lookupOne looks up one key through send (the auto-pipeliner).
-func (s *RedisStore) lookupOne(ctx context.Context, key string) Record {
+func (s *Store) lookupOne(ctx context.Context, key string) driver.Record {
 	cmd, err := s.eval(ctx, lookupScript, lookupLua, key)
 	switch {
 	case errors.Is(err, redis.Nil):
-		return Record{}
+		return driver.Record{}
 	case err != nil:
-		return Record{Err: storeErr("lookup", err)}
+		return driver.Record{Err: storekit.StoreErr("lookup", err)}
 	}
 	return lookupReply(cmd.Val())
 }
 
 // lookupReply reads the lookup script's {value, pttl}.
-func lookupReply(v any) Record {
+func lookupReply(v any) driver.Record {
 	a, ok := v.([]any)
 	if !ok || len(a) != 2 {
-		return Record{Err: storeErr("lookup", fmt.Errorf("unexpected reply %T", v))}
+		return driver.Record{Err: storekit.StoreErr("lookup", fmt.Errorf("unexpected reply %T", v))}
 	}
 	val, ok1 := a[0].(string)
 	ttl, ok2 := a[1].(int64)
 	if !ok1 || !ok2 {
-		return Record{Err: storeErr("lookup", fmt.Errorf("unexpected reply %v", a))}
+		return driver.Record{Err: storekit.StoreErr("lookup", fmt.Errorf("unexpected reply %v", a))}
 	}
-	r, err := recordOf(val, time.Duration(ttl)*time.Millisecond)
+	r, err := storekit.RecordOf(val, time.Duration(ttl)*time.Millisecond)
 	if err != nil {
-		r.Err = storeErr("lookup", err)
+		r.Err = storekit.StoreErr("lookup", err)
 	}
 	return r
 }
@@ -95,31 +97,31 @@ func lookupReply(v any) Record {
 // "<prefix>:<handler>", the message key as payload) in one atomic step, so a record
 // is never deleted without its notice going out; it publishes for an absent record
 // too, and not for one it leaves alone.
-func (s *RedisStore) Forget(ctx context.Context, keys []string, force bool) ([]Record, error) {
+func (s *Store) Forget(ctx context.Context, keys []string, force bool) ([]driver.Record, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
 	for _, k := range keys {
-		if _, _, ok := splitRecordKey(k); !ok {
-			return nil, fmt.Errorf("%w: %q is not a record key (<prefix>:<handler>:<key>)", ErrInvalidOption, k)
+		if _, _, ok := storekit.SplitRecordKey(k); !ok {
+			return nil, fmt.Errorf("%w: %q is not a record key (<prefix>:<handler>:<key>)", driver.ErrInvalidOption, k)
 		}
 	}
 	forceArg := "0"
 	if force {
 		forceArg = "1"
 	}
-	cmds, err := s.runScripts(ctx, forgetScript, forgetLua, keyEntries(keys), func(e Entry) []any {
-		channel, k, _ := splitRecordKey(e.Key)
+	cmds, err := s.runScripts(ctx, forgetScript, forgetLua, storekit.KeyEntries(keys), func(e driver.Entry) []any {
+		channel, k, _ := storekit.SplitRecordKey(e.Key)
 		return []any{forceArg, channel, k}
 	})
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Record, len(keys))
+	out := make([]driver.Record, len(keys))
 	for i, c := range cmds {
 		v, err := c.Result()
 		if err != nil {
-			out[i].Err = storeErr("forget", err)
+			out[i].Err = storekit.StoreErr("forget", err)
 			continue
 		}
 		out[i] = forgetReply(v)
@@ -128,27 +130,27 @@ func (s *RedisStore) Forget(ctx context.Context, keys []string, force bool) ([]R
 }
 
 // forgetReply reads the forget script's {code, value, pttl, subscribers}.
-func forgetReply(v any) Record {
+func forgetReply(v any) driver.Record {
 	a, ok := v.([]any)
 	if !ok || len(a) != 4 {
-		return Record{Err: storeErr("forget", fmt.Errorf("unexpected reply %T", v))}
+		return driver.Record{Err: storekit.StoreErr("forget", fmt.Errorf("unexpected reply %T", v))}
 	}
 	code, ok1 := a[0].(int64)
 	val, ok2 := a[1].(string)
 	ttl, ok3 := a[2].(int64)
 	n, ok4 := a[3].(int64)
 	if !ok1 || !ok2 || !ok3 || !ok4 || code < 0 || code > 2 {
-		return Record{Err: storeErr("forget", fmt.Errorf("unexpected reply %v", a))}
+		return driver.Record{Err: storekit.StoreErr("forget", fmt.Errorf("unexpected reply %v", a))}
 	}
 	if code == 0 {
-		return Record{Notified: int(n)}
+		return driver.Record{Notified: int(n)}
 	}
-	r, err := recordOf(val, time.Duration(ttl)*time.Millisecond)
+	r, err := storekit.RecordOf(val, time.Duration(ttl)*time.Millisecond)
 	switch {
 	case err != nil:
-		r.Err = storeErr("forget", err)
+		r.Err = storekit.StoreErr("forget", err)
 	case code == 2:
-		r.Err = inProgressErr(r)
+		r.Err = storekit.InProgressErr(r)
 	}
 	r.Notified = int(n)
 	return r
@@ -158,13 +160,13 @@ func forgetReply(v any) Record {
 // <prefix>:<handler>:*, COUNT scanCount) on the server, on every master of a Redis
 // Cluster, and on every shard of a Ring. It counts the keys of the form
 // <prefix>:<handler>:<key> with a valid handler name.
-func (s *RedisStore) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
+func (s *Store) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
 	if err := keys.ValidatePrefix(prefix); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+		return nil, fmt.Errorf("%w: %w", driver.ErrInvalidOption, err)
 	}
 	match := prefix + ":*"
 	if handler != "" {
-		if err := validName(handler); err != nil {
+		if err := storekit.ValidName(handler); err != nil {
 			return nil, err
 		}
 		match = prefix + ":" + handler + ":*"
@@ -175,7 +177,7 @@ func (s *RedisStore) CountRecords(ctx context.Context, prefix, handler string) (
 		local := make(map[string]int64)
 		iter := c.Scan(ctx, 0, match, scanCount).Iterator()
 		for iter.Next(ctx) {
-			if name, ok := handlerOf(iter.Val(), prefix); ok {
+			if name, ok := storekit.HandlerOf(iter.Val(), prefix); ok {
 				local[name]++
 			}
 		}
@@ -196,32 +198,22 @@ func (s *RedisStore) CountRecords(ctx context.Context, prefix, handler string) (
 		err = scan(ctx, s.c)
 	}
 	if err != nil {
-		return nil, storeErr("count", err)
+		return nil, storekit.StoreErr("count", err)
 	}
 	return counts, nil
-}
-
-// handlerOf returns the handler name of a record key under prefix.
-func handlerOf(rk, prefix string) (string, bool) {
-	channel, k, ok := splitRecordKey(rk)
-	if !ok || k == "" || len(channel) <= len(prefix)+1 || channel[:len(prefix)] != prefix {
-		return "", false
-	}
-	name := channel[len(prefix)+1:]
-	return name, keys.ValidateName(name) == nil
 }
 
 // subscribeNotices implements noticeBus with a go-redis PubSub: SUBSCRIBE on a
 // connection of its own (on a Cluster, to the master that owns the slot of the
 // first channel; a notice published on any node reaches it over the cluster bus).
 // go-redis redials and subscribes again after a failure.
-func (s *RedisStore) subscribeNotices() noticeSub {
+func (s *Store) subscribeNotices() storekit.Sub {
 	return &redisNotices{ps: s.c.Subscribe(context.Background())}
 }
 
 // noticeSubscribers implements noticeBus: PUBSUB NUMSUB, summed over every master
 // of a Cluster (or shard of a Ring), where each subscriber is connected to one.
-func (s *RedisStore) noticeSubscribers(ctx context.Context, channel string) (int64, error) {
+func (s *Store) noticeSubscribers(ctx context.Context, channel string) (int64, error) {
 	var mu sync.Mutex
 	var total int64
 	count := func(ctx context.Context, c redis.Cmdable) error {
@@ -241,7 +233,7 @@ func (s *RedisStore) noticeSubscribers(ctx context.Context, channel string) (int
 		err = count(ctx, s.c)
 	}
 	if err != nil {
-		return 0, storeErr("subscribers", err)
+		return 0, storekit.StoreErr("subscribers", err)
 	}
 	return total, nil
 }
@@ -251,36 +243,48 @@ func (s *RedisStore) noticeSubscribers(ctx context.Context, channel string) (int
 // allows (its reads do not hold its lock).
 type redisNotices struct{ ps *redis.PubSub }
 
-func (r *redisNotices) add(ctx context.Context, channels ...string) error {
+func (r *redisNotices) Add(ctx context.Context, channels ...string) error {
 	// go-redis keeps the channels even when this fails, and subscribes to them again
 	// on its next connection
 	return r.ps.Subscribe(ctx, channels...)
 }
 
-func (r *redisNotices) receive(ctx context.Context, timeout time.Duration) (notice, error) {
+func (r *redisNotices) Receive(ctx context.Context, timeout time.Duration) (storekit.Notice, error) {
 	m, err := r.ps.ReceiveTimeout(ctx, timeout)
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
-			return notice{}, errNoticeTimeout
+			return storekit.Notice{}, storekit.ErrNoNotice
 		}
 		var refused redis.Error
 		if errors.As(err, &refused) { // the server refused a SUBSCRIBE or PING (an ACL)
-			return notice{}, &noticeRefused{err}
+			return storekit.Notice{}, &storekit.Refused{Err: err}
 		}
-		return notice{}, err
+		return storekit.Notice{}, err
 	}
 	switch m := m.(type) {
 	case *redis.Subscription:
 		if m.Kind == "subscribe" {
-			return notice{kind: noticeSubscribed, channel: m.Channel}, nil
+			return storekit.Notice{Kind: storekit.Subscribed, Channel: m.Channel}, nil
 		}
 	case *redis.Message:
-		return notice{kind: noticeForgotten, channel: m.Channel, k: m.Payload}, nil
+		return storekit.Notice{Kind: storekit.Forgotten, Channel: m.Channel, K: m.Payload}, nil
 	}
-	return notice{kind: noticeHeard}, nil // a PONG, or a reply of no interest: the line is alive
+	return storekit.Notice{Kind: storekit.Heard}, nil // a PONG, or a reply of no interest: the line is alive
 }
 
-func (r *redisNotices) ping(ctx context.Context) error { return r.ps.Ping(ctx) }
+func (r *redisNotices) Ping(ctx context.Context) error { return r.ps.Ping(ctx) }
+func (r *redisNotices) InProcess() bool                { return false }
 
-func (r *redisNotices) close() error { return r.ps.Close() }
+func (r *redisNotices) Close() error { return r.ps.Close() }
+
+// ForgetNotices returns the store's transport of forget notices, which the Dedupers
+// on the store share (dedup uses it; applications need not).
+func (s *Store) ForgetNotices() storekit.Bus { return notices{s} }
+
+type notices struct{ s *Store }
+
+func (n notices) Subscribe() storekit.Sub { return n.s.subscribeNotices() }
+func (n notices) Subscribers(ctx context.Context, channel string) (int64, error) {
+	return n.s.noticeSubscribers(ctx, channel)
+}

@@ -1,4 +1,4 @@
-package dedup
+package redisstore
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -27,12 +29,12 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			ctx := context.Background()
 			key := func(i int) string { return fmt.Sprintf("%s:h:%d", prefix, i) }
 			const n = 2*maxScriptKeys + 44 // three calls
-			entries := make([]Entry, n)
+			entries := make([]driver.Entry, n)
 			for i := range entries {
-				entries[i] = Entry{Key: key(i), Token: "T", Fingerprint: "fp", TTL: time.Minute}
+				entries[i] = driver.Entry{Key: key(i), Token: "T", Fingerprint: "fp", TTL: time.Minute}
 			}
 			// load the scripts, so that the counts are the steady state's
-			warm := []Entry{{Key: key(-1), Token: "T", TTL: time.Minute}}
+			warm := []driver.Entry{{Key: key(-1), Token: "T", TTL: time.Minute}}
 			for range 2 { // the second finds the first's claim: the claim_many script
 				if _, err := s.ClaimMany(ctx, warm); err != nil {
 					t.Fatal(err)
@@ -44,7 +46,7 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			// what is there before: a DONE record with a reply, another's claim, our own
 			// claim (a retried claim whose reply was lost), a key reused with another
 			// payload, a record no dedup process writes
-			if err := s.c.Set(ctx, key(1), encodeReplyRecord("X", "fp", "the reply"), time.Hour).Err(); err != nil {
+			if err := s.c.Set(ctx, key(1), storekit.EncodeReply("X", "fp", "the reply"), time.Hour).Err(); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := s.Claim(ctx, key(2), "X", "", time.Minute); err != nil {
@@ -67,32 +69,32 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			}
 			// a SET NX PX GET per entry, then the six that found a record (keys 1 to 5,
 			// and key 6 named again) in one claim_many script call
-			expectTrips(t, "ClaimMany", tc, 2, n+1)
-			check := func(i int, st Status, ttlMin time.Duration) {
+			testenv.ExpectTrips(t, "ClaimMany", tc, 2, n+1)
+			check := func(i int, st driver.Status, ttlMin time.Duration) {
 				t.Helper()
 				if a := got[i]; a.Err != nil || a.Status != st || a.TTL < ttlMin || a.TTL > time.Hour {
 					t.Errorf("entry %d: %+v, want %v with a TTL of at least %v", i, a, st, ttlMin)
 				}
 			}
-			check(0, StatusAcquired, 0)
-			check(1, StatusDuplicate, 59*time.Minute)
+			check(0, driver.StatusAcquired, 0)
+			check(1, driver.StatusDuplicate, 59*time.Minute)
 			if !got[1].HasReply || got[1].Reply != "the reply" {
 				t.Errorf("entry 1: reply %q (%v), want the stored one", got[1].Reply, got[1].HasReply)
 			}
-			check(2, StatusInProgress, 59*time.Second)
-			check(3, StatusAcquired, 0)
+			check(2, driver.StatusInProgress, 59*time.Second)
+			check(3, driver.StatusAcquired, 0)
 			if pttl := s.c.PTTL(ctx, key(3)).Val(); pttl < 59*time.Second {
 				t.Errorf("our own claim found again: lease %v, want it renewed to a minute", pttl)
 			}
-			check(4, StatusConflict, 0)
-			if got[5].Err == nil || !errors.Is(got[5].Err, ErrBadRecord) {
-				t.Errorf("entry 5: %+v, want ErrBadRecord for it alone", got[5])
+			check(4, driver.StatusConflict, 0)
+			if got[5].Err == nil || !errors.Is(got[5].Err, driver.ErrBadRecord) {
+				t.Errorf("entry 5: %+v, want driver.ErrBadRecord for it alone", got[5])
 			}
-			check(6, StatusAcquired, 0)
-			check(200, StatusAcquired, 0) // our own claim of entry 6: the same token
+			check(6, driver.StatusAcquired, 0)
+			check(200, driver.StatusAcquired, 0) // our own claim of entry 6: the same token
 			for i := 7; i < n; i++ {
 				if i != 200 {
-					check(i, StatusAcquired, 0)
+					check(i, driver.StatusAcquired, 0)
 				}
 			}
 
@@ -103,19 +105,19 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			expectTrips(t, "CompleteMany", tc, 1, 3)
+			testenv.ExpectTrips(t, "CompleteMany", tc, 1, 3)
 			for i, e := range errs {
 				want := error(nil)
 				switch i {
 				case 1, 2, 4, 5:
-					want = ErrLeaseLost
+					want = driver.ErrLeaseLost
 				}
 				if !errors.Is(e, want) || (want == nil) != (e == nil) {
 					t.Errorf("complete %d: %v, want %v", i, e, want)
 				}
 			}
 			for i, want := range map[int]string{
-				0: "d:T:fp", 1: encodeReplyRecord("X", "fp", "the reply"), 2: "p:X:", 3: "d:T:fp", 4: "d:X:other", 5: "garbage", n - 1: "d:T:fp",
+				0: "d:T:fp", 1: storekit.EncodeReply("X", "fp", "the reply"), 2: "p:X:", 3: "d:T:fp", 4: "d:X:other", 5: "garbage", n - 1: "d:T:fp",
 			} {
 				if v := s.c.Get(ctx, key(i)).Val(); v != want {
 					t.Errorf("key %d after CompleteMany: %q, want %q", i, v, want)
@@ -123,14 +125,14 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			}
 			// a completion with a reply, and one retried after it landed
 			rk := key(n + 1)
-			if a, err := s.ClaimMany(ctx, []Entry{{Key: rk, Token: "R", TTL: time.Minute}}); err != nil || a[0].Status != StatusAcquired {
+			if a, err := s.ClaimMany(ctx, []driver.Entry{{Key: rk, Token: "R", TTL: time.Minute}}); err != nil || a[0].Status != driver.StatusAcquired {
 				t.Fatal(a, err)
 			}
-			re := []Entry{{Key: rk, Token: "R", TTL: time.Hour, Reply: "", HasReply: true}, {Key: rk, Token: "R", TTL: time.Hour, Reply: "x", HasReply: true}}
+			re := []driver.Entry{{Key: rk, Token: "R", TTL: time.Hour, Reply: "", HasReply: true}, {Key: rk, Token: "R", TTL: time.Hour, Reply: "x", HasReply: true}}
 			if errs, err := s.CompleteMany(ctx, re); err != nil || errs[0] != nil || errs[1] != nil {
 				t.Fatal(errs, err)
 			}
-			if v := s.c.Get(ctx, rk).Val(); v != encodeReplyRecord("R", "", "") {
+			if v := s.c.Get(ctx, rk).Val(); v != storekit.EncodeReply("R", "", "") {
 				t.Errorf("reply record %q, want the first completion's empty reply", v)
 			}
 		})
@@ -138,7 +140,7 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 }
 
 // Single Completes that queue in the auto-pipeliner go out merged, as complete_many
-// calls, and each gets the complete script's answer: DONE for its owner, ErrLeaseLost
+// calls, and each gets the complete script's answer: DONE for its owner, driver.ErrLeaseLost
 // for a wrong token; also after the server lost its script cache.
 func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
 	for name, mk := range countedRedis(t) {
@@ -158,7 +160,7 @@ func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
 					}
 				}
 				for i := range n {
-					if a, err := s.Claim(ctx, key(round*n+i), "T", "fp", time.Minute); err != nil || a.Status != StatusAcquired {
+					if a, err := s.Claim(ctx, key(round*n+i), "T", "fp", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 						t.Fatal(a, err)
 					}
 				}
@@ -185,8 +187,8 @@ func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
 				for i, err := range errs {
 					v := s.c.Get(ctx, key(round*n+i)).Val()
 					if i%7 == 0 {
-						if !errors.Is(err, ErrLeaseLost) || v != "p:T:fp" {
-							t.Fatalf("round %d: complete %d with another token: %v, record %q; want ErrLeaseLost and the claim untouched", round, i, err, v)
+						if !errors.Is(err, driver.ErrLeaseLost) || v != "p:T:fp" {
+							t.Fatalf("round %d: complete %d with another token: %v, record %q; want driver.ErrLeaseLost and the claim untouched", round, i, err, v)
 						}
 					} else if err != nil || v != "d:T:fp" {
 						t.Fatalf("round %d: complete %d: %v, record %q; want DONE", round, i, err, v)
@@ -207,13 +209,13 @@ func TestWithoutBatchScriptsCallsGoPerKeyWithTheSameAnswers(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			entries := []Entry{{Key: prefix + ":h:a", Token: "T", TTL: time.Minute}, {Key: prefix + ":h:b", Token: "T", TTL: time.Minute}}
+			entries := []driver.Entry{{Key: prefix + ":h:a", Token: "T", TTL: time.Minute}, {Key: prefix + ":h:b", Token: "T", TTL: time.Minute}}
 			if _, err := s.Mark(ctx, entries[1].Key, "X", "", time.Minute); err != nil {
 				t.Fatal(err)
 			}
 			tc.Reset()
 			got, err := s.ClaimMany(ctx, entries)
-			if err != nil || got[0].Status != StatusAcquired || got[1].Status != StatusDuplicate || got[1].TTL <= 0 {
+			if err != nil || got[0].Status != driver.StatusAcquired || got[1].Status != driver.StatusDuplicate || got[1].TTL <= 0 {
 				t.Fatalf("%+v %v", got, err)
 			}
 			if tc.Trips() != 1 || tc.Cmds() != 6 { // SET NX PX GET, PTTL and GET per key
@@ -221,7 +223,7 @@ func TestWithoutBatchScriptsCallsGoPerKeyWithTheSameAnswers(t *testing.T) {
 			}
 			tc.Reset()
 			errs, err := s.CompleteMany(ctx, entries)
-			if err != nil || errs[0] != nil || !errors.Is(errs[1], ErrLeaseLost) {
+			if err != nil || errs[0] != nil || !errors.Is(errs[1], driver.ErrLeaseLost) {
 				t.Fatal(errs, err)
 			}
 			if tc.Cmds() < 2 { // the complete script per key (and EVAL after NOSCRIPT)
@@ -276,19 +278,19 @@ func TestBatchScriptsTurnOffBehindAShardingProxy(t *testing.T) {
 	for _, hook := range []proxyHook{{noInfo: true}, {crossSlot: true}} {
 		t.Run(fmt.Sprintf("noInfo=%v", hook.noInfo), func(t *testing.T) {
 			prefix := testenv.Prefix()
-			plain := realRedis(t, prefix)
+			plain := testenv.Redis(t, prefix)
 			opt := *plain.Options()
 			c := redis.NewClient(&opt)
 			c.AddHook(hook)
 			t.Cleanup(func() { c.Close() })
-			s, err := NewRedisStore(c)
+			s, err := New(c)
 			if err != nil {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			entries := make([]Entry, 3)
+			entries := make([]driver.Entry, 3)
 			for i := range entries {
-				entries[i] = Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
+				entries[i] = driver.Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
 			}
 			// records there, so that ClaimMany needs its second round trip
 			for i := range 2 {
@@ -300,7 +302,7 @@ func TestBatchScriptsTurnOffBehindAShardingProxy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for i, want := range []Status{StatusDuplicate, StatusDuplicate, StatusAcquired} {
+			for i, want := range []driver.Status{driver.StatusDuplicate, driver.StatusDuplicate, driver.StatusAcquired} {
 				if got[i].Err != nil || got[i].Status != want {
 					t.Fatalf("claim %d: %+v, want %v", i, got[i], want)
 				}
@@ -309,7 +311,7 @@ func TestBatchScriptsTurnOffBehindAShardingProxy(t *testing.T) {
 				t.Fatal("batch scripts still on behind the proxy")
 			}
 			errs, err := s.CompleteMany(ctx, entries)
-			if err != nil || !errors.Is(errs[0], ErrLeaseLost) || !errors.Is(errs[1], ErrLeaseLost) || errs[2] != nil {
+			if err != nil || !errors.Is(errs[0], driver.ErrLeaseLost) || !errors.Is(errs[1], driver.ErrLeaseLost) || errs[2] != nil {
 				t.Fatal(errs, err)
 			}
 			if v := plain.Get(ctx, entries[2].Key).Val(); v != "d:T:" {
@@ -328,9 +330,9 @@ func TestCompleteManyKeyOfAnotherTypeFailsAlone(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s, _, prefix := mk(t)
 			ctx := context.Background()
-			entries := make([]Entry, 4)
+			entries := make([]driver.Entry, 4)
 			for i := range entries {
-				entries[i] = Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
+				entries[i] = driver.Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
 				if i != 2 {
 					if _, err := s.Claim(ctx, entries[i].Key, "T", "", time.Minute); err != nil {
 						t.Fatal(err)
@@ -348,7 +350,7 @@ func TestCompleteManyKeyOfAnotherTypeFailsAlone(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, e := range errs {
-				if (i == 2) != (e != nil) || (i == 2 && !errors.Is(e, ErrStoreUnavailable)) {
+				if (i == 2) != (e != nil) || (i == 2 && !errors.Is(e, driver.ErrStoreUnavailable)) {
 					t.Fatalf("complete %d: %v", i, e)
 				}
 				if i != 2 {

@@ -1,0 +1,70 @@
+package storekit
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// The transport of forget notices: a store that deletes a record (Forget) sends a
+// notice on the channel "<prefix>:<handler>" with the message key as payload, and
+// the Dedupers on the store subscribe to the channels of their handlers.
+
+// Notifier is a store that carries forget notices between the Dedupers on it. Only
+// redisstore and memstore do: a notice must be sent by the store's Forget in the
+// same step that deletes the record.
+type Notifier interface {
+	ForgetNotices() Bus
+}
+
+// Bus is a store's forget-notice transport.
+type Bus interface {
+	// Subscribe returns a subscription with no channel yet.
+	Subscribe() Sub
+	// Subscribers returns how many subscriptions hold channel.
+	Subscribers(ctx context.Context, channel string) (int64, error)
+}
+
+// Sub is one subscription to forget notices. Receive runs on one goroutine; Add and
+// Close may run while it waits.
+type Sub interface {
+	// Add subscribes to channels; one that fails now is made on the next connection.
+	Add(ctx context.Context, channels ...string) error
+	// Receive waits up to timeout for the next notice; ErrNoNotice when none came.
+	Receive(ctx context.Context, timeout time.Duration) (Notice, error)
+	// Ping asks for a reply (Heard), to tell a live subscription from a dead one.
+	Ping(ctx context.Context) error
+	// InProcess reports a subscription made at once that never loses a notice.
+	InProcess() bool
+	Close() error
+}
+
+// NoticeKind says what a Notice is.
+type NoticeKind uint8
+
+const (
+	Heard      NoticeKind = iota // a reply to Ping, or anything else: the line is alive
+	Subscribed                   // Channel is subscribed (again): notices before may be lost
+	Forgotten                    // K was forgotten for the handler of Channel
+	Missed                       // notices were lost (a queue overflowed)
+)
+
+// Notice is one event of a subscription.
+type Notice struct {
+	Kind    NoticeKind
+	Channel string
+	K       string
+	// Lossless, on Subscribed: no notice can have been lost before it (an
+	// in-process subscription), so the local tiers need not be dropped.
+	Lossless bool
+}
+
+// ErrNoNotice is Receive's error when no notice came in time.
+var ErrNoNotice = errors.New("dedup: no notice")
+
+// Refused is Receive's error when the server refused a subscription or a ping (an
+// ACL): the connection itself is fine.
+type Refused struct{ Err error }
+
+func (e *Refused) Error() string { return e.Err.Error() }
+func (e *Refused) Unwrap() error { return e.Err }
