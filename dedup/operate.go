@@ -142,8 +142,9 @@ func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) 
 	j, refused := decide(recs), error(nil)
 	for i, r := range recs {
 		if r.Err == nil {
-			// this process at once; the store's notice tells the others (and this one
-			// again, which changes nothing)
+			// this process at once; the store's notice tells the others, and this one
+			// again, maybe after Forget returned: a key cached again meanwhile is
+			// dropped once more (the next call asks the store, which still answers)
 			h.d.forgetLocal(names[i], k)
 		} else if refused == nil {
 			j, refused = i, r.Err // a refusal decides: the caller must see what was left

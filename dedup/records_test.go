@@ -241,7 +241,12 @@ func TestForgetMakesADoneKeyRunAgainAndRefusesInProgressUnlessForced(t *testing.
 // Three Dedupers on separate connections to one Redis (three processes, as far as the
 // store can tell) run one handler with a local tier. A key forgotten through one of
 // them leaves every local tier, within a measured time well inside the bound, and
-// runs again in each; the other keys all stay in every local tier.
+// runs again in each; the other keys all stay in every local tier. A key gone from a
+// local tier does not say that its notice was heard there: the forgetting process
+// drops it itself before its notice (its own echo) comes back, and a process whose
+// key a late notice had already dropped holds nothing to drop. A notice heard after
+// the key runs again drops it once more, so each round waits for a fence (below)
+// before it runs the key again.
 func TestForgetReachesEveryProcess(t *testing.T) {
 	t.Parallel()
 	prefix := testenv.Prefix()
@@ -261,6 +266,25 @@ func TestForgetReachesEveryProcess(t *testing.T) {
 		for _, k := range keys {
 			res, err := h.Do(ctx, k, ok)
 			want(t, res, err, map[bool]Outcome{true: Processed, false: Duplicate}[i == 0])
+		}
+	}
+	// Notices reach each subscription in the order Redis published them: once a fence
+	// key put into every local tier has left them all, forgotten by a fourth Deduper
+	// (with no local tier: no subscriber), each process has heard the notices
+	// published before, its own echo included.
+	fencer := register(t, newDeduper(t, redisStoreAt(t, addr), WithPrefix(prefix)), "orders", WithLocalCache(0, 0))
+	heard := func(round int) {
+		t.Helper()
+		fence := fmt.Sprintf("fence-%d", round)
+		for _, h := range hs {
+			h.local.Add(fence)
+		}
+		if info, err := fencer.Forget(ctx, fence); err != nil || info.Notified != len(hs) {
+			t.Fatalf("round %d: fence: %+v %v (want a notice to %d subscribers)", round, info, err, len(hs))
+		}
+		for i, h := range hs {
+			testenv.Eventually(t, 10*time.Second, fmt.Sprintf("round %d: process %d hears the fence", round, i),
+				func() bool { return !h.local.Contains(fence) })
 		}
 	}
 	lens := make([]int, len(hs))
@@ -287,6 +311,7 @@ func TestForgetReachesEveryProcess(t *testing.T) {
 			}
 			t.Logf("round %d: process %d dropped the key %v after Forget returned", round, i, time.Since(forgotAt))
 		}
+		heard(round)
 		// it runs again in process `round`; the others find it DONE in Redis, not locally
 		runner := hs[round]
 		res, err := runner.Do(ctx, "order-x", ok)
