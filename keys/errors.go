@@ -15,9 +15,8 @@ func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
-// memberErr wraps the Validate error of a member strategy. A member error that
-// already wraps ErrInvalid is not prefixed twice; a foreign one (from a user
-// Validator) is made to wrap ErrInvalid too.
+// memberErr wraps a member strategy's Validate error so that it wraps
+// ErrInvalid once, even when it comes from a user's Validator.
 func memberErr(ctor string, i int, err error) error {
 	if errors.Is(err, ErrInvalid) {
 		return fmt.Errorf("keys: %s: strategy %d: %w", ctor, i, err)
@@ -25,8 +24,7 @@ func memberErr(ctor string, i int, err error) error {
 	return fmt.Errorf("%w: %s: strategy %d: %w", ErrInvalid, ctor, i, err)
 }
 
-// maxQuoted bounds how much of a rejected name an error message repeats, so a
-// hostile multi-megabyte name cannot blow up a log line.
+// maxQuoted bounds how much of a rejected name an error repeats.
 const maxQuoted = 32
 
 // quote returns s quoted with %q semantics, truncated to maxQuoted bytes.

@@ -62,12 +62,9 @@ func isPlain(raw string) bool {
 	return true
 }
 
-// Normalize maps a raw message key to a bounded, Redis-safe key. A plain key
-// (1..[MaxPlainLen] bytes, each in [A-Za-z0-9._:/@=+-]) is returned as is,
-// without allocating. Any other key, including "", becomes "~" followed by the
-// lowercase hex SHA-256 of the raw key: 65 bytes. '~' is not a plain byte, so a
-// plain key never equals a hashed one, and distinct raw keys give distinct
-// results (short of a SHA-256 collision).
+// Normalize bounds a raw key. A plain key (1..[MaxPlainLen] bytes of
+// [A-Za-z0-9._:/@=+-]) is returned as is, without allocating; any other, ""
+// included, becomes "~" and its hex SHA-256 (65 bytes), which no plain key equals.
 func Normalize(raw string) string {
 	if isPlain(raw) {
 		return raw
@@ -86,11 +83,10 @@ func appendHashed(b []byte, raw string) []byte {
 	return hex.AppendEncode(b, sum[:])
 }
 
-// RecordKey returns the Redis key of a record: prefix + ":" + handler + ":" +
-// Normalize(raw), built with a single allocation. It does not check prefix or
-// handler; validate them once with [ValidatePrefix] and [ValidateName]. With
-// valid parts the result is at most len(prefix)+1+[MaxNameLen]+1+65 bytes, and
-// distinct (handler, raw) pairs give distinct keys.
+// RecordKey returns prefix + ":" + handler + ":" + Normalize(raw), in one
+// allocation. It does not check prefix or handler: validate them once with
+// [ValidatePrefix] and [ValidateName]. With valid parts, distinct (handler, raw)
+// pairs give distinct keys.
 func RecordKey(prefix, handler, raw string) string {
 	if isPlain(raw) {
 		return prefix + ":" + handler + ":" + raw
@@ -106,9 +102,8 @@ func RecordKey(prefix, handler, raw string) string {
 	return sb.String()
 }
 
-// ValidateName checks a handler name: 1..[MaxNameLen] bytes, each in
-// [A-Za-z0-9._-]. The error wraps [ErrInvalid], says what is wrong and quotes
-// (at most the first 32 bytes of) the name.
+// ValidateName checks a handler name: 1..[MaxNameLen] bytes of [A-Za-z0-9._-].
+// The error wraps [ErrInvalid].
 func ValidateName(name string) error {
 	switch {
 	case name == "":
@@ -125,14 +120,10 @@ func ValidateName(name string) error {
 	return nil
 }
 
-// ValidatePrefix checks a record key prefix: 1..[MaxNameLen] bytes of
-// printable ASCII other than space (0x21..0x7e), ':' and the glob characters
-// * ? [ ] \ (see globBytes). ':' separates the
-// prefix from the handler name, so a prefix holding one could reproduce another
-// tenant's keys ("acme" + "eu" + "orders:1" against "acme:eu" + "orders" + "1").
-// '{' and '}' are allowed, so a prefix may carry a Redis Cluster hash tag such
-// as "{dedup}". The error wraps [ErrInvalid], says what is wrong and quotes (at
-// most the first 32 bytes of) the prefix.
+// ValidatePrefix checks a record key prefix: 1..[MaxNameLen] bytes of printable
+// ASCII (0x21..0x7e) other than ':', which could let one prefix reproduce
+// another's keys, and the Redis glob characters * ? [ ] \. Braces are allowed,
+// for a Cluster hash tag such as "{dedup}". The error wraps [ErrInvalid].
 func ValidatePrefix(prefix string) error {
 	switch {
 	case prefix == "":
@@ -157,7 +148,7 @@ func ValidatePrefix(prefix string) error {
 	return nil
 }
 
-// globBytes are the bytes special in Redis's glob patterns. A prefix is matched as
-// "<prefix>:*" by an ACL key pattern (~<prefix>:*) and by a SCAN that deletes a
-// prefix's records; a prefix holding one of them would match other prefixes' keys.
+// globBytes are Redis's glob metacharacters. A prefix is matched as "<prefix>:*"
+// (ACL key patterns, the SCAN that deletes its records), so one of these in it
+// would match other prefixes' keys.
 const globBytes = `*?[]\`

@@ -15,10 +15,9 @@ type Message interface {
 	Data() []byte
 }
 
-// Strategy derives a message key from a message. "" means the message has no
-// key. Keys are returned raw, of any size and content; [Normalize] bounds them.
-// The built-in strategies never panic, whatever the message holds, and are safe
-// for concurrent use.
+// Strategy derives a message key from a message; "" means it has none. Keys are
+// raw, of any size and content ([Normalize] bounds them). The built-in
+// strategies never panic and are safe for concurrent use.
 type Strategy interface {
 	Key(m Message) string
 }
@@ -36,10 +35,8 @@ const (
 	xCorrelationHeader = "X-Correlation-Id"
 )
 
-// Header returns a strategy whose key is the first value of the header called
-// name, "" when the header is absent or empty. Header lookup is left to the
-// Message: [Raw] matches names exactly. Validate returns an error wrapping
-// [ErrInvalid] when name is empty; such a strategy finds no key.
+// Header returns a strategy whose key is the first value of header name, as the
+// Message looks it up. Validate fails with [ErrInvalid] when name is empty.
 func Header(name string) Strategy { return headerStrategy{name: name} }
 
 type headerStrategy struct{ name string }
@@ -59,7 +56,7 @@ func (s headerStrategy) Validate() error {
 }
 
 // CorrelationID returns a strategy whose key is the "Correlation-Id" header,
-// else the "X-Correlation-Id" header, else "". It cannot be misconfigured.
+// else the "X-Correlation-Id" header.
 func CorrelationID() Strategy { return correlationStrategy{} }
 
 type correlationStrategy struct{}
@@ -74,14 +71,11 @@ func (correlationStrategy) Key(m Message) string {
 	return m.Header(xCorrelationHeader)
 }
 
-// Composite returns a strategy whose key joins the keys of parts, each written
-// as its decimal byte length, ':', then the key itself: Composite(a, b) on keys
-// "ab" and "c" gives "2:ab1:c". The length prefixes make the join unambiguous,
-// so ("a|b", "c") and ("a", "b|c") give different keys whatever the bytes. If
-// any part finds no key (or is nil) the composite finds no key either.
-//
-// Validate returns an error wrapping [ErrInvalid] when parts is empty, a part
-// is nil, or a part's own Validate fails.
+// Composite returns a strategy whose key joins the keys of parts, each prefixed
+// by its length and ':' (keys "ab" and "c" give "2:ab1:c"), so that no two
+// lists of keys join alike. If a part finds no key, neither does Composite.
+// Validate fails with [ErrInvalid] when parts is empty, holds nil, or a part's
+// Validate fails.
 func Composite(parts ...Strategy) Strategy {
 	return compositeStrategy{parts: append([]Strategy(nil), parts...)}
 }
@@ -132,10 +126,8 @@ func decimalLen(n int) int {
 	return d
 }
 
-// Payload returns a strategy whose key is the lowercase hex SHA-256 of the
-// message payload (64 bytes); an empty or nil payload has no key. It cannot be
-// misconfigured. It suits messages whose identity is their content: two
-// different messages with equal payloads are duplicates under it.
+// Payload returns a strategy whose key is the hex SHA-256 of the payload; an
+// empty payload has no key. Messages with equal payloads are duplicates under it.
 func Payload() Strategy { return payloadStrategy{} }
 
 type payloadStrategy struct{}
@@ -154,10 +146,9 @@ func (payloadStrategy) Key(m Message) string {
 	return string(h[:])
 }
 
-// Custom returns a strategy whose key is fn(m). fn must not modify the message
-// and must be safe for concurrent use; a panic in fn is not recovered here.
-// Validate returns an error wrapping [ErrInvalid] when fn is nil; such a
-// strategy finds no key rather than panicking.
+// Custom returns a strategy whose key is fn(m). fn must be safe for concurrent
+// use and must not modify m; its panics are not recovered. Validate fails with
+// [ErrInvalid] when fn is nil.
 func Custom(fn func(Message) string) Strategy { return customStrategy{fn: fn} }
 
 type customStrategy struct{ fn func(Message) string }
@@ -176,12 +167,9 @@ func (s customStrategy) Validate() error {
 	return nil
 }
 
-// FirstOf returns a strategy whose key is the first non-empty key found by
-// strategies, tried in order; "" when none finds one. Nil entries are skipped
-// by Key.
-//
-// Validate returns an error wrapping [ErrInvalid] when strategies is empty, an
-// entry is nil, or an entry's own Validate fails.
+// FirstOf returns a strategy whose key is the first non-empty key of
+// strategies, tried in order. Validate fails with [ErrInvalid] when strategies
+// is empty, holds nil, or a member's Validate fails.
 func FirstOf(strategies ...Strategy) Strategy {
 	return firstOfStrategy{list: append([]Strategy(nil), strategies...)}
 }
@@ -231,8 +219,7 @@ type Raw struct {
 	Body []byte
 }
 
-// Header returns the value of the header called name, "" when absent. The
-// lookup is exact (case-sensitive); a nil Headers map has no headers.
+// Header returns the value of header name, "" when absent; names match exactly.
 func (r Raw) Header(name string) string { return r.Headers[name] }
 
 // Data returns Body, which may be nil.

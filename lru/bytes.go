@@ -8,21 +8,16 @@ import (
 )
 
 // BytesEntryOverhead is what [Bytes] counts for an entry besides its key and
-// value: the entry itself, its map slot and the headers of its strings, rounded
-// up (measured by BenchmarkBytesMemory: about 150 bytes an entry on amd64, with
-// short values). Counting it bounds the memory of many tiny values too.
+// value: the entry, its map slot and its string headers, rounded up, so that
+// many tiny values are bounded too.
 const BytesEntryOverhead = 160
 
-// Bytes is a bounded map from string keys to string values (opaque bytes), each
-// kept for a TTL after its Add, bounded by the bytes it holds rather than by a
-// number of entries: every entry counts len(key) + len(value) +
-// [BytesEntryOverhead], and an Add that would pass the budget evicts the least
-// recently used entries first. It is for values of very different sizes (stored
-// replies) beside a [Cache] of keys. Safe for concurrent use; one mutex guards
-// it (a Get moves its entry to the front), so it suits lookups that cost far
-// more than a lock anyway (a request answered over the network), not the
-// nanosecond path [Cache.Contains] serves. The zero value is not usable: build
-// it with [NewBytes].
+// Bytes is a map from string keys to string values, each kept for a TTL after
+// its Add, bounded by bytes: an entry counts len(key) + len(value) +
+// [BytesEntryOverhead], and an Add past the budget evicts the least recently
+// used entries. It keeps stored replies beside a [Cache] of keys. It is safe
+// for concurrent use under one mutex, so it suits lookups that cost far more
+// than a lock. Build it with [NewBytes]; the zero value is not usable.
 type Bytes struct {
 	budget int64
 	ttl    int64 // nanoseconds
@@ -42,10 +37,10 @@ type bytesEntry struct {
 	prev, next *bytesEntry
 }
 
-// NewBytes returns an empty Bytes holding at most budget bytes (as counted
-// above), each entry for ttl after its Add. WithClock sets its clock; WithShards
-// does not apply. budget < 1, ttl <= 0, a nil Option, WithShards or an invalid
-// option value returns an error wrapping [ErrInvalidOption].
+// NewBytes returns an empty Bytes of at most budget bytes, each entry kept for
+// ttl after its Add; of the options only [WithClock] applies. budget < 1,
+// ttl <= 0, a nil Option, WithClock(nil) or WithShards returns an error
+// wrapping [ErrInvalidOption].
 func NewBytes(budget int64, ttl time.Duration, opts ...Option) (*Bytes, error) {
 	if budget < 1 {
 		return nil, fmt.Errorf("%w: budget %d bytes, must be at least 1", ErrInvalidOption, budget)
@@ -88,16 +83,14 @@ func (b *Bytes) Get(key string) (value string, ok bool) {
 	return e.value, true
 }
 
-// Add stores value under key for the TTL, replacing what key held, and evicts
-// the least recently used entries until the budget holds it. A value whose entry
-// alone exceeds the budget is not stored (and key's old value is removed). The
-// map keeps its own copy of key, so a key sliced from a large buffer does not
-// pin that buffer; value is kept as given (strings are immutable). After
-// [Bytes.Close] Add does nothing.
+// Add stores value under key for the TTL, replacing key's old value, and evicts
+// the least recently used entries until it fits. An entry larger than the whole
+// budget is not stored (and key's old value is removed). It copies key, not
+// value. After [Bytes.Close] Add does nothing.
 func (b *Bytes) Add(key, value string) { b.add(key, value, b.ttl) }
 
-// AddFor is Add with a shorter life: min(ttl, the TTL). ttl <= 0 adds nothing
-// (and removes key's old value).
+// AddFor is Add with a shorter life, min(ttl, the TTL). ttl <= 0 adds nothing
+// and removes key's old value.
 func (b *Bytes) AddFor(key, value string, ttl time.Duration) {
 	b.add(key, value, min(int64(ttl), b.ttl))
 }
@@ -134,9 +127,8 @@ func (b *Bytes) Remove(key string) {
 	}
 }
 
-// RemovePrefix deletes every key that starts with prefix ("" deletes them all)
-// and returns how many it deleted. It visits every entry under the lock: use it
-// for rare invalidations.
+// RemovePrefix deletes every key that starts with prefix ("" deletes all) and
+// returns how many it deleted. It visits every entry under the lock.
 func (b *Bytes) RemovePrefix(prefix string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -170,7 +162,7 @@ func (b *Bytes) Size() int64 {
 func (b *Bytes) Budget() int64 { return b.budget }
 
 // Close drops every entry; afterwards Get finds nothing and Add does nothing.
-// Idempotent.
+// It is idempotent.
 func (b *Bytes) Close() {
 	b.mu.Lock()
 	defer b.mu.Unlock()

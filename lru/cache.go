@@ -23,11 +23,9 @@ type Cache struct {
 	closed atomic.Bool
 }
 
-// New returns a cache holding at most [Cache.Cap] keys (size rounded up so
-// every shard holds the same number), each for ttl after its last Add.
-//
-// size < 1, ttl <= 0, a nil Option or an invalid option value returns an error
-// wrapping [ErrInvalidOption] that names the setting.
+// New returns a cache of [Cache.Cap] keys (size rounded up to a multiple of the
+// shard count), each kept for ttl after its last Add. size < 1, ttl <= 0, a nil
+// Option or an invalid option returns an error wrapping [ErrInvalidOption].
 func New(size int, ttl time.Duration, opts ...Option) (*Cache, error) {
 	cfg, err := newConfig(size, ttl, opts)
 	if err != nil {
@@ -91,17 +89,9 @@ func (c *Cache) shard(h uint64) *shard {
 	return &c.shards[h>>c.shift]
 }
 
-// Contains reports whether key was added less than the TTL ago and has not
-// been removed or evicted since. A hit marks the key as recently used, which
-// protects it from the next eviction sweep. It takes no lock and makes no
-// allocation; it reads the clock only when the key is found.
-//
-// With the default clock, a hit reads a coarse clock: a time that one
-// goroutine advances every millisecond while caches are being hit, which
-// costs an atomic load instead of a monotonic read. In a key's last ten
-// seconds (by that clock) Contains confirms with the monotonic clock, so a
-// key is not found after its TTL unless that clock fell over ten seconds
-// behind, which takes the whole process standing still (a paused VM).
+// Contains reports whether key was added less than the TTL ago and not removed
+// or evicted since; a hit marks it recently used. It takes no lock and
+// allocates nothing. By default a hit reads a coarse clock (see the package doc).
 func (c *Cache) Contains(key string) bool {
 	h := maphash.String(c.seed, key)
 	t := c.tables[h>>c.shift].Load()
@@ -118,17 +108,14 @@ func (c *Cache) Contains(key string) bool {
 	return true
 }
 
-// Add inserts key, or refreshes its expiry to now+TTL if present (expired or
-// not). When the key's shard is full it evicts one key, chosen by the CLOCK
-// (second-chance) hand: an expired key at once, else the first key not used
-// since the hand last passed it. The cache keeps its own copy of key, so a
-// key sliced from a large buffer does not pin that buffer. After [Cache.Close]
+// Add inserts key, or refreshes its expiry to now+TTL. When the key's shard is
+// full it evicts an expired key, else the first key not used since the CLOCK
+// hand last passed it. The cache keeps its own copy of key. After [Cache.Close]
 // Add does nothing.
 func (c *Cache) Add(key string) { c.add(key, c.ttl) }
 
-// AddFor is Add with a shorter life: key is kept for min(ttl, the cache's TTL). It is
-// for keys whose truth expires sooner elsewhere (a store record with little time
-// left). ttl <= 0 adds nothing.
+// AddFor is Add with a shorter life, min(ttl, the cache's TTL), for a key whose
+// store record expires sooner. ttl <= 0 adds nothing.
 func (c *Cache) AddFor(key string, ttl time.Duration) {
 	if ttl > 0 {
 		c.add(key, min(int64(ttl), c.ttl))
@@ -158,12 +145,10 @@ func (c *Cache) Remove(key string) {
 	s.mu.Unlock()
 }
 
-// RemovePrefix deletes every key that starts with prefix ("" deletes them all)
-// and returns how many it deleted; their slots are reused by later Adds. Unlike
-// Remove it visits every key the cache holds, one shard at a time under that
-// shard's lock (an Add to the shard waits for its visit; Contains never does),
-// so it costs time in proportion to [Cache.Len]: use it for rare invalidations,
-// not on a hot path. A key added while it runs may stay.
+// RemovePrefix deletes every key that starts with prefix ("" deletes all) and
+// returns how many it deleted. It visits every key, one shard at a time under
+// the shard's lock (Contains never waits), so use it for rare invalidations. A
+// key added while it runs may stay.
 func (c *Cache) RemovePrefix(prefix string) int {
 	n := 0
 	for i := range c.shards {
@@ -190,18 +175,14 @@ func (c *Cache) Len() int {
 }
 
 // Cap returns the most keys the cache holds: the size given to [New] rounded
-// up to a multiple of the shard count (each shard holds ceil(size/shards)).
-// It is unchanged by [Cache.Close].
+// up to a multiple of the shard count. Close leaves it unchanged.
 func (c *Cache) Cap() int {
 	return c.perCap * len(c.shards)
 }
 
-// Close releases the cache's memory. Afterwards Contains reports false, Add
-// and Remove do nothing and Len is 0. Calls racing with Close may see the
-// cache either open or closed. Close is idempotent. The last open Cache's
-// Close stops the coarse clock's goroutine (see [Cache.Contains]) and waits
-// for it to end; while Caches stay open, it stops within a tick or two of
-// the last hit anyway.
+// Close releases the cache's memory: afterwards Contains reports false, Add and
+// Remove do nothing and Len is 0. It is idempotent. The last open Cache's Close
+// stops the coarse clock's goroutine and waits for it.
 func (c *Cache) Close() {
 	if c.closed.CompareAndSwap(false, true) && c.now == nil {
 		defer coarse.release()

@@ -17,18 +17,13 @@ func monoNow() int64 { return max(1, int64(time.Since(epoch))) }
 // tickEvery is how often the coarse clock advances while it is read.
 const tickEvery = time.Millisecond
 
-// coarseClock is the clock a hit reads with the default clock: a time that
-// one goroutine refreshes every tickEvery, so a hit costs an atomic load
-// instead of a monotonic read (a vDSO call whose serialising TSC read kept
-// consecutive lookups from overlapping their cache misses). It never leads
-// the monotonic clock, and lags it by a tick plus the goroutine's
-// scheduling delay; Cache.expired confirms with the monotonic clock near a
-// key's expiry, and Add and eviction read the monotonic clock itself.
-//
-// The goroutine runs only while hits read it: a tick in which nobody read
-// stops it, and the next read starts another (reading the monotonic clock
-// itself once). The last open Cache's Close stops it too, and waits for it
-// and for every earlier one.
+// coarseClock is what a hit reads on the default clock: a time one goroutine
+// refreshes every tickEvery, so a hit costs an atomic load, not a monotonic
+// read (whose serialising TSC read keeps lookups from overlapping their cache
+// misses). It never leads the monotonic clock and lags it by a tick plus
+// scheduling delay, hence Cache.expired's confirmation near expiry. A tick
+// nobody read stops the goroutine and the next read starts another; the last
+// open Cache's Close stops it and waits for it and every earlier one.
 type coarseClock struct {
 	now  atomic.Int64 // monoNow at the last tick; 0 while no goroutine ticks
 	used atomic.Bool  // read since the last tick
@@ -94,9 +89,9 @@ func (k *coarseClock) run(prev, stop, done chan struct{}) {
 	}
 }
 
-// tick advances now, or halts the clock if nobody read it in the whole tick
-// since now was last stored. It reports whether the goroutine given stop should go on. It holds
-// k.mu, so that a release that halted the clock meanwhile is not undone.
+// tick advances now, or halts the clock if nobody read it for a whole tick, and
+// reports whether the goroutine given stop should go on. It holds k.mu, so that
+// a release that halted the clock meanwhile is not undone.
 func (k *coarseClock) tick(stop chan struct{}) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -35,11 +35,9 @@ const (
 	maxShards = 1 << 16
 )
 
-// WithClock sets the time source used for expiry. The default is the
-// monotonic clock, with a coarse clock for hits (see the package doc).
-// It exists for tests: the function must be safe for concurrent use, and it
-// is called at most once per Contains, Add or Remove. A nil function makes
-// [New] fail with [ErrInvalidOption].
+// WithClock sets the time source for expiry, in place of the monotonic and
+// coarse clocks (see the package doc); it is meant for tests. now must be safe
+// for concurrent use; nil makes [New] fail with [ErrInvalidOption].
 func WithClock(now func() time.Time) Option {
 	return func(c *config) {
 		c.now = now
@@ -47,12 +45,11 @@ func WithClock(now func() time.Time) Option {
 	}
 }
 
-// WithShards sets the number of independent shards, rounded up to a power of
-// two. The default is 64, or fewer when size is small so that every shard
-// holds at least 8 keys. n must be between 1 and 65536; otherwise [New] fails
-// with [ErrInvalidOption]. More shards than size/8 make eviction less
-// accurate, and each shard holds at least one key, so [Cache.Cap] grows to
-// at least the shard count.
+// WithShards sets the number of shards, rounded up to a power of two (default
+// 64, or fewer so that each holds at least 8 keys). n must be 1 to 65536, else
+// [New] fails with [ErrInvalidOption]. Each shard holds at least one key, so
+// [Cache.Cap] is at least the shard count; more than size/8 shards make
+// eviction less accurate.
 func WithShards(n int) Option {
 	return func(c *config) {
 		c.shards = n

@@ -60,8 +60,8 @@ var ErrNoDeliveryLeft = errors.New("nats: no delivery left")
 // doubleAckTimeout bounds the wait for the server's confirmation of an ack.
 const doubleAckTimeout = 5 * time.Second
 
-// Reasons logged when a message is terminated. They are not sent with the Term:
-// servers before 2.10.4 ignore a "+TERM <reason>" and redeliver the message.
+// Reasons logged when a message is terminated. They are not sent with the Term,
+// which some servers would then ignore (docs/nats.md).
 const (
 	ReasonNoKey     = "dedup: message has no key"
 	ReasonKeyReuse  = "dedup: key reused with a different payload"
@@ -258,11 +258,9 @@ func (a *adapter) where(m *Msg) []any {
 }
 
 // DefaultCopyHold is how long the adapter holds a copy of a message whose key
-// another owner is running (InProgress from the store: another process, usually)
-// before it Naks it: meanwhile it checks again after 50 ms, then at doubling
-// intervals, so that the copy is answered (a Duplicate, or run if the owner gave the
-// key back) soon after that run ends, not after the rest of its lease. On the
-// message's last delivery it holds it until that lease, as first seen, has passed.
+// another owner is running before it Naks it. It checks again after 50 ms, then
+// at doubling intervals, so that the copy is answered soon after that run ends.
+// On the message's last delivery it holds it until the owner's lease has passed.
 const DefaultCopyHold = 2 * time.Second
 
 // copyRecheck is the first interval between a held copy's checks.

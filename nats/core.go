@@ -10,15 +10,13 @@ import (
 	"github.com/dedupkit/dedupkit/dedup"
 )
 
-// Core runs one dedup handler on a core NATS subscription, or on a push subscription
-// of the older JetStreamContext. Core messages have no acknowledgements: a duplicate
-// is dropped and a failure is only counted, so filter mode (dedup.ModeFilter) is the
-// usual choice. JetStream push deliveries (they carry a $JS.ACK reply) are
-// acknowledged as JetStream does; give WithMaxDeliver so that the last delivery is
-// recognised, and WithProgressEvery (below the consumer's AckWait) to keep a running
-// handler's message in progress. The consumer must use AckExplicitPolicy (NewCore
-// cannot check it): under AckAll, a later Ack confirms an earlier Nak'ed message. The consumer's retention horizon is not checked here:
-// see CheckRetention.
+// Core runs one dedup handler on a core NATS subscription, or on a push
+// subscription of the older JetStreamContext. A core message has no
+// acknowledgement: a duplicate is dropped and a failure only counted, so filter
+// mode (dedup.ModeFilter) is the usual choice. A JetStream push delivery is
+// acknowledged as by JetStream, but Core cannot read its consumer's config: the
+// consumer must use AckExplicitPolicy; give WithMaxDeliver and WithProgressEvery
+// (below AckWait), and check the retention with CheckRetention.
 type Core struct {
 	adapter
 }
@@ -33,9 +31,8 @@ func NewCore(h *dedup.Handler, opts ...Option) (*Core, error) {
 }
 
 // Handler returns a nats.MsgHandler for Conn.Subscribe, QueueSubscribe, or a
-// JetStreamContext push Subscribe (with ManualAck). It runs up to WithConcurrency
-// messages at once (default DefaultConcurrency; 1 keeps delivery order). ctx is the
-// handlers' parent. After unsubscribing, Wait for the messages in hand.
+// JetStreamContext push Subscribe (with ManualAck), running up to WithConcurrency
+// messages at once. ctx is the handlers' parent. After unsubscribing, call Wait.
 func (c *Core) Handler(ctx context.Context, fn Func) natsgo.MsgHandler {
 	if c == nil {
 		return func(*natsgo.Msg) {

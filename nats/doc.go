@@ -1,8 +1,9 @@
-// Package nats runs dedupkit handlers on NATS: JetStream consumers (Consume, Messages
-// and Fetch batches from nats.go/jetstream), core NATS subscriptions, and push
-// subscriptions of the older JetStreamContext. Handlers are plain functions; the
-// adapter runs them through a dedup.Handler and turns every outcome into the right
-// acknowledgement (docs/design.md §5):
+// Package nats runs dedupkit handlers on NATS: JetStream consumers ([JetStream]:
+// Consume, Messages and Fetch batches of nats.go/jetstream), core NATS
+// subscriptions and push subscriptions of the older JetStreamContext ([Core]),
+// and requests ([Replier]). Handlers are plain functions; the adapter runs them
+// through a dedup.Handler and acknowledges each message by its outcome
+// (docs/design.md §5):
 //
 //	outcome                      action
 //	Processed, Duplicate         Ack (DoubleAck with WithDoubleAck)
@@ -13,25 +14,20 @@
 //	Failed                       NakWithDelay(backoff by NumDelivered); on the last
 //	                             delivery: the exhausted hook, then Term
 //	Panicked                     Nak (on the last delivery: exhausted hook, then Term)
-//	NoKey, KeyReuse              Term (the reason is logged, not sent: servers
-//	                             before 2.10.4 ignore a Term that carries one)
+//	NoKey, KeyReuse              Term (the reason is logged, not sent)
 //	StoreUnavailable             NakWithDelay(store retry delay)
 //	LeaseLost, Cancelled         nothing: the message is redelivered after AckWait
 //
-// While a handler runs, the adapter tells the server the message is in progress every
-// AckWait/3, so a handler may run longer than AckWait without being redelivered.
+// While a handler runs, the adapter marks its message in progress every
+// AckWait/3, so a handler may run longer than AckWait.
 //
-// The default key (DefaultKeyStrategy), the same for every adapter and the engine, is
-// the Idempotency-Key header, else Nats-Msg-Id, else, for a JetStream delivery, the
-// stream name and stream sequence (stable across redeliveries, not across
-// republishes). A dedup handler registered WithKeyStrategy keeps its own strategy.
+// The default key ([DefaultKeyStrategy]) is the Idempotency-Key header, else
+// Nats-Msg-Id, else, for a JetStream delivery, the stream name and sequence. A
+// dedup handler registered WithKeyStrategy keeps its own strategy.
 //
-// Requests are answered by a Replier (core NATS Handler, or a nats.go/micro endpoint's
-// MicroHandler) over a handler that stores replies (dedup.WithReplies): the first
-// request runs fn and gets its reply, every duplicate gets the stored reply byte for
-// byte, headers included, and one still in progress elsewhere a retryable 503 error
-// reply (micro's Nats-Service-Error and Nats-Service-Error-Code headers): never
-// silence. See Replier for every answer.
+// A [Replier] answers the first request with fn's reply and every duplicate with
+// the stored reply, byte for byte; one still in progress elsewhere gets a
+// retryable 503 error reply: never silence.
 //
 // The package is named nats after its folder; import it under another name, for
 // example dnats, beside github.com/nats-io/nats.go.

@@ -21,11 +21,10 @@ type JetStream struct {
 	adapter
 }
 
-// NewJetStream wraps h for the messages of consumer c. It reads the consumer's config
-// (AckWait, MaxDeliver, BackOff) and refuses a handler whose retention is shorter than
-// the consumer's redelivery horizon (see CheckRetention), or a consumer with
-// unlimited redelivery unless WithUnlimitedRedelivery is given. Errors wrap
-// dedup.ErrInvalidOption.
+// NewJetStream wraps h for the messages of consumer c, whose config it reads. It
+// refuses a consumer without AckExplicitPolicy, a retention shorter than the
+// consumer's redelivery horizon (CheckRetention), and unlimited redelivery
+// without WithUnlimitedRedelivery. Errors wrap dedup.ErrInvalidOption.
 func NewJetStream(h *dedup.Handler, c jetstream.Consumer, opts ...Option) (*JetStream, error) {
 	cfg, err := newConfig(h, opts)
 	if err != nil {
@@ -61,31 +60,15 @@ func NewJetStream(h *dedup.Handler, c jetstream.Consumer, opts ...Option) (*JetS
 const defaultAckWait = 30_000_000_000 // the server's default AckWait, 30s
 
 // Handler returns a jetstream.MessageHandler for Consumer.Consume. It runs up to
-// WithConcurrency messages at once (default DefaultConcurrency), so that the store
-// round trips of several messages overlap (and share pipelines) instead of queueing
-// behind each other; WithConcurrency(1) runs them one by one, in delivery order. A
-// message whose key another of them is running waits for that run's end
-// (dedup.WaitForRunning) rather than being Nak'ed for the rest of the lease. ctx
-// is the handlers' parent: cancel it to shut down, and a running handler's message is
-// left for redelivery. After stopping the consumer, Wait for the messages in hand.
+// WithConcurrency messages at once: those that arrive while earlier ones are
+// being checked are checked together, in one store round trip, and each is
+// acknowledged as soon as its own result is final. A message whose key another
+// is running waits for that run's end. WithConcurrency(1) runs messages one by
+// one, in delivery order. ctx is the handlers' parent: cancel it to shut down,
+// leaving running messages for redelivery. After stopping the consumer, call Wait.
 //
-// With concurrency above 1 it batches: the messages that arrive while earlier ones are
-// being checked are checked together, with one store round trip (MarkMany or
-// ClaimMany, through dedup.Handler.Run with Parallel; see docs/design.md §3 for
-// ClaimMany's second), and their fns then run, side
-// by side once one takes over a millisecond. In ModeDo the claim of each fn that
-// succeeds is completed as soon as it returns, while the others still run (coalesced
-// with the other completions ready at once: CompleteMany). Each
-// message is acknowledged, and its slot freed, as soon as its own result is final. A
-// message whose key an earlier one is being marked for waits for that mark's answer
-// (a Duplicate, then), and one whose key is being run waits for the run's end.
-//
-// Pass Consume a short idle heartbeat, such as jetstream.PullHeartbeat(time.Second).
-// nats.go's Consume can stop receiving messages while the server holds no pull
-// request for it (see nats-io/nats.go#1622), until nothing, not even a heartbeat, has
-// arrived for twice the heartbeat: at the default of half of PullExpiry (15 s),
-// delivery stops for about 30 s. No message is lost; the stall only delays delivery.
-// It was seen at WithConcurrency 512 and 1024, not at 128 or 256 (see the README).
+// Pass Consume a short idle heartbeat, such as jetstream.PullHeartbeat(time.Second):
+// without one, nats.go's Consume can stall for about 30 s (docs/nats.md).
 func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandler {
 	if j == nil {
 		return noAdapter
@@ -127,14 +110,11 @@ const (
 	maxBatch        = 128
 )
 
-// batcher is Handler with concurrency above 1. Each message takes one of the
-// concurrency slots and joins a queue. While fewer than batchesInFlight batches are
-// being checked, a goroutine is started that takes the queue (up to maxBatch messages)
-// and handles it as one batch. As soon as the batch's checks are in, the goroutine
-// hands its turn on (another takes what has queued meanwhile), so that neither slow
-// fns nor messages waiting for another's run hold more than their slots. Each message
-// is acknowledged, and its slot freed, as soon as its own result is final. There is
-// no timer: a lone message goes out at once.
+// batcher is Handler with concurrency above 1. Each message takes a slot and
+// joins a queue; while fewer than batchesInFlight batches are being checked, a
+// goroutine takes up to maxBatch queued messages as one batch and hands its turn
+// on once their checks are in, so that slow fns and messages waiting for another's
+// run hold only their own slots. There is no timer: a lone message goes out at once.
 func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandler {
 	slots := make(chan struct{}, j.cfg.concurrency)
 	var mu sync.Mutex
@@ -242,13 +222,10 @@ func (j *JetStream) handle(ctx context.Context, msg jetstream.Msg, run func(ctx 
 	return res, j.settle(ctx, msg, m, res, err)
 }
 
-// HandleBatch drains a Fetch batch and runs fn for each message, one at a time, with
-// one store round trip for the checks (dedup.Handler.Run; docs/design.md §3 says
-// when there is a second). Each message's claim
-// is completed as soon as its fn returns, and the message acknowledged once that
-// completion is answered, while the next message's fn runs: a crash repeats at most
-// the messages whose completion is in flight. Messages waiting their turn are kept in
-// progress. It returns the batch's own error (batch.Error()).
+// HandleBatch drains a Fetch batch and runs fn for each message, one at a time,
+// with one store round trip for the checks. Each message is acknowledged once
+// its completion is answered, while the next fn runs, so a crash repeats at most
+// the messages whose completion is in flight. It returns batch.Error().
 func (j *JetStream) HandleBatch(ctx context.Context, batch jetstream.MessageBatch, fn Func) ([]dedup.ItemResult, error) {
 	if j == nil || isNil(batch) {
 		return nil, ErrBadInput
@@ -279,11 +256,8 @@ func drain(batch jetstream.MessageBatch) []jetstream.Msg {
 	return msgs
 }
 
-// handleMsgs handles msgs as one batch (dedup.Handler.Run, fn for up
-// to parallel of them at once), keeping them in progress meanwhile, and
-// acknowledges each as soon as its result is final; then it calls settled(i), if not
-// nil. A message left without a result because an fn ended the goroutine
-// (runtime.Goexit) is Nak'ed, as after a panic.
+// handleMsgs handles msgs as one batch through dedup.Handler.Run, up to parallel
+// fns at once, and settles them as settleBatch does.
 func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parallel int, fn Func, settled func(i int)) []dedup.ItemResult {
 	return j.settleBatch(ctx, msgs, settled, func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult {
 		return j.h.Run(ctx, items, func(ctx context.Context, i int) error { return fn(ctx, views[i]) }, dedup.Parallel(max(parallel, 1)), dedup.OnResult(done))
@@ -292,13 +266,12 @@ func (j *JetStream) handleMsgs(ctx context.Context, msgs []jetstream.Msg, parall
 	})
 }
 
-// settleBatch reads the keys of msgs, runs run for them as one batch while they are
-// kept in progress, and acknowledges each as soon as run reports its result (done);
-// then it calls settled(i), if not nil. A copy whose key another owner runs is held
-// (see DefaultCopyHold) on a goroutine of its own, checked again with one, and
-// settled when the hold ends; settleBatch returns once every hold has ended. A
-// message left without a result because an fn ended the goroutine (runtime.Goexit)
-// is Nak'ed, as after a panic.
+// settleBatch reads the keys of msgs, runs run for them as one batch while they
+// are kept in progress, and acknowledges each as soon as run reports its result
+// (done), then calls settled(i) if not nil. A held copy (DefaultCopyHold) is
+// checked again with one on a goroutine of its own; settleBatch returns once
+// every hold has ended. A message left without a result by an fn's
+// runtime.Goexit is Nak'ed, as after a panic.
 func (j *JetStream) settleBatch(ctx context.Context, msgs []jetstream.Msg, settled func(i int),
 	run func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult,
 	one func(ctx context.Context, it dedup.Item, m *Msg) (dedup.Result, error)) []dedup.ItemResult {

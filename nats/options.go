@@ -24,10 +24,7 @@ const (
 	DefaultStoreRetryDelay = time.Second
 	// DefaultMinDelay is the shortest NakWithDelay the adapter sends.
 	DefaultMinDelay = 50 * time.Millisecond
-	// DefaultConcurrency is how many messages a Handler runs at once. On the 2-core
-	// benchmark machine, JetStream filter-mode throughput rose from 34k to 54k msg/s
-	// going from 32 to 128 (deeper Redis pipelines, fewer syscalls per message), and
-	// little beyond.
+	// DefaultConcurrency is how many messages a Handler runs at once.
 	DefaultConcurrency = 128
 	// MaxConcurrency bounds WithConcurrency.
 	MaxConcurrency = 4096
@@ -183,13 +180,11 @@ func WithKeyStrategy(s keys.Strategy) Option {
 	}
 }
 
-// WithConcurrency sets how many messages a Handler (JetStream Consume, or a core
-// subscription) runs at once, 1 to MaxConcurrency (default DefaultConcurrency). Above
-// 1, JetStream messages are handled in batches (see JetStream.Handler) and core ones
-// on goroutines of their own, and they may finish out of order; messages with the
-// same key never run at the same time in one process (the second waits for the
-// first's run to end). 1 runs them one at a time in delivery order. Handle and
-// HandleBatch run on the caller's goroutine whatever this says.
+// WithConcurrency sets how many messages a Handler runs at once, 1 to
+// MaxConcurrency (default DefaultConcurrency). Above 1 they may finish out of
+// order, but two with the same key never run at once in one process; 1 runs them
+// one at a time, in delivery order. Handle and HandleBatch run on the caller's
+// goroutine regardless.
 func WithConcurrency(n int) Option {
 	return func(c *config) error {
 		if n < 1 || n > MaxConcurrency {
@@ -200,11 +195,10 @@ func WithConcurrency(n int) Option {
 	}
 }
 
-// WithRetryAfter sets the most a Replier's 503 for a request IN PROGRESS elsewhere
-// tells the client to wait (RetryAfterHeader; default DefaultRetryAfter). The
-// other owner's lease (what is left of it is the longest the key can stay IN
-// PROGRESS) is an upper bound, usually far above how long its run takes: a client
-// that waits this long and retries gets the stored reply, or another 503.
+// WithRetryAfter sets the longest wait, at least 1ms, that a Replier's 503 for a
+// request IN PROGRESS elsewhere tells the client (RetryAfterHeader; default
+// DefaultRetryAfter). What is left of the other owner's lease is only an upper
+// bound on its run.
 func WithRetryAfter(d time.Duration) Option {
 	return func(c *config) error {
 		if d < time.Millisecond {
@@ -227,10 +221,9 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// CheckRetention reports whether retention outlives every redelivery cfg allows. The
-// horizon is AckWait × MaxDeliver plus the BackOff total, where the server repeats the
-// last BackOff value for every delivery past the list (so the total has MaxDeliver−1
-// terms); it saturates instead of overflowing. MaxDeliver -1 (unlimited) is an error
+// CheckRetention reports whether retention outlives every redelivery cfg allows:
+// AckWait × MaxDeliver plus the BackOff total (its last value repeated for later
+// deliveries, MaxDeliver−1 delays in all). MaxDeliver -1 (unlimited) is an error
 // unless unlimited is true. Errors wrap ErrRetentionTooShort (or, for unlimited,
 // dedup.ErrInvalidOption) and name the numbers.
 func CheckRetention(retention time.Duration, cfg jetstream.ConsumerConfig, unlimited bool) error {

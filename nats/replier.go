@@ -57,10 +57,9 @@ const (
 	CodeKeyReuse = "422"
 )
 
-// RetryAfterHeader is set on a CodeRetry reply to a request IN PROGRESS elsewhere: how
-// many milliseconds to wait before retrying. It is what is left of the other
-// owner's lease, at most WithRetryAfter (default DefaultRetryAfter): the lease is
-// only an upper bound on the run.
+// RetryAfterHeader is set on a CodeRetry reply to a request IN PROGRESS elsewhere:
+// how many milliseconds to wait before retrying, what is left of the other
+// owner's lease but at most WithRetryAfter.
 const RetryAfterHeader = "Dedup-Retry-After-Ms"
 
 // Descriptions of the error replies (the Nats-Service-Error header).
@@ -125,30 +124,15 @@ func (s ReplyStats) Count(k ReplyKind) uint64 {
 }
 
 // Replier answers NATS requests through a dedup handler that stores replies
-// (dedup.WithReplies), so that a request is run once and every retry of it gets the
-// same answer: the natural way to write an idempotent NATS service. Handler serves a
-// core NATS subscription; MicroHandler a nats.go/micro endpoint. A request's key is
-// read by the Replier's WithKeyStrategy, else by the handler's (dedup.WithKeyStrategy),
-// else by DefaultKeyStrategy (the Idempotency-Key header, else Nats-Msg-Id).
-//
-// What a request is answered with:
-//
-//	request                                 fn        reply
-//	first (its key unseen)                  runs      fn's reply, stored with DONE
-//	duplicate, DONE                         no        the stored reply, byte for byte, headers included
-//	duplicate, DONE without a reply         no        409 (CodeNotStored): processed; not stored
-//	duplicate, IN PROGRESS in this process  no        waits for the run: its reply
-//	duplicate, IN PROGRESS elsewhere        no        503 (CodeRetry) + Dedup-Retry-After-Ms
-//	fn error or panic                       ran       500, or the *ServiceError's; claim released
-//	store unavailable (fail closed)         no        503 (CodeRetry)
-//	no key / key reused with other payload  no        400 / 422
-//	shutting down (Close, ctx cancelled)    no/cut    503 (CodeRetry)
-//	lease lost while fn ran, fn failed      ran       503 (CodeRetry): another owner may be running it
-//
-// A reply larger than the handler's limit is sent to the first request all the same
-// (counted by the handler as RepliesTooLarge); its duplicates get 409. A reply whose
-// DONE record could not be written (NotRecorded) is sent too. Every request with a
-// reply subject is answered: never silence. Replies are never logged.
+// (dedup.WithReplies), so that a request runs once and every retry of it gets
+// the same answer. Handler serves a core NATS subscription, MicroHandler a
+// nats.go/micro endpoint. The first request runs fn and gets its reply; a
+// duplicate gets the stored reply, byte for byte (409 if none was stored), or
+// waits for a run of it in this process; one in progress elsewhere gets a 503
+// (CodeRetry), as does any request while the store is down or the handler shuts
+// down; fn's error gets a 500, or its ServiceError's code, and releases the
+// claim. Every request with a reply subject is answered; replies are never
+// logged. docs/request-reply.md lists every case.
 type Replier struct {
 	a       adapter // its config (key strategy, concurrency, logger), dispatcher and Wait
 	replies [numReplyKinds]atomic.Uint64
@@ -156,10 +140,9 @@ type Replier struct {
 	noReply atomic.Uint64
 }
 
-// NewReplier wraps h, which must store replies (dedup.WithReplies). Options that
-// apply: WithKeyStrategy, WithConcurrency (Handler only: micro runs an endpoint's
-// requests one at a time), WithRetryAfter, WithLogger; the acknowledgement options
-// do not (requests have no acks). Errors wrap dedup.ErrInvalidOption.
+// NewReplier wraps h, which must store replies (dedup.WithReplies). The options
+// that apply are WithKeyStrategy, WithConcurrency (Handler only), WithRetryAfter
+// and WithLogger. Errors wrap dedup.ErrInvalidOption.
 func NewReplier(h *dedup.Handler, opts ...Option) (*Replier, error) {
 	cfg, err := newConfig(h, opts)
 	if err != nil {
@@ -172,10 +155,8 @@ func NewReplier(h *dedup.Handler, opts ...Option) (*Replier, error) {
 }
 
 // Handler returns a nats.MsgHandler for Conn.Subscribe or QueueSubscribe that
-// answers each request (Handle), up to WithConcurrency at once (default
-// DefaultConcurrency). A request whose key another request in this process is
-// running waits for that run and gets its reply. ctx is the handlers' parent. After
-// unsubscribing (or draining), Wait for the requests in hand.
+// answers each request (Handle), up to WithConcurrency at once. ctx is the
+// handlers' parent. After unsubscribing (or draining), call Wait.
 func (r *Replier) Handler(ctx context.Context, fn ReplyFunc) natsgo.MsgHandler {
 	if r == nil {
 		return func(msg *natsgo.Msg) { _, _ = r.Handle(ctx, msg, fn) }
@@ -346,18 +327,14 @@ func (r *Replier) responded(rerr error, a answer) {
 	r.replies[a.kind].Add(1)
 }
 
-// MicroHandler returns a micro.Handler for a nats.go/micro endpoint that answers each
-// request as Handler does (see Replier), so that an idempotent endpoint is one line:
+// MicroHandler returns a micro.Handler for a nats.go/micro endpoint that answers
+// each request as Handler does:
 //
 //	svc.AddEndpoint("create", orders.MicroHandler(ctx, createOrder))
 //
-// Replies go through the Request (Respond, and Error for the error replies), so the
-// service's stats stay right: every request counts in num_requests, the error replies
-// (5xx, 4xx) in num_errors with their description as last_error, and a stored reply
-// replayed to a duplicate counts as the success it is. The request runs on a
-// goroutine of its own, which the micro handler waits for (an fn's runtime.Goexit
-// cannot end micro's), so micro's processing time covers it. ctx is the requests'
-// parent.
+// Replies go through micro's Request (Respond, or Error for error replies), so
+// the service's stats count them, a stored reply as a success. ctx is the
+// requests' parent.
 func (r *Replier) MicroHandler(ctx context.Context, fn ReplyFunc) micro.Handler {
 	if r == nil {
 		return micro.HandlerFunc(func(req micro.Request) {
@@ -377,6 +354,7 @@ func (r *Replier) MicroHandler(ctx context.Context, fn ReplyFunc) micro.Handler 
 		}
 		r.a.running.Add(1)
 		done := make(chan struct{})
+		// waited for, not inline: an fn's runtime.Goexit must not end micro's goroutine
 		go func() {
 			defer r.a.recovered()
 			defer close(done)

@@ -14,11 +14,10 @@ import (
 type TxFunc[T any] func(ctx context.Context, m *Msg, tx T) error
 
 // HandleTx is JetStream.Handle for a transactional fn: the message runs through
-// dedup.RunTx (a single call), in a transaction t opens with the run's marker, and is
-// acknowledged by the result (a marker found answers Duplicate: Ack; a commit whose
-// outcome is unknown answers CommitUnknown: NakWithDelay until the claim's lease
-// ends, when the marker decides). t is a Transactor such as *sqltx.Transactor or
-// *pgxtx.Transactor.
+// dedup.RunTx, in a transaction t opens with the run's marker, and is acknowledged
+// by the result (after CommitUnknown, redelivered once the claim's lease has
+// ended, for the marker to decide). t is a Transactor such as *sqltx.Transactor
+// or *pgxtx.Transactor.
 func HandleTx[T any](ctx context.Context, j *JetStream, msg jetstream.Msg, t dedup.Transactor[T], fn TxFunc[T]) (dedup.Result, Action) {
 	if j == nil {
 		noAdapterCtx(ctx, msg)
@@ -36,12 +35,10 @@ func HandleTx[T any](ctx context.Context, j *JetStream, msg jetstream.Msg, t ded
 	})
 }
 
-// TxHandler is JetStream.Handler for a transactional fn: a jetstream.MessageHandler
-// for Consumer.Consume that runs each message through HandleTx, in a transaction of
-// its own, up to WithConcurrency messages at once. A message whose key another is
-// running waits for that run's end (dedup.WaitForRunning). Pass Consume a short idle
-// heartbeat, as for Handler. To put several messages in one transaction, use Fetch
-// batches and HandleBatchTx.
+// TxHandler is JetStream.Handler for a transactional fn: it runs each message
+// through HandleTx, in a transaction of its own, up to WithConcurrency at once.
+// Pass Consume a short idle heartbeat, as for Handler. For one transaction per
+// Fetch batch, use HandleBatchTx.
 func TxHandler[T any](ctx context.Context, j *JetStream, t dedup.Transactor[T], fn TxFunc[T]) jetstream.MessageHandler {
 	if j == nil {
 		return noAdapter
@@ -63,13 +60,10 @@ func TxHandler[T any](ctx context.Context, j *JetStream, t dedup.Transactor[T], 
 	}
 }
 
-// HandleBatchTx is JetStream.HandleBatch for a transactional fn: a Fetch batch runs
-// through dedup.RunTx, one store round trip for the claims and one
-// transaction for the messages it claims (one marker statement, fn for each message
-// whose marker is new, each behind a savepoint, one COMMIT; at most dedup.MaxTxBatch
-// messages per transaction). Each message is acknowledged as soon as its result is
-// final: after the COMMIT and its completion for those that ran. It returns the
-// batch's own error (batch.Error()).
+// HandleBatchTx is JetStream.HandleBatch for a transactional fn: one store round
+// trip claims the batch, and the messages claimed run in one transaction (at most
+// dedup.MaxTxBatch per transaction), each behind a savepoint. Each message is
+// acknowledged once its result is final. It returns batch.Error().
 func HandleBatchTx[T any](ctx context.Context, j *JetStream, batch jetstream.MessageBatch, t dedup.Transactor[T], fn TxFunc[T]) ([]dedup.ItemResult, error) {
 	if j == nil || isNil(batch) {
 		return nil, ErrBadInput

@@ -12,16 +12,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// connTx is the pgx.Tx Begin returns: a transaction on a connection acquired from
-// the pool, whose BEGIN went out with the first marker INSERT in one round trip.
-// pgx's own Tx cannot be used for it: pgx makes one only by sending BEGIN and
-// waiting for the answer (Conn.BeginTx), which is the round trip saved. Its
-// methods behave as pgx's own (pgxpool.Tx around pgx's dbTx): statements run on the
-// connection until Commit or Rollback, after which every method returns
-// pgx.ErrTxClosed; Commit reports a COMMIT answered ROLLBACK as
-// pgx.ErrTxCommitRollback; a connection left in a transaction by a failed Commit or
-// Rollback is closed; the connection returns to the pool exactly once. Not safe
-// for concurrent use, as pgx's is not.
+// connTx is the pgx.Tx Begin returns: a transaction on a pooled connection whose
+// BEGIN went out with the first marker INSERT (pgx makes its own Tx only by
+// sending BEGIN and waiting for it). It behaves as pgxpool.Tx: after Commit or
+// Rollback every method returns pgx.ErrTxClosed; a COMMIT answered ROLLBACK is
+// pgx.ErrTxCommitRollback; a failed Commit or Rollback that leaves the connection
+// in a transaction closes it; the connection returns to the pool exactly once.
+// Not safe for concurrent use.
 type connTx struct {
 	t         *Transactor
 	c         *pgxpool.Conn // nil once released

@@ -29,12 +29,10 @@ func defaults() config {
 	return config{table: DefaultTable, logger: slog.Default()}
 }
 
-// WithTable sets the marker table (default DefaultTable, "dedup_markers"). The name
-// is an identifier (an ASCII letter or '_', then letters, digits or '_', at most 48
-// bytes), optionally qualified by a schema as "schema.table". It is quoted in the
-// statements, so it may be a reserved word, and it is case-sensitive. Anything
-// else, such as quotes, spaces or ';', is refused with an error wrapping
-// dedup.ErrInvalidOption: the name is spliced into the SQL text.
+// WithTable sets the marker table (default [DefaultTable]): an identifier of at
+// most 48 bytes (an ASCII letter or '_', then letters, digits or '_'), optionally
+// "schema.table", case-sensitive. Any other name is refused with an error
+// wrapping dedup.ErrInvalidOption, as it is spliced into the SQL.
 func WithTable(name string) Option {
 	return func(c *config) error {
 		if err := markersql.ValidateTable(name); err != nil {
@@ -46,13 +44,10 @@ func WithTable(name string) Option {
 }
 
 // WithTxOptions sets the options of every transaction Begin opens (default: the
-// zero pgx.TxOptions, the server's defaults). The isolation level is the caller's
-// choice: the marker works under each, and a stricter level makes Begin fail with a
-// serialization error where a concurrent run committed the marker since the
-// transaction's snapshot. pgx splices IsoLevel and DeferrableMode into its BEGIN, so
-// only pgx's constants are accepted; AccessMode pgx.ReadOnly is refused, as Begin
-// writes. BeginQuery and CommitQuery are used as given (a read-only BeginQuery makes
-// every Begin fail). A refused option's error wraps dedup.ErrInvalidOption.
+// server's). Any isolation level works; a stricter one can make Begin fail with a
+// serialization error. IsoLevel, AccessMode and DeferrableMode must be pgx's
+// constants, as they are spliced into BEGIN, and pgx.ReadOnly is refused; the
+// error wraps dedup.ErrInvalidOption. BeginQuery and CommitQuery are used as given.
 func WithTxOptions(opts pgx.TxOptions) Option {
 	return func(c *config) error {
 		switch opts.IsoLevel {
@@ -77,12 +72,9 @@ func WithTxOptions(opts pgx.TxOptions) Option {
 	}
 }
 
-// WithSweep starts, at New, one goroutine that deletes expired markers every period
-// (Sweep with batch rows per statement) until Close. Without it (the default) no
-// goroutine runs, and expired markers stay until the caller sweeps: they cost space,
-// not correctness, as a Begin takes an expired marker's place. every must be
-// positive and batch between 1 and 100000, else the error wraps
-// dedup.ErrInvalidOption.
+// WithSweep makes New start a goroutine that runs Sweep with batch at intervals
+// of every, until Close (default: none). every must be positive and batch 1 to
+// 100000, else the error wraps dedup.ErrInvalidOption.
 func WithSweep(every time.Duration, batch int) Option {
 	return func(c *config) error {
 		if err := markersql.CheckSweep(every, batch); err != nil {

@@ -12,12 +12,10 @@ import (
 	"github.com/dedupkit/dedupkit/internal/markersql"
 )
 
-// Sweep deletes expired markers, by the database's clock, at most batch rows per
-// statement, until a statement deletes fewer than batch or ctx ends; it returns how
-// many it deleted. Each DELETE tests the expiry in its own WHERE, so a marker taken
-// over since it was picked is never deleted, and markers locked by a running Begin
-// are skipped (FOR UPDATE SKIP LOCKED) rather than waited for. batch must be 1 to
-// 100000.
+// Sweep deletes expired markers, by the database's clock, batch (1 to 100000)
+// rows per statement, until a statement deletes fewer or ctx ends, and returns
+// how many it deleted. It never deletes a marker taken over meanwhile, and skips
+// markers a running Begin holds.
 func (t *Transactor) Sweep(ctx context.Context, batch int) (deleted int, err error) {
 	n, err := markersql.Sweep(ctx, batch, t.sweepBatch)
 	if err != nil {
@@ -42,12 +40,10 @@ type MarkerInfo struct {
 	ExpiresIn   time.Duration // until it expires, by the database's clock; ≤ 0 once expired
 }
 
-// Forget deletes the marker of handler h's message key, so that the message runs
-// again: for a transactional handler, the other half of h.Forget, which deletes the
-// Redis record (and drops the key from every process's local tier). Forget the
-// marker first: a redelivery between the two then finds neither. It reports whether
-// there was a marker. A marker a running transaction holds makes it wait for that
-// transaction (and then delete what it committed).
+// Forget deletes the marker of h's message key, waiting for a transaction that
+// holds it, and reports whether there was one. It is the database's half of
+// h.Forget: call it first, so that a redelivery in between finds neither. A nil
+// h or ctx is an error wrapping dedup.ErrInvalidOption.
 func (t *Transactor) Forget(ctx context.Context, h *dedup.Handler, key string) (bool, error) {
 	if h == nil || ctx == nil {
 		return false, fmt.Errorf("pgxtx: forget: %w: nil handler or context", dedup.ErrInvalidOption)
@@ -60,10 +56,9 @@ func (t *Transactor) Forget(ctx context.Context, h *dedup.Handler, key string) (
 	return tag.RowsAffected() > 0, nil
 }
 
-// Lookup reads the marker of handler and digest (dedup.RecordDigest of the record
-// key), for operators and tests: found is false when there is no row. An expired
-// marker not yet swept is found, with ExpiresIn ≤ 0. It reads committed rows only
-// (outside any transaction).
+// Lookup reads the committed marker of handler and digest (dedup.RecordDigest of
+// the record key); found is false when there is none. An expired marker not yet
+// swept is found, with ExpiresIn ≤ 0.
 func (t *Transactor) Lookup(ctx context.Context, handler string, digest [32]byte) (MarkerInfo, bool, error) {
 	var info MarkerInfo
 	var us int64

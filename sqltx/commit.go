@@ -16,51 +16,28 @@ import (
 	"github.com/dedupkit/dedupkit/internal/markersql"
 )
 
-// How a failed COMMIT is told to be unknown or known (rolled back), with no driver
-// imported: drivers are the caller's, and their error types cannot be named here.
-// Unknown means the COMMIT may have reached the server; a COMMIT the driver never
-// sent is a known failure (the server rolls the transaction back with the
-// connection). Before the COMMIT, Commit asks the driver connection whether it is
-// closed already (closedBefore, no round trip); then the error is read through
-// values and method sets any driver's types can have, in this order:
+// verdict classifies a failed COMMIT without importing drivers: known (rolled
+// back: refused by the server, or never sent) or unknown (it may have reached
+// the server). classify tries, in order:
 //
-//  1. The connection was closed before the COMMIT (a statement of fn lost it, say):
-//     known. Each driver refuses a closed connection before it writes anything:
-//     go-sql-driver/mysql (whose Commit then returns ErrInvalidConn, as it does for
-//     a reply lost after the COMMIT was written), pgx's stdlib ("conn closed"),
-//     modernc.org/sqlite.
-//  2. sql.ErrTxDone: database/sql sent nothing. Known.
-//  3. driver.ErrBadConn: the driver promises that nothing ran (database/sql's
-//     contract for it); go-sql-driver/mysql returns it from Commit only when its
-//     write of the COMMIT failed with nothing written. Known.
-//  4. A SafeToRetry() method reporting true (pgconn's: its write failed with
-//     nothing written) on an error that names the failure: a net.Error (the
-//     write's) or an ended context. Known. pgconn also says "safe to retry" of its
-//     "conn closed", which names none: when the connection was open before the
-//     COMMIT (1), that error is the lost reply of a COMMIT written (pgconn's
-//     MultiResultReader.NextResult drops the read's error and reports the closed
-//     connection it finds next), and the steps below decide.
-//  5. A lost connection: io.EOF, io.ErrUnexpectedEOF, net.ErrClosed, a net.Error,
-//     ECONNRESET, EPIPE, ECONNABORTED, a context error. Unknown: the COMMIT may
-//     have reached the server.
-//  6. A SQLState() string method (pgx's *pgconn.PgError, the server's error
-//     response): known, unless its class says the server was going away
-//     (markersql.PostgresCommitUnknown).
-//  7. On SQLite, a Code() int method (modernc.org/sqlite's *sqlite.Error): known for
-//     the codes of a refusal (BUSY, LOCKED, CONSTRAINT, …); unknown for I/O,
-//     corruption and the like, after which the journal, not the caller, decides.
-//  8. Anything else (go-sql-driver's *mysql.MySQLError for a server's error packet
-//     has no method to recognize it by, its ErrInvalidConn for a lost connection
-//     is a plain value, pgconn's "conn closed" names no failure): the
-//     transaction's own connection is asked, by a ROLLBACK. If it answers, the
-//     connection survived the COMMIT, so the server answered the COMMIT, with an
-//     error: known. If not, unknown.
+//  1. The connection was closed before the COMMIT (closedBefore): known, as each
+//     supported driver refuses a closed connection before writing anything.
+//  2. sql.ErrTxDone or driver.ErrBadConn: nothing was sent. Known.
+//  3. SafeToRetry() true on a net.Error or an ended context (notSent): known.
+//     SafeToRetry alone is not trusted: pgconn also says it of the "conn
+//     closed" it returns when the reply to a written COMMIT is lost.
+//  4. A lost connection (lostConnection): unknown.
+//  5. A SQLState() (pgconn's PgError): known unless the server was going away.
+//  6. On SQLite, a Code(): known for a refusal (BUSY, LOCKED, CONSTRAINT, ...;
+//     modernc.org/sqlite rolls back a COMMIT refused with BUSY), unknown for I/O
+//     and the like.
+//  7. Anything else (a MySQL error packet, mysql's ErrInvalidConn, pgconn's
+//     "conn closed"): commitError sends a ROLLBACK, a no-op after a failed
+//     COMMIT, on the transaction's connection. An answer means the connection
+//     survived, so the server answered the COMMIT with an error: known. No
+//     answer: unknown. Only a failed COMMIT pays this round trip.
 //
-// The ROLLBACK is a no-op the server answers with OK once a COMMIT failed
-// (PostgreSQL adds a warning). It is sent only when the error alone does not
-// decide: a failed COMMIT is rare, and the extra round trip is paid then only.
-// (SQLite keeps a transaction open after a COMMIT refused with BUSY; modernc.org/sqlite
-// rolls it back itself before Commit returns.)
+// docs/transactional.md has the cases per driver.
 type verdict uint8
 
 const (
@@ -108,11 +85,10 @@ func notSent(err error) bool {
 }
 
 // closedBefore reports whether conn's driver connection is closed already: a
-// driver.Validator answering false (go-sql-driver/mysql, modernc.org/sqlite; mysql
-// also answers false with a result still unread, when its Commit fails before
-// writing too), or, for pgx's stdlib, whose connection is no Validator, the
-// *pgx.Conn its Conn method returns reporting IsClosed. That method is called by
-// reflection, so that sqltx does not import pgx. conn nil: false.
+// driver.Validator answering false (mysql's also does with a result unread, when
+// its Commit fails before writing too), or, for pgx's stdlib, which is no
+// Validator, IsClosed of the *pgx.Conn its Conn method returns, called by
+// reflection so that sqltx imports no pgx. A nil conn is not closed.
 func closedBefore(conn *sql.Conn) bool {
 	if conn == nil {
 		return false

@@ -28,13 +28,10 @@ func defaults() config {
 	return config{table: DefaultTable, logger: slog.Default()}
 }
 
-// WithTable sets the marker table (default DefaultTable, "dedup_markers"). The name
-// is an identifier (an ASCII letter or '_', then letters, digits or '_', at most 48
-// bytes), optionally qualified by a schema as "schema.table" (on MySQL the schema is
-// a database; on SQLite an attached database such as "main"). It is quoted in the
-// statements, so it may be a reserved word, and on PostgreSQL it is case-sensitive.
-// Anything else, such as quotes, spaces or ';', is refused with an error wrapping
-// dedup.ErrInvalidOption: the name is spliced into the SQL text.
+// WithTable sets the marker table (default [DefaultTable]): an identifier of at
+// most 48 bytes (an ASCII letter or '_', then letters, digits or '_'), optionally
+// "schema.table", case-sensitive on PostgreSQL. Any other name is refused with an
+// error wrapping dedup.ErrInvalidOption, as it is spliced into the SQL.
 func WithTable(name string) Option {
 	return func(c *config) error {
 		if err := markersql.ValidateTable(name); err != nil {
@@ -45,12 +42,9 @@ func WithTable(name string) Option {
 	}
 }
 
-// WithTxOptions sets the options of every transaction Begin opens (default nil: the
-// driver's and server's defaults). The isolation level is the caller's choice: the
-// marker works under each, and a stricter level makes Begin fail with the
-// database's serialization error where a concurrent run committed the marker since
-// the transaction's snapshot. ReadOnly is refused with an error wrapping
-// dedup.ErrInvalidOption: Begin writes.
+// WithTxOptions sets the options of every transaction Begin opens (default: the
+// database's). Any isolation level works; a stricter one can make Begin fail with
+// a serialization error. ReadOnly is refused (dedup.ErrInvalidOption).
 func WithTxOptions(opts *sql.TxOptions) Option {
 	return func(c *config) error {
 		if opts != nil && opts.ReadOnly {
@@ -65,12 +59,9 @@ func WithTxOptions(opts *sql.TxOptions) Option {
 	}
 }
 
-// WithSweep starts, at New, one goroutine that deletes expired markers every period
-// (Sweep with batch rows per statement) until Close. Without it (the default) no
-// goroutine runs, and expired markers stay until the caller sweeps: they cost space,
-// not correctness, as a Begin takes an expired marker's place. every must be
-// positive and batch between 1 and 100000, else the error wraps
-// dedup.ErrInvalidOption.
+// WithSweep makes New start a goroutine that runs Sweep with batch at intervals
+// of every, until Close (default: none). every must be positive and batch 1 to
+// 100000, else the error wraps dedup.ErrInvalidOption.
 func WithSweep(every time.Duration, batch int) Option {
 	return func(c *config) error {
 		if err := markersql.CheckSweep(every, batch); err != nil {

@@ -56,20 +56,17 @@ type Transactor struct {
 	txOpts  *sql.TxOptions
 	sweeper *markersql.Sweeper // nil without WithSweep
 
-	// conns holds the connection of each open transaction Begin returned
-	// (*sql.Tx → *sql.Conn): after a COMMIT failed with an error that does not
-	// tell, Commit asks that connection whether the server answered (commit.go).
-	// database/sql gives a *sql.Tx's connection back to the pool as its Commit
-	// returns, so the connection is taken by Begin, not found afterwards.
+	// conns maps each open *sql.Tx from Begin to its *sql.Conn, which Commit
+	// asks after an unclear COMMIT failure (commitError). Begin takes the
+	// connection itself: database/sql pools a Tx's as its Commit returns.
 	conns sync.Map
 }
 
 var _ dedup.Transactor[*sql.Tx] = (*Transactor)(nil)
 
 // New returns a Transactor for db, whose database speaks dialect d. It does not
-// create the table: see Schema and Migrate. With WithSweep it starts the sweeper
-// goroutine, which Close stops. A nil db, an unknown dialect or a bad option is an
-// error wrapping dedup.ErrInvalidOption.
+// create the table (see Schema and Migrate). A nil db, an unknown dialect or a
+// bad option returns an error wrapping dedup.ErrInvalidOption.
 func New(db *sql.DB, d Dialect, opts ...Option) (*Transactor, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: sqltx: db is nil", dedup.ErrInvalidOption)
@@ -97,19 +94,13 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Transactor, error) {
 	return t, nil
 }
 
-// Schema returns the statements that create the marker table and its expiry index
-// for the Transactor's dialect and table, each ended by ';' (Migrate runs them).
-// Columns: handler (the handler's name, at most 64 bytes), key_hash (the 32-byte
-// SHA-256 digest of the record key: the key itself is never stored), fingerprint (at
-// most 32 bytes, empty for none), owner (the run's token, at most 64 bytes) and
-// expires_at, by the database's clock: TIMESTAMPTZ on PostgreSQL, DATETIME(6) in UTC
-// on MySQL, INTEGER Unix milliseconds on SQLite. The primary key is (handler,
-// key_hash); the index on expires_at serves Sweep.
+// Schema returns the statements, each ended by ';', that create the marker table
+// (handler, key_hash, fingerprint, owner, expires_at; primary key handler and
+// key_hash) and its expiry index in the Transactor's dialect.
 func (t *Transactor) Schema() string { return t.table.SchemaText() }
 
-// Migrate creates the marker table and its index unless they exist (Schema). It is
-// idempotent, but two Migrates racing on PostgreSQL can fail on its catalog's
-// unique index: run it from one place (start-up, a migration job).
+// Migrate creates the marker table and its index unless they exist (Schema).
+// Run it from one place: two Migrates racing on PostgreSQL can fail.
 func (t *Transactor) Migrate(ctx context.Context) error {
 	for _, s := range t.table.Schema() {
 		if _, err := t.db.ExecContext(ctx, s); err != nil {
@@ -119,9 +110,9 @@ func (t *Transactor) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the sweeper goroutine, if WithSweep started one, and waits for it to
-// end (a sweep in flight is cancelled). It does not close the *sql.DB, nor end open
-// transactions. It is safe to call more than once, and always returns nil.
+// Close stops the sweeper, if any, and waits for it; a sweep in flight is
+// cancelled. It does not close the *sql.DB nor end open transactions, may be
+// called more than once, and returns nil.
 func (t *Transactor) Close() error {
 	if t.sweeper != nil {
 		t.sweeper.Stop()

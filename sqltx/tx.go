@@ -14,26 +14,14 @@ import (
 // latest, and an item's fn that sets savepoints of its own uses other names.
 const savepoint = "dedup_item"
 
-// Begin opens a transaction and writes markers in it (dedup.Transactor): each is
-// inserted, or takes the place of an expired marker (by the database's clock), and
-// an unexpired one, committed by an earlier run, is left alone and reported Found
-// with its fingerprint. found[i] is markers[i]'s. The markers are written by one
-// multi-row statement per 1000 (in (handler, digest) order, so that two Begins
-// sharing markers wait for each other rather than deadlock); on MySQL a locking
-// SELECT follows, elsewhere one only when some marker was found.
-//
-// A marker another transaction holds uncommitted makes Begin wait for it (the
-// primary key's row lock; SQLite's write lock, for as long as its busy_timeout
-// allows), then find it if that transaction committed, or write it if it rolled
-// back.
-//
-// ctx bounds Begin's statements; the transaction outlives it (database/sql rolls a
-// transaction back when its context ends, so the transaction is begun without
-// ctx's cancellation), until Commit or Rollback. Each marker needs a handler (1 to
-// 64 bytes), a fingerprint of at most 32 bytes, an owner token (1 to 64 bytes, the
-// run's own: RollbackTo deletes by it, and on MySQL it tells this run's rows from
-// others'), a positive retention, and no two markers may share handler and digest.
-// On an error no transaction is left open.
+// Begin opens a transaction and writes markers in it. Each is inserted or takes
+// an expired marker's place; an unexpired one, committed by an earlier run, is
+// left alone and reported Found in found[i]. A marker another transaction holds
+// uncommitted makes Begin wait for that transaction (on SQLite, up to
+// busy_timeout). ctx bounds Begin's statements, not the transaction. Each marker
+// needs a handler and owner token of 1 to 64 bytes, a fingerprint of at most 32,
+// a positive retention and a (handler, digest) of its own. On an error no
+// transaction is left open.
 func (t *Transactor) Begin(ctx context.Context, markers []dedup.Marker) (*sql.Tx, []dedup.MarkerState, error) {
 	order, err := markersql.CheckMarkers(markers)
 	if err != nil {
@@ -89,11 +77,9 @@ func (t *Transactor) Savepoint(ctx context.Context, tx *sql.Tx) error {
 	return nil
 }
 
-// RollbackTo undoes tx's work since the last Savepoint (ROLLBACK TO SAVEPOINT
-// dedup_item, which also recovers a PostgreSQL transaction a failed statement
-// aborted) and deletes m's marker, matched by handler, digest and owner: only a
-// marker this run wrote, never one Begin found. Committed, the transaction then
-// leaves m's message unprocessed.
+// RollbackTo undoes tx's work since the last Savepoint, recovering a transaction
+// a failed statement aborted, and deletes m's marker if this run wrote it, so
+// that tx, committed, leaves m's message unprocessed.
 func (t *Transactor) RollbackTo(ctx context.Context, tx *sql.Tx, m dedup.Marker) error {
 	if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
 		return fmt.Errorf("sqltx: rollback to savepoint: %w", err)
@@ -104,14 +90,9 @@ func (t *Transactor) RollbackTo(ctx context.Context, tx *sql.Tx, m dedup.Marker)
 	return nil
 }
 
-// Commit commits tx. database/sql's commit takes no context, so ctx cannot bound
-// it; a ctx already ended rolls tx back instead (the error wraps ctx's). An error
-// wraps dedup.ErrCommitUnknown when the COMMIT may have reached the server (the
-// connection was lost after the COMMIT was written, before its answer); otherwise
-// tx is rolled back: the server refused the COMMIT, or the driver never sent it (the
-// connection was closed already, or the driver reports nothing written:
-// driver.ErrBadConn, pgconn's SafeToRetry). commit.go tells how the two are told
-// apart.
+// Commit commits tx; a ctx already ended rolls it back instead (database/sql's
+// Commit takes no context). The error wraps dedup.ErrCommitUnknown when the
+// COMMIT may have reached the server; any other error means tx was rolled back.
 func (t *Transactor) Commit(ctx context.Context, tx *sql.Tx) error {
 	conn := t.release(tx)
 	if conn != nil {
