@@ -2,7 +2,9 @@
 // it without any: a NATS server with JetStream and an embedded Redis (miniredis)
 // whose keys expire on the wall clock. Servers takes the addresses of real servers
 // and starts an embedded one for each that is empty; DeleteKeys removes a run's keys
-// from a shared Redis. The examples use it; it is not for production.
+// from a shared Redis. For tests, StartRedisCluster spawns a Redis Cluster of
+// redis-server processes, and SkipNoServer skips a test that lacks a server. The
+// examples and their tests use it; it is not for production.
 //
 //	srv, err := dedupkittest.StartServers(os.Getenv("NATS_URL"), os.Getenv("REDIS_ADDR"))
 //	if err != nil { ... }

@@ -1,10 +1,12 @@
 // Package examples_test keeps the examples something a user can copy: each at most
-// 200 lines of non-test Go, importing nothing under internal/ (which a user cannot
-// import). Their tests may use the repository's internal test helpers.
+// 200 lines of non-test Go, and nothing in them, their tests included, importing a
+// package under internal/ (which a user cannot import; dedupkittest is the public
+// test helper).
 package examples_test
 
 import (
 	"bytes"
+	"fmt"
 	"go/parser"
 	"go/token"
 	"os"
@@ -17,36 +19,82 @@ import (
 const maxLines = 200
 
 func TestEveryExampleIsShortAndImportsNothingInternal(t *testing.T) {
-	dirs, err := os.ReadDir(".")
+	problems, examples, err := checkExamples(".")
 	if err != nil {
 		t.Fatal(err)
 	}
-	examples := 0
+	for _, p := range problems {
+		t.Error(p)
+	}
+	if examples == 0 {
+		t.Error("no example found")
+	}
+}
+
+// The check reads the examples' tests too: a test importing a package under
+// internal/ is reported, while test lines do not count toward the length limit.
+func TestCheckExamplesReportsATestThatImportsInternal(t *testing.T) {
+	root := t.TempDir()
+	for name, src := range map[string]string{
+		"ok/main.go":       "package main\n\nfunc main() {}\n",
+		"ok/main_test.go":  "package main\n\nimport _ \"github.com/dedupkit/dedupkit/dedupkittest\"\n" + strings.Repeat("\n", 2*maxLines),
+		"bad/main.go":      "package main\n\nfunc main() {}\n",
+		"bad/main_test.go": "package main\n\nimport _ \"github.com/dedupkit/dedupkit/internal/embedded\"\n",
+	} {
+		path := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	problems, examples, err := checkExamples(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if examples != 2 {
+		t.Errorf("%d examples, want 2", examples)
+	}
+	if len(problems) != 1 || !strings.Contains(problems[0], filepath.Join("bad", "main_test.go")) ||
+		!strings.Contains(problems[0], "internal/embedded") {
+		t.Errorf("problems %q, want one: bad/main_test.go imports internal/embedded", problems)
+	}
+}
+
+// checkExamples checks each directory under root that holds an example (non-test Go
+// files): at most maxLines lines of non-test Go, and no Go file of it, test or not,
+// importing a package under internal/. It returns what breaks a rule, and how many
+// examples it found.
+func checkExamples(root string) (problems []string, examples int, err error) {
+	dirs, err := os.ReadDir(root)
+	if err != nil {
+		return nil, 0, err
+	}
 	for _, d := range dirs {
 		if !d.IsDir() {
 			continue
 		}
-		files, err := filepath.Glob(filepath.Join(d.Name(), "*.go"))
+		files, err := filepath.Glob(filepath.Join(root, d.Name(), "*.go"))
 		if err != nil {
-			t.Fatal(err)
+			return nil, 0, err
 		}
 		lines := 0
 		for _, f := range files {
-			if strings.HasSuffix(f, "_test.go") {
-				continue
-			}
 			src, err := os.ReadFile(f)
 			if err != nil {
-				t.Fatal(err)
+				return nil, 0, err
 			}
-			lines += bytes.Count(src, []byte("\n"))
+			if !strings.HasSuffix(f, "_test.go") {
+				lines += bytes.Count(src, []byte("\n"))
+			}
 			parsed, err := parser.ParseFile(token.NewFileSet(), f, src, parser.ImportsOnly)
 			if err != nil {
-				t.Fatal(err)
+				return nil, 0, err
 			}
 			for _, imp := range parsed.Imports {
 				if path, _ := strconv.Unquote(imp.Path.Value); isInternal(path) {
-					t.Errorf("%s imports %s: a user cannot import internal packages", f, path)
+					problems = append(problems, fmt.Sprintf("%s imports %s: a user cannot import internal packages", f, path))
 				}
 			}
 		}
@@ -55,12 +103,10 @@ func TestEveryExampleIsShortAndImportsNothingInternal(t *testing.T) {
 		}
 		examples++
 		if lines > maxLines {
-			t.Errorf("examples/%s has %d lines of non-test Go, more than %d", d.Name(), lines, maxLines)
+			problems = append(problems, fmt.Sprintf("examples/%s has %d lines of non-test Go, more than %d", d.Name(), lines, maxLines))
 		}
 	}
-	if examples == 0 {
-		t.Error("no example found")
-	}
+	return problems, examples, nil
 }
 
 func TestIsInternalTellsInternalImportPaths(t *testing.T) {

@@ -10,7 +10,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedupkittest"
-	"github.com/dedupkit/dedupkit/internal/embedded"
 )
 
 // On a Redis Cluster named by one seed node, the job runs the same and leaves no
@@ -19,7 +18,7 @@ func TestJobRunsOnARedisClusterFromOneSeed(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		dedupkittest.SkipNoServer(t, "redis-server is not on PATH: no Redis Cluster to spawn")
 	}
-	addrs, stop, err := embedded.StartRedisCluster(t.TempDir(), 3)
+	addrs, stop, err := dedupkittest.StartRedisCluster(t.TempDir(), 3)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dedupkit/dedupkit/internal/proc"
 )
 
 // StartNATSServer starts nats-server (from PATH) with JetStream on a free loopback
@@ -18,8 +20,8 @@ import (
 // server, see StartNATS. The error wraps exec.ErrNotFound when nats-server is not on
 // PATH.
 func StartNATSServer(dir string, args ...string) (*Proc, error) {
-	return startProc("nats-server", dir, natsReady, func(dir string) (int, []string, error) {
-		port, err := freePort()
+	return proc.Spawn("nats-server", dir, natsReady, func(dir string) (int, []string, error) {
+		port, err := proc.FreePort()
 		if err != nil {
 			return 0, nil, err
 		}
@@ -29,7 +31,7 @@ func StartNATSServer(dir string, args ...string) (*Proc, error) {
 }
 
 // natsReady reports whether the server sends a client its INFO greeting.
-func natsReady(p *Proc, _ string) error {
+func natsReady(p *proc.Proc, _ string) error {
 	conn, err := net.DialTimeout("tcp", p.Addr(), 200*time.Millisecond)
 	if err != nil {
 		return err

@@ -6,9 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/dedupkit/dedupkit/internal/proc"
 )
 
 // StartRedisServer starts redis-server (from PATH) on a free loopback port, without
@@ -21,23 +21,13 @@ import (
 // The error wraps exec.ErrNotFound when redis-server is not on PATH.
 func StartRedisServer(dir string, args ...string) (*Proc, error) {
 	tls := slices.Contains(args, "--tls-cert-file")
-	return startProc("redis-server", dir, redisReady, func(dir string) (int, []string, error) {
-		port, err := freePort()
+	return proc.Spawn("redis-server", dir, proc.RedisReady, func(dir string) (int, []string, error) {
+		port, err := proc.FreePort()
 		if err != nil {
 			return 0, nil, err
 		}
-		return port, append(redisArgv(port, dir, tls), args...), nil
+		return port, append(proc.RedisArgv(port, dir, tls), args...), nil
 	})
-}
-
-// redisArgv is the command line of a redis-server on port (TLS only when tls) on
-// loopback, working in dir, without persistence.
-func redisArgv(port int, dir string, tls bool) []string {
-	argv := []string{"--port", strconv.Itoa(port)}
-	if tls {
-		argv = []string{"--port", "0", "--tls-port", strconv.Itoa(port)}
-	}
-	return append(argv, "--bind", "127.0.0.1", "--dir", dir, "--save", "", "--appendonly", "no")
 }
 
 // StartRedisSentinel starts a redis-server in sentinel mode on a free loopback port,
@@ -49,8 +39,8 @@ func StartRedisSentinel(dir, masterName, primaryAddr string, quorum int, downAft
 	if err != nil {
 		return nil, err
 	}
-	return startProc("redis-server", dir, redisReady, func(dir string) (int, []string, error) {
-		p, err := freePort()
+	return proc.Spawn("redis-server", dir, proc.RedisReady, func(dir string) (int, []string, error) {
+		p, err := proc.FreePort()
 		if err != nil {
 			return 0, nil, err
 		}
@@ -65,15 +55,4 @@ func StartRedisSentinel(dir, masterName, primaryAddr string, quorum int, downAft
 		}
 		return p, []string{conf, "--sentinel", "--dir", dir}, nil
 	})
-}
-
-// redisReady reports whether the log since the start says the server accepts
-// connections ("Ready to accept connections", logged once the data is loaded and
-// the ports are open, or for a sentinel its ID, logged once listening). The log
-// serves where a PING cannot: on a TLS-only port.
-func redisReady(_ *Proc, log string) error {
-	if strings.Contains(log, "Ready to accept connections") || strings.Contains(log, "Sentinel ID is") {
-		return nil
-	}
-	return fmt.Errorf("no %q in its log yet", "Ready to accept connections")
 }

@@ -1,4 +1,4 @@
-package embedded
+package dedupkittest
 
 import (
 	"context"
@@ -12,22 +12,31 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedupkit/internal/proc"
 )
 
 // clusterSlots is the number of hash slots of a Redis Cluster.
 const clusterSlots = 16384
 
-// StartRedisCluster starts a Redis Cluster of masters redis-server processes (no
-// replicas) on free loopback ports, working in dir ("" for a temp dir that stop
-// removes), each with its share of the 16384 slots, and returns once every node
-// reports cluster_state:ok. It needs no redis-cli: the slots are assigned with
-// CLUSTER ADDSLOTSRANGE and the nodes joined with CLUSTER MEET.
+// StartRedisCluster starts a Redis Cluster for tests: masters redis-server
+// processes (1 to 16, no replicas) on free loopback ports, each with its share of
+// the 16384 slots, working in dir ("" for a temp dir that stop removes). It returns
+// the nodes' addresses once every node reports cluster_state:ok; any one of them
+// serves as a cluster client's seed.
 //
-// stop kills the processes this call started, by their PIDs, and is idempotent. The
-// error wraps exec.ErrNotFound when redis-server is not on PATH.
+// It needs a redis-server binary of Redis 7 or later on PATH (the nodes' cluster bus
+// ports are set with --cluster-port), and no redis-cli. It does not skip by itself:
+// when redis-server is not on PATH the error wraps exec.ErrNotFound, which a test
+// can turn into a skip with SkipNoServer. Any other error says why: a node that did
+// not start (with its log), or a cluster not ok within 30 s. On an error, nothing it
+// started is left running.
+//
+// stop kills the processes, by their own PIDs (never by name), and is idempotent.
+// On Linux the kernel kills them should the calling process die first.
 func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), err error) {
 	if masters < 1 || masters > 16 {
-		return nil, nil, fmt.Errorf("embedded redis cluster: %d masters, want 1..16", masters)
+		return nil, nil, fmt.Errorf("dedupkittest: redis cluster: %d masters, want 1..16", masters)
 	}
 	ownDir := dir == ""
 	if ownDir {
@@ -35,14 +44,16 @@ func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), er
 			return nil, nil, err
 		}
 	}
-	var nodes []*Proc
+	var nodes []*proc.Proc
 	var once sync.Once
 	stopAll := func() {
 		once.Do(func() {
 			for _, n := range nodes {
 				n.Stop()
 			}
-			_ = removeIf(ownDir, dir)
+			if ownDir {
+				_ = os.RemoveAll(dir)
+			}
 		})
 	}
 	defer func() {
@@ -55,7 +66,7 @@ func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), er
 	for i := range masters {
 		n, err := startClusterNode(filepath.Join(dir, fmt.Sprintf("node-%d", i)), &buses[i])
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("dedupkittest: redis cluster: %w", err)
 		}
 		nodes = append(nodes, n)
 		addrs = append(addrs, n.Addr())
@@ -73,15 +84,15 @@ func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), er
 		// Distinct epochs, as redis-cli --cluster create sets them, so that no
 		// collision has to be resolved before the cluster settles.
 		if err := c.Do(ctx, "cluster", "set-config-epoch", i+1).Err(); err != nil {
-			return nil, nil, fmt.Errorf("embedded redis cluster: set-config-epoch: %w", err)
+			return nil, nil, fmt.Errorf("dedupkittest: redis cluster: set-config-epoch: %w", err)
 		}
 		if err := addSlots(ctx, c, lo, hi); err != nil {
-			return nil, nil, fmt.Errorf("embedded redis cluster: addslots on %s: %w", nodes[i].Addr(), err)
+			return nil, nil, fmt.Errorf("dedupkittest: redis cluster: addslots on %s: %w", nodes[i].Addr(), err)
 		}
 	}
 	for i := 1; i < masters; i++ {
 		if err := clients[0].Do(ctx, "cluster", "meet", "127.0.0.1", nodes[i].Port(), buses[i]).Err(); err != nil {
-			return nil, nil, fmt.Errorf("embedded redis cluster: meet %s: %w", nodes[i].Addr(), err)
+			return nil, nil, fmt.Errorf("dedupkittest: redis cluster: meet %s: %w", nodes[i].Addr(), err)
 		}
 	}
 	if err := waitClusterOK(ctx, clients); err != nil {
@@ -95,16 +106,16 @@ func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), er
 // 65535 or taken; *bus receives it. The node timeout is short enough that the
 // cluster turns ok in about 2.5 s (5 s takes twice that) and long enough that a
 // loaded test machine does not get a node marked failing.
-func startClusterNode(dir string, bus *int) (*Proc, error) {
-	return startProc("redis-server", dir, redisReady, func(dir string) (int, []string, error) {
-		port, err := freePort()
+func startClusterNode(dir string, bus *int) (*proc.Proc, error) {
+	return proc.Spawn("redis-server", dir, proc.RedisReady, func(dir string) (int, []string, error) {
+		port, err := proc.FreePort()
 		if err != nil {
 			return 0, nil, err
 		}
-		if *bus, err = freePort(); err != nil {
+		if *bus, err = proc.FreePort(); err != nil {
 			return 0, nil, err
 		}
-		return port, append(redisArgv(port, dir, false),
+		return port, append(proc.RedisArgv(port, dir, false),
 			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-port", strconv.Itoa(*bus), "--cluster-node-timeout", "3000"), nil
 	})
@@ -152,7 +163,7 @@ func waitClusterOK(ctx context.Context, clients []*redis.Client) error {
 		}
 		select {
 		case <-ctx.Done():
-			return errors.Join(fmt.Errorf("embedded redis cluster: not ok (%s)", last), ctx.Err())
+			return errors.Join(fmt.Errorf("dedupkittest: redis cluster: not ok (%s)", last), ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

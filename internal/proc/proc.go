@@ -1,4 +1,8 @@
-package embedded
+// Package proc runs server processes from binaries on PATH (Proc): on a loopback
+// port of their own, each signalled by its own PID, never by name. It is the
+// machinery under internal/embedded's spawned servers and dedupkittest's Redis
+// Cluster, and imports nothing of this repository, so that both can use it.
+package proc
 
 import (
 	"errors"
@@ -15,11 +19,10 @@ import (
 )
 
 // Proc is a server process started from a binary on PATH (redis-server,
-// nats-server) by StartRedisServer, StartRedisSentinel or StartNATSServer: on a
-// loopback port of its own, with its data and its log file (<binary>.log) in a
-// directory. It can be killed (SIGKILL), paused (SIGSTOP), resumed, and started
-// again on the same port, directory and arguments. Every signal goes to its PID;
-// nothing is ever killed by name. On Linux the kernel kills it should its owner die
+// nats-server) by Spawn: on a loopback port of its own, with its data and its log
+// file (<binary>.log) in a directory. It can be killed (SIGKILL), paused (SIGSTOP),
+// resumed, and started again on the same port, directory and arguments. Every
+// signal goes to its PID; nothing is ever killed by name. On Linux the kernel kills it should its owner die
 // first (DieWithParent). Safe for concurrent use.
 type Proc struct {
 	name   string // the binary's name, and its log file's
@@ -41,17 +44,17 @@ type Proc struct {
 const readyTimeout = 10 * time.Second
 
 // errPortTaken marks a start that failed because another process took the port
-// between freePort and the server's bind.
+// between FreePort and the server's bind.
 var errPortTaken = errors.New("port taken")
 
-// startProc starts the binary name in dir ("" for a temp dir that Stop removes)
+// Spawn starts the binary name in dir ("" for a temp dir that Stop removes)
 // with the port and arguments build returns for that dir, and waits until ready
 // accepts it. A port taken meanwhile by someone else is retried on a new one. The
 // error wraps exec.ErrNotFound when the binary is not on PATH.
-func startProc(name, dir string, ready func(*Proc, string) error, build func(dir string) (port int, argv []string, err error)) (*Proc, error) {
+func Spawn(name, dir string, ready func(*Proc, string) error, build func(dir string) (port int, argv []string, err error)) (*Proc, error) {
 	bin, err := exec.LookPath(name)
 	if err != nil {
-		return nil, fmt.Errorf("embedded: %w", err)
+		return nil, fmt.Errorf("proc: %w", err)
 	}
 	ownDir := dir == ""
 	if ownDir {
@@ -85,7 +88,7 @@ func (p *Proc) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
-		return fmt.Errorf("embedded: %s on port %d is already running", p.name, p.port)
+		return fmt.Errorf("proc: %s on port %d is already running", p.name, p.port)
 	}
 	log, err := os.OpenFile(p.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -101,7 +104,7 @@ func (p *Proc) Start() error {
 	DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		log.Close()
-		return fmt.Errorf("embedded: start %s: %w", p.name, err)
+		return fmt.Errorf("proc: start %s: %w", p.name, err)
 	}
 	exited := make(chan struct{})
 	go func() {
@@ -127,7 +130,7 @@ func (p *Proc) Start() error {
 		}
 		p.killLocked()
 		text := p.logFrom(from)
-		err = fmt.Errorf("embedded: %s on %s did not get ready: %w; its log:\n%s", p.name, p.Addr(), err, text)
+		err = fmt.Errorf("proc: %s on %s did not get ready: %w; its log:\n%s", p.name, p.Addr(), err, text)
 		if strings.Contains(strings.ToLower(text), "address already in use") {
 			err = fmt.Errorf("%w: %w", errPortTaken, err)
 		}
@@ -177,12 +180,12 @@ func (p *Proc) Resume() error { return p.signal(sigCont) }
 
 func (p *Proc) signal(sig os.Signal) error {
 	if sig == nil {
-		return fmt.Errorf("embedded: pause and resume: %w", errors.ErrUnsupported)
+		return fmt.Errorf("proc: pause and resume: %w", errors.ErrUnsupported)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd == nil {
-		return fmt.Errorf("embedded: %s on port %d is not running", p.name, p.port)
+		return fmt.Errorf("proc: %s on port %d is not running", p.name, p.port)
 	}
 	return p.cmd.Process.Signal(sig)
 }
@@ -241,8 +244,8 @@ func removeIf(yes bool, dir string) error {
 	return nil
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

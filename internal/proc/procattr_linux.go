@@ -1,4 +1,4 @@
-package embedded
+package proc
 
 import (
 	"os/exec"
