@@ -33,7 +33,7 @@ import (
 // of its own. Two instances share the consumer, as two processes would: each its own
 // NATS connection, go-redis client (redis.NewClient, defaults), dedup.Deduper
 // (default options but the run's prefix) with one handler registered with default
-// options (ModeDo, lease dedup.DefaultLease), and dnats.NewJetStream with default
+// options (ModeDo, the default 30 s lease), and dnats.NewJetStream with default
 // options (key strategy, concurrency), Consume()ing through JetStream.Handler with
 // the one-second idle heartbeat the adapter's doc asks for. The fn sleeps -work (a
 // small amount of work) and counts the order it ran, read from the payload.
@@ -199,7 +199,7 @@ func copies(ctx context.Context, cfg copiesConfig, srv servers, stdout io.Writer
 	fmt.Fprintf(stdout, "%d orders, %d instances sharing one durable pull consumer (server's default AckWait, MaxDeliver %d, Consume with a %v idle heartbeat);\n",
 		cfg.orders, copiesInstances, copiesMaxDeliver, copiesHeartbeat)
 	fmt.Fprintf(stdout, "each instance: dedup.New and Register with default options (lease %v), dnats.NewJetStream with default options (concurrency %d);\n",
-		dedup.DefaultLease, dnats.DefaultConcurrency)
+		30*time.Second, dnats.DefaultConcurrency)
 	fmt.Fprintf(stdout, "fn works %v per order; key in the %s header, no Nats-Msg-Id\n\n", cfg.work, cfg.keyHeader)
 
 	id := runID()

@@ -46,7 +46,7 @@ func New(store driver.Store, opts ...Option) (*Deduper, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: store is nil", ErrInvalidOption)
 	}
-	cfg := config{prefix: DefaultPrefix, logger: slog.Default(), forgetBound: DefaultForgetBound}
+	cfg := config{prefix: DefaultPrefix, logger: slog.Default(), forgetBound: defaultForgetBound}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: nil Option", ErrInvalidOption)

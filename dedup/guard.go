@@ -70,13 +70,6 @@ func detaches(s driver.Store) bool {
 	return !mem
 }
 
-// Pinger is implemented by a store that can tell cheaply whether it answers; the
-// breaker probes it with Ping (redisstore.Store: PING). A store without it is probed with
-// a Release of a key no record uses.
-type Pinger interface {
-	Ping(ctx context.Context) error
-}
-
 type waitKey struct{}
 
 // settleCtx returns the context of the store calls that settle a run once fn has
@@ -253,7 +246,7 @@ func (g *guard) probe() {
 }
 
 func (g *guard) ping(ctx context.Context) error {
-	if p, ok := g.d.base.(Pinger); ok {
+	if p, ok := g.d.base.(driver.Pinger); ok {
 		return p.Ping(ctx)
 	}
 	return g.s.Release(ctx, g.d.cfg.prefix+":\x00probe", "probe")

@@ -64,14 +64,6 @@ func (h *Handler) Retention() time.Duration {
 	return h.cfg.retention
 }
 
-// Lease returns the handler's lease.
-func (h *Handler) Lease() time.Duration {
-	if h == nil {
-		return 0
-	}
-	return h.cfg.lease
-}
-
 // Mode returns how Handle guards fn.
 func (h *Handler) Mode() Mode {
 	if h == nil {

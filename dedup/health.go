@@ -11,16 +11,6 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
-// Names of the Deduper's own checks in a HealthReport (the store's are in driver).
-const (
-	// CheckDeduper fails once the Deduper is closed.
-	CheckDeduper = "deduper"
-	// CheckForgetNotices warns while the Deduper's subscription to forget notices is
-	// silent or not confirmed, so that its local tiers are being dropped every
-	// WithForgetBound/4 (see Handler.Forget).
-	CheckForgetNotices = "forget.notices"
-)
-
 // LocalTierHealth is the fill of one handler's local tier.
 type LocalTierHealth struct {
 	Handler string `json:"handler"`
@@ -43,8 +33,8 @@ type HealthReport struct {
 	Local []LocalTierHealth `json:"local"`
 }
 
-// DefaultHealthTimeout bounds one request to HealthHandler.
-const DefaultHealthTimeout = 2 * time.Second
+// defaultHealthTimeout bounds one request to HealthHandler.
+const defaultHealthTimeout = 2 * time.Second
 
 // Health checks the Deduper and its store: whether the Deduper is closed, the store's
 // own checks (when it implements HealthChecker; otherwise CheckStoreReachable is
@@ -53,7 +43,7 @@ const DefaultHealthTimeout = 2 * time.Second
 func (d *Deduper) Health(ctx context.Context) HealthReport {
 	var rep HealthReport
 	if d == nil || d.handlers == nil {
-		return HealthReport{Status: driver.HealthFail, Checks: []driver.HealthCheck{{Name: CheckDeduper, Status: driver.HealthFail, Detail: "nil *Deduper (did New fail?)"}}}
+		return HealthReport{Status: driver.HealthFail, Checks: []driver.HealthCheck{{Name: driver.CheckDeduper, Status: driver.HealthFail, Detail: "nil *Deduper (did New fail?)"}}}
 	}
 	if ctx == nil {
 		ctx = context.Background()
@@ -66,7 +56,7 @@ func (d *Deduper) Health(ctx context.Context) HealthReport {
 	}
 	d.mu.RUnlock()
 	if closed {
-		rep.Checks = append(rep.Checks, driver.HealthCheck{Name: CheckDeduper, Status: driver.HealthFail, Detail: "the Deduper is closed"})
+		rep.Checks = append(rep.Checks, driver.HealthCheck{Name: driver.CheckDeduper, Status: driver.HealthFail, Detail: "the Deduper is closed"})
 	}
 	if hc, ok := d.base.(driver.HealthChecker); ok {
 		rep.Checks = append(rep.Checks, d.storeHealth(ctx, hc)...)
@@ -127,13 +117,13 @@ func worst(cs []driver.HealthCheck) driver.HealthStatus {
 }
 
 // HealthHandler returns an http.Handler that runs Health, bounded by the request's
-// context and DefaultHealthTimeout, and writes the HealthReport as JSON: status 200
+// context and a 2s timeout, and writes the HealthReport as JSON: status 200
 // when the report's Status is ok or warn, 503 when it is fail. Mount it on a mux:
 //
 //	mux.Handle("/healthz/dedup", d.HealthHandler())
 func (d *Deduper) HealthHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), DefaultHealthTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), defaultHealthTimeout)
 		defer cancel()
 		rep := d.Health(ctx)
 		w.Header().Set("Content-Type", "application/json")

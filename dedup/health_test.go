@@ -92,7 +92,7 @@ func TestHealthReportsAMemoryStoreAndItsLocalTiers(t *testing.T) {
 	if code != http.StatusServiceUnavailable || rep.Status != driver.HealthFail {
 		t.Fatalf("after Close: %d %s", code, body)
 	}
-	wantCheck(t, find(t, rep, CheckDeduper, ""), driver.HealthFail)
+	wantCheck(t, find(t, rep, driver.CheckDeduper, ""), driver.HealthFail)
 }
 
 // A store that does not implement HealthChecker is unknown, which does not fail the

@@ -128,7 +128,7 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	// the accessors of a nil Handler or Deduper answer zero values
-	if none.Name() != "" || none.Retention() != 0 || none.Lease() != 0 || none.ReplyLimit() != 0 ||
+	if none.Name() != "" || none.Retention() != 0 || none.ReplyLimit() != 0 ||
 		none.RecordKey("k") != "" || none.Stats() != (Stats{}) || none.Mode() != ModeDo {
 		t.Fatal("a nil Handler's accessors")
 	}

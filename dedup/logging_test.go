@@ -83,7 +83,7 @@ func TestLogsHoldNoKeyOrPayload(t *testing.T) {
 		{name: "panic", run: doWith(func(context.Context) error { panic("boom: " + secretPayloadA) }), want: "handler panicked"},
 		{name: "lease lost at completion", setup: failOn(map[string]error{"complete": ErrLeaseLost}), run: doWith(ok), want: "lease lost before completion"},
 		{name: "not recorded", setup: failOn(map[string]error{"complete": unavailable}), run: doWith(ok), want: "DONE not written"},
-		{name: "extension failed", opts: []HandlerOption{WithLease(MinLease)}, setup: failOn(map[string]error{"extend": unavailable}),
+		{name: "extension failed", opts: []HandlerOption{WithLease(minLease)}, setup: failOn(map[string]error{"extend": unavailable}),
 			run: doWith(untilDone), want: "lease extension failed"},
 		{name: "release failed", setup: failOn(map[string]error{"release": unavailable}),
 			run: doWith(func(context.Context) error { return errors.New("fn failed") }), want: "release failed"},

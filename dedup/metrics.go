@@ -13,8 +13,8 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
-// MeterName is the instrumentation scope of every instrument a Deduper creates.
-const MeterName = "github.com/dedupkit/dedupkit/dedup"
+// meterName is the instrumentation scope of every instrument a Deduper creates.
+const meterName = "github.com/dedupkit/dedupkit/dedup"
 
 // Attribute keys of the instruments (see WithMeterProvider).
 const (
@@ -55,7 +55,7 @@ var (
 // checks one pointer). Pass otel.GetMeterProvider() to use the global provider. A nil
 // mp is an error wrapping ErrInvalidOption.
 //
-// The instruments, under the scope MeterName:
+// The instruments, under the scope "github.com/dedupkit/dedupkit/dedup":
 //
 //	name                    instrument           unit         attributes
 //	dedup.checks            async Counter        {check}      dedup.handler.name, dedup.outcome
@@ -148,7 +148,7 @@ func (d *Deduper) instrument() error {
 	if mp == nil {
 		return nil
 	}
-	meter := mp.Meter(MeterName)
+	meter := mp.Meter(meterName)
 	m := &metrics{}
 	var errs []error
 	counter := func(name, unit, desc string) metric.Int64Counter {

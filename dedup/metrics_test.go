@@ -60,8 +60,8 @@ func (m *metered) collect() map[string]metricdata.Metrics {
 	}
 	out := make(map[string]metricdata.Metrics)
 	for _, sm := range rm.ScopeMetrics {
-		if sm.Scope.Name != MeterName {
-			m.t.Fatalf("instrument scope %q, want %q", sm.Scope.Name, MeterName)
+		if sm.Scope.Name != meterName {
+			m.t.Fatalf("instrument scope %q, want %q", sm.Scope.Name, meterName)
 		}
 		for _, mt := range sm.Metrics {
 			out[mt.Name] = mt
@@ -140,7 +140,7 @@ func TestEveryInstrumentCountsWhatTheCallsDid(t *testing.T) {
 	fp := m.handler("fp", WithFingerprint(true))
 	open := m.handler("open", WithStoreFailure(FailOpen))
 	filter := m.handler("filter", WithMode(ModeFilter))
-	lease := m.handler("lease", WithLease(MinLease))
+	lease := m.handler("lease", WithLease(minLease))
 
 	runs := map[string]int{}
 	run := func(name string) func(context.Context) error {

@@ -31,16 +31,16 @@ import (
 // silence, at most T + 3.5 ticks (a PING waits at most half a tick), drops the key:
 // within the bound.
 
-// DefaultForgetBound is how long a local tier may at most go on answering Duplicate
+// defaultForgetBound is how long a local tier may at most go on answering Duplicate
 // for a key forgotten elsewhere, when its notice is lost; see WithForgetBound.
-const DefaultForgetBound = 2 * time.Second
+const defaultForgetBound = 2 * time.Second
 
-// MinForgetBound is the least bound WithForgetBound accepts.
-const MinForgetBound = 40 * time.Millisecond
+// minForgetBound is the least bound WithForgetBound accepts.
+const minForgetBound = 40 * time.Millisecond
 
 // WithForgetBound sets how long at most a key forgotten by another process (Forget)
 // may go on answering Duplicate from this Deduper's local tiers if its forget notice
-// is lost (default DefaultForgetBound, at least MinForgetBound). A notice heard drops
+// is lost (default 2s, at least 40ms). A notice heard drops
 // the key at once (about a millisecond after Forget returns, on one host:
 // TestForgetReachesEveryProcess). To keep the bound when notices are lost
 // (TestMissedForgetNoticesDropTheLocalTiersWithinTheBound), the Deduper PINGs its subscription every bound/4
@@ -53,8 +53,8 @@ const MinForgetBound = 40 * time.Millisecond
 // only for handlers with a local tier.
 func WithForgetBound(d time.Duration) Option {
 	return func(c *config) error {
-		if d < MinForgetBound {
-			return fmt.Errorf("%w: forget bound %v is below %v", ErrInvalidOption, d, MinForgetBound)
+		if d < minForgetBound {
+			return fmt.Errorf("%w: forget bound %v is below %v", ErrInvalidOption, d, minForgetBound)
 		}
 		c.forgetBound = d
 		return nil
@@ -364,9 +364,9 @@ func (d *Deduper) noticeHealth() (driver.HealthCheck, bool) {
 		return driver.HealthCheck{}, false
 	}
 	if s := l.state.Load(); s != nil {
-		return driver.HealthCheck{Name: CheckForgetNotices, Status: driver.HealthWarn, Detail: *s}, true
+		return driver.HealthCheck{Name: driver.CheckForgetNotices, Status: driver.HealthWarn, Detail: *s}, true
 	}
-	return driver.HealthCheck{Name: CheckForgetNotices, Status: driver.HealthOK, Value: "subscribed"}, true
+	return driver.HealthCheck{Name: driver.CheckForgetNotices, Status: driver.HealthOK, Value: "subscribed"}, true
 }
 
 // sleepCtx sleeps for d, or until ctx ends (then its cause).

@@ -15,24 +15,24 @@ import (
 const (
 	// DefaultPrefix starts every record key unless WithPrefix says otherwise.
 	DefaultPrefix = "dedup"
-	// DefaultRetention is how long a DONE record is kept.
-	DefaultRetention = 24 * time.Hour
-	// DefaultLease is how long an IN PROGRESS claim lives without a heartbeat.
-	DefaultLease = 30 * time.Second
-	// DefaultLocalSize is how many DONE keys the local tier holds per handler.
-	DefaultLocalSize = 10_000
-	// MinLease is the shortest lease accepted: the heartbeat runs every lease/3.
-	MinLease = 30 * time.Millisecond
-	// MaxLocalSize bounds the local tier per handler.
-	MaxLocalSize = 1 << 24
-	// DefaultReplyLimit is the largest reply a handler WithReplies(0) stores: 64 KiB.
-	DefaultReplyLimit = 64 << 10
-	// MaxReplyLimit bounds WithReplies: 1 MiB, NATS's default largest payload. Every
+	// defaultRetention is how long a DONE record is kept.
+	defaultRetention = 24 * time.Hour
+	// defaultLease is how long an IN PROGRESS claim lives without a heartbeat.
+	defaultLease = 30 * time.Second
+	// defaultLocalSize is how many DONE keys the local tier holds per handler.
+	defaultLocalSize = 10_000
+	// minLease is the shortest lease accepted: the heartbeat runs every lease/3.
+	minLease = 30 * time.Millisecond
+	// maxLocalSize bounds the local tier per handler.
+	maxLocalSize = 1 << 24
+	// defaultReplyLimit is the largest reply a handler WithReplies(0) stores: 64 KiB.
+	defaultReplyLimit = 64 << 10
+	// maxReplyLimit bounds WithReplies: 1 MiB, NATS's default largest payload. Every
 	// stored reply lives in Redis for the retention: keep replies small.
-	MaxReplyLimit = 1 << 20
-	// DefaultLocalReplies is how many bytes of replies a handler's local tier keeps
+	maxReplyLimit = 1 << 20
+	// defaultLocalReplies is how many bytes of replies a handler's local tier keeps
 	// (WithLocalReplies): 4 MiB.
-	DefaultLocalReplies = 4 << 20
+	defaultLocalReplies = 4 << 20
 )
 
 // DefaultKeyStrategy reads the Idempotency-Key header, else Nats-Msg-Id.
@@ -135,15 +135,15 @@ type handlerConfig struct {
 
 func defaultHandlerConfig() handlerConfig {
 	return handlerConfig{
-		retention:    DefaultRetention,
-		lease:        DefaultLease,
-		localSize:    DefaultLocalSize,
+		retention:    defaultRetention,
+		lease:        defaultLease,
+		localSize:    defaultLocalSize,
 		strategy:     DefaultKeyStrategy,
-		localReplies: DefaultLocalReplies,
+		localReplies: defaultLocalReplies,
 	}
 }
 
-// WithRetention sets how long a DONE record lives (default DefaultRetention, at least
+// WithRetention sets how long a DONE record lives (default 24h, at least
 // 1ms). Duplicates arriving later than this run again: make it longer than the broker
 // can redeliver.
 func WithRetention(d time.Duration) HandlerOption {
@@ -156,13 +156,13 @@ func WithRetention(d time.Duration) HandlerOption {
 	}
 }
 
-// WithLease sets how long a claim lives without a heartbeat (default DefaultLease, at
-// least MinLease). The heartbeat extends it every lease/3 while fn runs; a consumer
+// WithLease sets how long a claim lives without a heartbeat (default 30s, at
+// least 30ms). The heartbeat extends it every lease/3 while fn runs; a consumer
 // that dies holds the key for at most this long.
 func WithLease(d time.Duration) HandlerOption {
 	return func(c *handlerConfig) error {
-		if d < MinLease {
-			return fmt.Errorf("%w: lease %v is below %v", ErrInvalidOption, d, MinLease)
+		if d < minLease {
+			return fmt.Errorf("%w: lease %v is below %v", ErrInvalidOption, d, minLease)
 		}
 		c.lease = d
 		return nil
@@ -170,12 +170,12 @@ func WithLease(d time.Duration) HandlerOption {
 }
 
 // WithLocalCache sizes the local tier: up to size DONE keys, each kept for ttl (default
-// DefaultLocalSize keys for the retention). size 0 turns the tier off; ttl 0 means the
+// 10,000 keys for the retention). size 0 turns the tier off; ttl 0 means the
 // retention; a ttl above the retention is an error.
 func WithLocalCache(size int, ttl time.Duration) HandlerOption {
 	return func(c *handlerConfig) error {
-		if size < 0 || size > MaxLocalSize {
-			return fmt.Errorf("%w: local cache size %d is outside 0..%d", ErrInvalidOption, size, MaxLocalSize)
+		if size < 0 || size > maxLocalSize {
+			return fmt.Errorf("%w: local cache size %d is outside 0..%d", ErrInvalidOption, size, maxLocalSize)
 		}
 		if ttl < 0 {
 			return fmt.Errorf("%w: local cache ttl %v is negative", ErrInvalidOption, ttl)
@@ -252,8 +252,8 @@ func WithMode(m Mode) HandlerOption {
 // a timeout gets the first run's answer, not silence (see the NATS package's
 // Replier).
 //
-// limit is the largest reply stored, in bytes: 0 means DefaultReplyLimit, at most
-// MaxReplyLimit. A larger reply is not an error for fn: the message is processed,
+// limit is the largest reply stored, in bytes: 0 means 64 KiB, at most
+// 1 MiB. A larger reply is not an error for fn: the message is processed,
 // its DONE record written without the reply, the result is Processed with fn's
 // reply in hand and an error wrapping ErrReplyTooLarge, and it is counted
 // (Stats.RepliesTooLarge, dedup.replies.too_large); its duplicates then answer
@@ -266,11 +266,11 @@ func WithMode(m Mode) HandlerOption {
 // fail closed), so upgrade every process before turning replies on.
 func WithReplies(limit int) HandlerOption {
 	return func(c *handlerConfig) error {
-		if limit < 0 || limit > MaxReplyLimit {
-			return fmt.Errorf("%w: reply limit %d is outside 0..%d", ErrInvalidOption, limit, MaxReplyLimit)
+		if limit < 0 || limit > maxReplyLimit {
+			return fmt.Errorf("%w: reply limit %d is outside 0..%d", ErrInvalidOption, limit, maxReplyLimit)
 		}
 		if limit == 0 {
-			limit = DefaultReplyLimit
+			limit = defaultReplyLimit
 		}
 		c.replyLimit = limit
 		return nil
@@ -278,7 +278,7 @@ func WithReplies(limit int) HandlerOption {
 }
 
 // WithLocalReplies sets how many bytes of replies the local tier of a handler
-// WithReplies keeps (default DefaultLocalReplies): each entry counts its key, its
+// WithReplies keeps (default 4 MiB): each entry counts its key, its
 // reply and an overhead (lru.BytesEntryOverhead), and the least recently used go
 // first. A duplicate whose reply is not kept locally is answered by the store, which
 // has it. 0 keeps none; so does a handler without a local tier (WithLocalCache(0, 0)).

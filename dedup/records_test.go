@@ -304,8 +304,8 @@ func TestForgetReachesEveryProcess(t *testing.T) {
 		}
 		for i, h := range hs {
 			for h.local.Contains("order-x") {
-				if time.Since(forgotAt) > DefaultForgetBound {
-					t.Fatalf("round %d: process %d still holds the key %v after Forget", round, i, DefaultForgetBound)
+				if time.Since(forgotAt) > defaultForgetBound {
+					t.Fatalf("round %d: process %d still holds the key %v after Forget", round, i, defaultForgetBound)
 				}
 				time.Sleep(100 * time.Microsecond)
 			}
@@ -480,7 +480,7 @@ func TestMissedForgetNoticesDropTheLocalTiersWithinTheBound(t *testing.T) {
 	if took < bound/8 {
 		t.Fatalf("dropped %v after the Forget: too soon for the silence fallback", took)
 	}
-	c := find(t, da.Health(ctx), CheckForgetNotices, "")
+	c := find(t, da.Health(ctx), driver.CheckForgetNotices, "")
 	if c.Status != driver.HealthWarn || !strings.Contains(c.Detail, "nothing heard") {
 		t.Fatalf("health while the subscription is silent: %+v", c)
 	}
@@ -505,7 +505,7 @@ func TestQuietNoticeSubscriptionKeepsTheLocalTier(t *testing.T) {
 			t.Fatal("the local tier was dropped though no storekit.Notice was lost")
 		}
 	}
-	wantCheck(t, find(t, d.Health(ctx), CheckForgetNotices, ""), driver.HealthOK)
+	wantCheck(t, find(t, d.Health(ctx), driver.CheckForgetNotices, ""), driver.HealthOK)
 }
 
 // A fingerprinted key is held locally as key#fingerprint, for each payload seen:

@@ -365,7 +365,7 @@ func TestRepliesNeedWithRepliesAndAStoreThatKeepsThem(t *testing.T) {
 			t.Fatalf("HandleBatchReply without WithReplies: %v", r.Err)
 		}
 	}
-	for _, limit := range []int{-1, MaxReplyLimit + 1} {
+	for _, limit := range []int{-1, maxReplyLimit + 1} {
 		if _, err := d.Register(fmt.Sprint("bad", limit+1), WithReplies(limit)); !errors.Is(err, ErrInvalidOption) {
 			t.Fatalf("WithReplies(%d): %v", limit, err)
 		}

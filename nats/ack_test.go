@@ -233,7 +233,7 @@ func TestEachOutcomeGetsItsAckAction(t *testing.T) {
 				})
 			},
 			msg: newFake("order-1", "a", 1), outcome: dedup.NotRecorded, act: ActAck, acks: "ack", runs: 1},
-		{name: "lease lost", hopts: []dedup.HandlerOption{dedup.WithLease(dedup.MinLease)},
+		{name: "lease lost", hopts: []dedup.HandlerOption{dedup.WithLease(30 * time.Millisecond)},
 			setup: func(_ *testing.T, s *flakyStore, _ *dedup.Handler) {
 				s.onFail(func(op string) error {
 					if op == "extend" {

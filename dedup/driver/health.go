@@ -22,8 +22,13 @@ const (
 	HealthFail HealthStatus = "fail"
 )
 
-// Names of the store checks.
+// Names of the checks in a health report.
 const (
+	// CheckDeduper fails once the Deduper is closed.
+	CheckDeduper = "deduper"
+	// CheckForgetNotices warns while the Deduper's subscription to forget notices is
+	// silent or not confirmed (its local tiers are being dropped meanwhile).
+	CheckForgetNotices = "forget.notices"
 	// CheckStoreReachable says whether the store answers, and how fast.
 	CheckStoreReachable = "store.reachable"
 	// CheckRedisVersion fails for a Redis older than 7.0.
@@ -77,6 +82,12 @@ func (c *HealthCheck) UnmarshalJSON(b []byte) error {
 	*c = HealthCheck(v.plain)
 	c.Latency = time.Duration(v.LatencySeconds * float64(time.Second))
 	return nil
+}
+
+// Pinger is a store that can tell cheaply whether it answers: dedup's breaker probes
+// it with Ping. A store without it is probed with a Release of a key no record uses.
+type Pinger interface {
+	Ping(ctx context.Context) error
 }
 
 // HealthChecker is a Store that reports on its own health. CheckHealth returns by

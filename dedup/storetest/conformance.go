@@ -52,7 +52,7 @@ const (
 	cMargin    = 150 * time.Millisecond
 )
 
-// maxReply is the largest reply a handler stores (dedup.MaxReplyLimit).
+// maxReply is the largest reply a handler stores (the most WithReplies takes).
 const maxReply = 1 << 20
 
 // Run runs the conformance suite, each case in parallel on a Backend of its own:
