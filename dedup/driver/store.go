@@ -37,10 +37,11 @@ type Answer struct {
 	// TTL is what is left of the record found: the other owner's lease
 	// (StatusInProgress) or the DONE record (StatusDuplicate). Zero otherwise.
 	TTL time.Duration
-	// Reply is the reply stored with a DONE record, when HasReply (ReplyStore only).
+	// Reply is, for a Claim that answers StatusDuplicate, the reply stored with the
+	// DONE record, when HasReply.
 	Reply    string
 	HasReply bool
-	// Err is set on an entry that failed on its own.
+	// Err is set on an entry that failed on its own (ErrBadRecord, a store error).
 	Err error
 }
 
@@ -50,14 +51,15 @@ type Entry struct {
 	Token       string        // the caller's owner token
 	Fingerprint string        // payload fingerprint, "" for none
 	TTL         time.Duration // lease for claims, retention for marks and completions
-	// Reply is, for CompleteMany on a ReplyStore, the reply to store with the DONE
-	// record when HasReply is set (an empty reply is a reply).
+	// Reply is, for Complete, the reply to store with the DONE record when HasReply
+	// is set (an empty reply is a reply).
 	Reply    string
 	HasReply bool
 }
 
-// Store holds dedup records. Every method is atomic on the server and follows this
-// table (docs/design.md §3):
+// Store holds dedup records. Every call takes a batch of entries and answers each
+// entry on its own, in entry order; each entry is atomic on the server and follows
+// this table (docs/design.md §3):
 //
 //	op        | absent            | IN PROGRESS, mine | IN PROGRESS, other | DONE
 //	Claim     | IN PROGRESS, Acq. | Acquired          | InProgress(PTTL)   | Duplicate (Conflict if fingerprints differ)
@@ -66,32 +68,21 @@ type Entry struct {
 //	Extend    | ErrLeaseLost      | PEXPIRE lease     | ErrLeaseLost       | ErrLeaseLost
 //	Mark      | DONE, Acquired    | -                 | InProgress         | Duplicate (Conflict if fingerprints differ), Acquired if mine
 //
-// Tokens are 1 to 64 bytes without ':'; an empty fingerprint is not compared. Every
-// record expires on the server. Errors other than ErrLeaseLost and ErrInvalidOption
-// wrap ErrStoreUnavailable.
+// Entry.TTL is the lease for Claim and Extend, the retention for Mark and Complete;
+// Complete writes Entry.Reply into the DONE record when HasReply, and a Claim that
+// answers StatusDuplicate carries the stored reply back. Tokens are 1 to 64 bytes
+// without ':'; an empty fingerprint is not compared. Every record expires on the
+// server.
+//
+// An entry that failed on its own has its error in Answer.Err (or its slot of the
+// []error); the call's error is for a failure of the whole call, with no answers. A
+// bad entry (token, TTL) refuses the whole call with ErrInvalidOption and writes
+// nothing. Errors other than ErrLeaseLost and ErrInvalidOption wrap
+// ErrStoreUnavailable.
 type Store interface {
-	Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (Answer, error)
-	Complete(ctx context.Context, key, token string, retention time.Duration) error
-	Release(ctx context.Context, key, token string) error
-	Extend(ctx context.Context, key, token string, lease time.Duration) error
-	Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (Answer, error)
-
-	// ClaimMany claims every entry; answers are in entry order.
-	ClaimMany(ctx context.Context, entries []Entry) ([]Answer, error)
-	// MarkMany marks every entry; answers are in entry order.
-	MarkMany(ctx context.Context, entries []Entry) ([]Answer, error)
-	// CompleteMany completes every entry; one error (nil, ErrLeaseLost or a store
-	// error) per entry.
-	CompleteMany(ctx context.Context, entries []Entry) ([]error, error)
-}
-
-// ReplyStore is a Store that keeps a reply with a DONE record (docs/design.md §10),
-// so that a duplicate gets the first run's reply back. CompleteReply completes as
-// Complete does, writing reply into the DONE record; CompleteMany writes each entry's
-// Reply when HasReply; Claim and ClaimMany answer StatusDuplicate with the stored
-// reply. Replies are opaque bytes: a store never logs them.
-type ReplyStore interface {
-	Store
-	// CompleteReply is Complete that stores reply with the DONE record.
-	CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error
+	Claim(ctx context.Context, entries []Entry) ([]Answer, error)
+	Mark(ctx context.Context, entries []Entry) ([]Answer, error)
+	Complete(ctx context.Context, entries []Entry) ([]error, error)
+	Extend(ctx context.Context, entries []Entry) ([]error, error)
+	Release(ctx context.Context, entries []Entry) ([]error, error)
 }
