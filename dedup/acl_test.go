@@ -109,54 +109,54 @@ func storeFlow(ctx context.Context, s driver.Store, admin *redis.Client, prefix 
 	if err := admin.ScriptFlush(ctx).Err(); err != nil { // claims must fall back to EVAL
 		return err
 	}
-	a, err := s.Claim(ctx, k("1"), "A", "fp", time.Minute)
+	a, err := claim1(ctx, s, k("1"), "A", "fp", time.Minute)
 	if err := wantStatus("claim", a, err, driver.StatusAcquired); err != nil {
 		return err
 	}
-	a, err = s.Claim(ctx, k("1"), "B", "fp", time.Minute)
+	a, err = claim1(ctx, s, k("1"), "B", "fp", time.Minute)
 	if err := wantStatus("claim in progress", a, err, driver.StatusInProgress); err != nil {
 		return err
 	}
-	if err := step("extend", s.Extend(ctx, k("1"), "A", time.Minute)); err != nil {
+	if err := step("extend", extend1(ctx, s, k("1"), "A", time.Minute)); err != nil {
 		return err
 	}
-	if err := step("complete", s.Complete(ctx, k("1"), "A", time.Hour)); err != nil {
+	if err := step("complete", complete1(ctx, s, k("1"), "A", time.Hour)); err != nil {
 		return err
 	}
-	a, err = s.Claim(ctx, k("1"), "B", "fp", time.Minute)
+	a, err = claim1(ctx, s, k("1"), "B", "fp", time.Minute)
 	if err := wantStatus("claim done", a, err, driver.StatusDuplicate); err != nil {
 		return err
 	}
-	a, err = s.Claim(ctx, k("2"), "A", "", time.Minute)
+	a, err = claim1(ctx, s, k("2"), "A", "", time.Minute)
 	if err := wantStatus("claim 2", a, err, driver.StatusAcquired); err != nil {
 		return err
 	}
-	if err := step("release", s.Release(ctx, k("2"), "A")); err != nil {
+	if err := step("release", release1(ctx, s, k("2"), "A")); err != nil {
 		return err
 	}
-	a, err = s.Claim(ctx, k("2"), "B", "", time.Minute)
+	a, err = claim1(ctx, s, k("2"), "B", "", time.Minute)
 	if err := wantStatus("claim released", a, err, driver.StatusAcquired); err != nil {
 		return err
 	}
-	a, err = s.Mark(ctx, k("3"), "A", "", time.Hour)
+	a, err = mark1(ctx, s, k("3"), "A", "", time.Hour)
 	if err := wantStatus("mark", a, err, driver.StatusAcquired); err != nil {
 		return err
 	}
-	claims, err := s.ClaimMany(ctx, []driver.Entry{{Key: k("4"), Token: "A", TTL: time.Minute}, {Key: k("1"), Token: "C", Fingerprint: "fp", TTL: time.Minute}})
+	claims, err := s.Claim(ctx, []driver.Entry{{Key: k("4"), Token: "A", TTL: time.Minute}, {Key: k("1"), Token: "C", Fingerprint: "fp", TTL: time.Minute}})
 	if err == nil && (claims[0].Err != nil || claims[1].Err != nil) {
 		err = errors.Join(claims[0].Err, claims[1].Err)
 	}
 	if err := step("claim many", err); err != nil {
 		return err
 	}
-	errs, err := s.CompleteMany(ctx, []driver.Entry{{Key: k("4"), Token: "A", TTL: time.Hour}})
+	errs, err := s.Complete(ctx, []driver.Entry{{Key: k("4"), Token: "A", TTL: time.Hour}})
 	if err == nil {
 		err = errs[0]
 	}
 	if err := step("complete many", err); err != nil {
 		return err
 	}
-	marks, err := s.MarkMany(ctx, []driver.Entry{{Key: k("5"), Token: "A", TTL: time.Hour}, {Key: k("3"), Token: "B", TTL: time.Hour}})
+	marks, err := s.Mark(ctx, []driver.Entry{{Key: k("5"), Token: "A", TTL: time.Hour}, {Key: k("3"), Token: "B", TTL: time.Hour}})
 	if err == nil && (marks[0].Err != nil || marks[1].Err != nil) {
 		err = errors.Join(marks[0].Err, marks[1].Err)
 	}
@@ -302,10 +302,10 @@ func TestDeduperWorksAsTheACLUserAndIsRefusedOutsideItsPrefix(t *testing.T) {
 
 	// Outside the prefix: NOPERM, as a store error; the admin sees nothing written.
 	other := testenv.Prefix() + ":orders:k1"
-	if _, err := st.Claim(ctx, other, "A", "", time.Minute); !isNoPerm(err) || !errors.Is(err, ErrStoreUnavailable) {
+	if _, err := claim1(ctx, st, other, "A", "", time.Minute); !isNoPerm(err) || !errors.Is(err, ErrStoreUnavailable) {
 		t.Fatalf("claim outside the prefix: %v, want NOPERM as ErrStoreUnavailable", err)
 	}
-	if _, err := st.Mark(ctx, other, "A", "", time.Minute); !isNoPerm(err) {
+	if _, err := mark1(ctx, st, other, "A", "", time.Minute); !isNoPerm(err) {
 		t.Fatalf("mark outside the prefix: %v", err)
 	}
 	if err := uc.Get(ctx, other).Err(); !isNoPerm(err) {
@@ -375,7 +375,7 @@ func TestTenantsWithTheirOwnACLUsersDoNotInterfere(t *testing.T) {
 			t.Fatalf("%s with another tenant's prefix: ran %v, err %v; want NOPERM and fn not run", key, ran, err)
 		}
 	}
-	if _, err := a.store.Claim(ctx, b.h.RecordKey("order-1"), "A", "", time.Minute); !isNoPerm(err) {
+	if _, err := claim1(ctx, a.store, b.h.RecordKey("order-1"), "A", "", time.Minute); !isNoPerm(err) {
 		t.Fatalf("tenant A's user on tenant B's record: %v", err)
 	}
 	if n := srv.admin.Exists(ctx, b.h.RecordKey("order-2")).Val(); n != 0 {

@@ -60,7 +60,7 @@ func (h *Handler) Run(ctx context.Context, items []Item, fn func(ctx context.Con
 		// one message: a single call (Handler.do, or a Mark and a run)
 		return []ItemResult{h.runOne(ctx, items[0], func(ctx context.Context) error { return fn(ctx, 0) })}
 	}
-	if h.replyStore == nil {
+	if h.cfg.replyLimit == 0 {
 		return h.handleBatch(ctx, items, rc.parallel, fn, rc.done, nil, nil)
 	}
 	// a handler WithReplies: each item's reply (SetReply) is stored with its DONE
@@ -514,7 +514,7 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 	for j, b := range leads {
 		entries[j] = driver.Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.retention}
 	}
-	answers, err := h.store.MarkMany(ctx, entries)
+	answers, err := h.store.Mark(ctx, entries)
 	// First answer every flight, then run: an fn that checks a later key of the batch
 	// must not wait for that key's turn.
 	type pending struct {
@@ -645,16 +645,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 		entries[j] = driver.Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
 	}
 	sent := time.Now()
-	var answers []driver.Answer
-	var err error
-	if out.single { // one script call, where ClaimMany may take two round trips
-		var a driver.Answer
-		if a, err = h.store.Claim(ctx, entries[0].Key, entries[0].Token, entries[0].Fingerprint, entries[0].TTL); err == nil {
-			answers = []driver.Answer{a}
-		}
-	} else {
-		answers, err = h.store.ClaimMany(ctx, entries)
-	}
+	answers, err := h.store.Claim(ctx, entries)
 	var claimed []*batchItem
 	// Items whose claim failed and that run anyway (FailOpen) wait until the claimed
 	// ones are done: run now, they would hold up the heartbeat the claims need.

@@ -124,7 +124,7 @@ func testParallelRunGoexitEndsOnlyItsOwnItem(t *testing.T, mode Mode) {
 	if mode == ModeDo {
 		for _, k := range []string{"d", "e"} { // released in the background: Close waits for it
 			testenv.Eventually(t, 10*time.Second, "the claim of "+k+" given back", func() bool {
-				a, err := mem.Claim(context.Background(), h.RecordKey(k), "other", "", time.Minute)
+				a, err := claim1(context.Background(), mem, h.RecordKey(k), "other", "", time.Minute)
 				return err == nil && a.Status == driver.StatusAcquired
 			})
 		}
@@ -167,7 +167,7 @@ func testParallelRunReportsEachItemWhenDone(t *testing.T, mode Mode) {
 		if i != 1 {
 			t.Fatalf("item %d reported first, want the fast one (1)", i)
 		}
-		if a, err := mem.Claim(context.Background(), h.RecordKey("fast"), "other", "", time.Minute); err != nil || a.Status != driver.StatusDuplicate {
+		if a, err := claim1(context.Background(), mem, h.RecordKey("fast"), "other", "", time.Minute); err != nil || a.Status != driver.StatusDuplicate {
 			t.Fatalf("the fast item's record: %+v, %v; want DONE (Duplicate)", a, err)
 		}
 	case <-time.After(10 * time.Second):
@@ -186,10 +186,12 @@ type slowMark struct {
 	entered, release chan struct{}
 }
 
-func (s *slowMark) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (driver.Answer, error) {
-	close(s.entered)
-	<-s.release
-	return s.Store.Mark(ctx, key, token, fp, retention)
+func (s *slowMark) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	if len(entries) == 1 {
+		close(s.entered)
+		<-s.release
+	}
+	return s.Store.Mark(ctx, entries)
 }
 
 // A batch item whose key another call in this process is marking waits for that
@@ -316,7 +318,7 @@ func TestParallelRunLeaseLostCancelsItsItemOnly(t *testing.T) {
 			if _, err := mem.Forget(context.Background(), []string{h.RecordKey("lost")}, true); err != nil {
 				t.Error(err)
 			}
-			if a, err := mem.Claim(context.Background(), h.RecordKey("lost"), "rival", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
+			if a, err := claim1(context.Background(), mem, h.RecordKey("lost"), "rival", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 				t.Errorf("rival claim: %v %v", a.Status, err)
 			}
 			close(stolen)
@@ -340,7 +342,7 @@ func TestParallelRunLeaseLostCancelsItsItemOnly(t *testing.T) {
 	if got != [2]ItemResult(res) {
 		t.Errorf("done reported %+v, the call returned %+v", got, res)
 	}
-	if a, _ := mem.Claim(context.Background(), h.RecordKey("kept"), "x", "", time.Minute); a.Status != driver.StatusDuplicate {
+	if a, _ := claim1(context.Background(), mem, h.RecordKey("kept"), "x", "", time.Minute); a.Status != driver.StatusDuplicate {
 		t.Errorf("kept item's record: %+v; want DONE", a)
 	}
 }

@@ -52,7 +52,7 @@ func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 				}
 				entries[i] = driver.Entry{Key: k, Token: "A", Fingerprint: fp, TTL: cLease}
 			}
-			got, err := s.ClaimMany(ctx, entries)
+			got, err := s.Claim(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,7 +74,7 @@ func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 			for i := range n {
 				cs[i] = driver.Entry{Key: key("claim", i), Token: "A", TTL: cRetention}
 			}
-			errs, err := s.CompleteMany(ctx, cs)
+			errs, err := s.Complete(ctx, cs)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -92,7 +92,7 @@ func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 				done[i] = e
 			}
 			for i := range n { // the completed records are DONE now
-				a, err := s.Claim(ctx, key("claim", i), "Z", "fp", cLease)
+				a, err := claim1(ctx, s, key("claim", i), "Z", "fp", cLease)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -121,7 +121,7 @@ func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 				}
 				marks[i] = driver.Entry{Key: k, Token: "A", Fingerprint: "fp", TTL: cRetention}
 			}
-			got, err = s.MarkMany(ctx, marks)
+			got, err = s.Mark(ctx, marks)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -136,14 +136,14 @@ func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 
 func mustClaim(t *testing.T, s driver.Store, k, token string) {
 	t.Helper()
-	if a, err := s.Claim(context.Background(), k, token, "fp", cLease); err != nil || a.Status != driver.StatusAcquired {
+	if a, err := claim1(context.Background(), s, k, token, "fp", cLease); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatalf("claim %s: %v %v", k, a.Status, err)
 	}
 }
 
 func mustMark(t *testing.T, s driver.Store, k, token, fp string) {
 	t.Helper()
-	if a, err := s.Mark(context.Background(), k, token, fp, cRetention); err != nil || a.Status != driver.StatusAcquired {
+	if a, err := mark1(context.Background(), s, k, token, fp, cRetention); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatalf("mark %s: %v %v", k, a.Status, err)
 	}
 }

@@ -21,9 +21,9 @@ type lateClaimMany struct {
 	after func(entries []driver.Entry)
 }
 
-func (s *lateClaimMany) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+func (s *lateClaimMany) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	time.Sleep(s.delay)
-	a, err := s.Store.ClaimMany(ctx, entries)
+	a, err := s.Store.Claim(ctx, entries)
 	if err == nil && s.after != nil {
 		s.after(entries)
 	}
@@ -78,10 +78,10 @@ func TestBatchRenewalRefusedForAnotherOwner(t *testing.T) {
 	ctx := context.Background()
 	store := &lateClaimMany{Store: mem, delay: 400 * time.Millisecond, after: func(e []driver.Entry) {
 		// b's lease ended and a rival claimed it
-		if err := mem.Release(ctx, e[1].Key, e[1].Token); err != nil {
+		if err := release1(ctx, mem, e[1].Key, e[1].Token); err != nil {
 			t.Error(err)
 		}
-		if a, err := mem.Claim(ctx, e[1].Key, "rival", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
+		if a, err := claim1(ctx, mem, e[1].Key, "rival", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 			t.Errorf("rival's claim: %v, %v", a.Status, err)
 		}
 	}}
@@ -97,7 +97,7 @@ func TestBatchRenewalRefusedForAnotherOwner(t *testing.T) {
 	if res[0].Outcome != Processed || res[2].Outcome != Processed {
 		t.Errorf("items a, c: %v, %v; want Processed", res[0].Outcome, res[2].Outcome)
 	}
-	if a, _ := mem.Claim(ctx, h.RecordKey("b"), "third", "", time.Minute); a.Status != driver.StatusInProgress {
+	if a, _ := claim1(ctx, mem, h.RecordKey("b"), "third", "", time.Minute); a.Status != driver.StatusInProgress {
 		t.Errorf("b after the batch: %v, want still the rival's (InProgress)", a.Status)
 	}
 }
@@ -126,7 +126,7 @@ func TestBatchReleasesAClaimItCouldNotRenew(t *testing.T) {
 		if r.Outcome != LeaseLost {
 			t.Errorf("item %d: %v, want LeaseLost", i, r.Outcome)
 		}
-		a, _ := mem.Claim(context.Background(), h.RecordKey(string(rune('a'+i))), "rival", "", time.Minute)
+		a, _ := claim1(context.Background(), mem, h.RecordKey(string(rune('a'+i))), "rival", "", time.Minute)
 		if a.Status != driver.StatusAcquired {
 			t.Errorf("item %d: a rival's claim got %v (ttl %v), want the claim released", i, a.Status, a.TTL)
 		}
@@ -166,7 +166,7 @@ func TestBatchDoesNotRenewWhileClosing(t *testing.T) {
 	}
 	<-closed
 	for _, k := range []string{"a", "b"} {
-		if a, _ := mem.Claim(context.Background(), h.RecordKey(k), "rival", "", time.Minute); a.Status != driver.StatusAcquired {
+		if a, _ := claim1(context.Background(), mem, h.RecordKey(k), "rival", "", time.Minute); a.Status != driver.StatusAcquired {
 			t.Errorf("%s after the batch: %v, want its claim released", k, a.Status)
 		}
 	}

@@ -21,7 +21,7 @@ func TestBatchGivesEachItemItsOutcome(t *testing.T) {
 	if res, _ := other.Do(ctx, "done-elsewhere", ok); res.Outcome != Processed {
 		t.Fatal(res)
 	}
-	if _, err := f.mem.Claim(ctx, h.RecordKey("busy"), "someone", "", time.Minute); err != nil {
+	if _, err := claim1(ctx, f.mem, h.RecordKey("busy"), "someone", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	items := []Item{{Key: "a"}, {Key: "b"}, {Key: "a"}, {Key: "done-before"}, {Key: "done-elsewhere"}, {Key: ""}, {Key: "fails"}, {Key: "busy"}, {Key: "panics"}}

@@ -29,18 +29,11 @@ func (s *slowFirstComplete) hang(ctx context.Context) bool {
 	return false
 }
 
-func (s *slowFirstComplete) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	if s.hang(ctx) {
-		return ctx.Err()
-	}
-	return s.Store.Complete(ctx, key, token, retention)
-}
-
-func (s *slowFirstComplete) CompleteMany(ctx context.Context, e []driver.Entry) ([]error, error) {
+func (s *slowFirstComplete) Complete(ctx context.Context, e []driver.Entry) ([]error, error) {
 	if s.hang(ctx) {
 		return nil, ctx.Err()
 	}
-	return s.Store.CompleteMany(ctx, e)
+	return s.Store.Complete(ctx, e)
 }
 
 // An item whose fn succeeds while an earlier item's completion is out (here one that
@@ -214,9 +207,9 @@ func TestParallelItemsRenewTheirClaimsConcurrently(t *testing.T) {
 // slowRelease takes 100ms to give a claim back.
 type slowRelease struct{ driver.Store }
 
-func (s slowRelease) Release(ctx context.Context, key, token string) error {
+func (s slowRelease) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	time.Sleep(100 * time.Millisecond)
-	return s.Store.Release(ctx, key, token)
+	return s.Store.Release(ctx, entries)
 }
 
 // A parallel item whose fn calls runtime.Goexit off the caller's goroutine gives its

@@ -190,10 +190,12 @@ type slowClaims struct {
 	out   atomic.Bool
 }
 
-func (s *slowClaims) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (driver.Answer, error) {
-	if strings.HasSuffix(key, ":"+s.key) {
-		s.out.Store(true)
-		<-s.stuck
+func (s *slowClaims) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	for _, e := range entries {
+		if strings.HasSuffix(e.Key, ":"+s.key) {
+			s.out.Store(true)
+			<-s.stuck
+		}
 	}
-	return s.Store.Claim(ctx, key, token, fp, lease)
+	return s.Store.Claim(ctx, entries)
 }

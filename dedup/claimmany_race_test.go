@@ -85,15 +85,15 @@ func TestClaimManyInProgressTTLStaysWithinTheLease(t *testing.T) {
 	var other *redisstore.Store
 	var key string
 	mine, other, prefix := hookedStores(t, splitHook{between: func() {
-		if err := other.Complete(ctx, key, "X", 24*time.Hour); err != nil {
+		if err := complete1(ctx, other, key, "X", 24*time.Hour); err != nil {
 			t.Error(err)
 		}
 	}})
 	key = prefix + ":h:k"
-	if a, err := other.Claim(ctx, key, "X", "", 30*time.Second); err != nil || a.Status != driver.StatusAcquired {
+	if a, err := claim1(ctx, other, key, "X", "", 30*time.Second); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatal(a, err)
 	}
-	got, err := mine.ClaimMany(ctx, []driver.Entry{{Key: key, Token: "A", TTL: 30 * time.Second}})
+	got, err := mine.Claim(ctx, []driver.Entry{{Key: key, Token: "A", TTL: 30 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestClaimManyDuplicateOfAnEndedRecordIsNotCached(t *testing.T) {
 	var rk string
 	mine, other, prefix := hookedStores(t, splitHook{between: func() {
 		time.Sleep(60 * time.Millisecond) // the DONE record (50ms) ends
-		if a, err := other.Claim(ctx, rk, "X", "", 30*time.Second); err != nil || a.Status != driver.StatusAcquired {
+		if a, err := claim1(ctx, other, rk, "X", "", 30*time.Second); err != nil || a.Status != driver.StatusAcquired {
 			t.Error(a, err)
 		}
 	}})
@@ -126,14 +126,14 @@ func TestClaimManyDuplicateOfAnEndedRecordIsNotCached(t *testing.T) {
 		t.Fatal(err)
 	}
 	rk = h.RecordKey("m1")
-	if a, err := other.Mark(ctx, rk, "Y", "", 50*time.Millisecond); err != nil || a.Status != driver.StatusAcquired {
+	if a, err := mark1(ctx, other, rk, "Y", "", 50*time.Millisecond); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatal(a, err)
 	}
 	res := h.Run(ctx, []Item{{Key: "m1"}}, func(context.Context, int) error { return nil }, asBatch)
 	if res[0].Outcome != Duplicate {
 		t.Fatalf("batch: %v, want Duplicate (DONE when the SET saw it)", res[0].Outcome)
 	}
-	if err := other.Release(ctx, rk, "X"); err != nil { // the other owner's fn failed
+	if err := release1(ctx, other, rk, "X"); err != nil { // the other owner's fn failed
 		t.Fatal(err)
 	}
 	ran := false
@@ -152,15 +152,15 @@ func TestClaimManyOwnClaimThatLapsedIsClaimedAgain(t *testing.T) {
 	var key string
 	mine, other, prefix := hookedStores(t, afterHook{after: func() {
 		time.Sleep(60 * time.Millisecond) // our 50ms lease ends
-		if a, err := other.Claim(ctx, key, "X", "", 30*time.Second); err != nil || a.Status != driver.StatusAcquired {
+		if a, err := claim1(ctx, other, key, "X", "", 30*time.Second); err != nil || a.Status != driver.StatusAcquired {
 			t.Error(a, err)
 		}
 	}})
 	key = prefix + ":h:k"
-	if a, err := mine.Claim(ctx, key, "A", "", 50*time.Millisecond); err != nil || a.Status != driver.StatusAcquired {
+	if a, err := claim1(ctx, mine, key, "A", "", 50*time.Millisecond); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatal(a, err)
 	}
-	got, err := mine.ClaimMany(ctx, []driver.Entry{{Key: key, Token: "A", TTL: 50 * time.Millisecond}})
+	got, err := mine.Claim(ctx, []driver.Entry{{Key: key, Token: "A", TTL: 50 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

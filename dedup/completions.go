@@ -141,7 +141,7 @@ func (q *completions) flush() {
 		}
 		// the first one's context, for its values: the others' are alike
 		ctx, done := context.WithTimeout(context.WithoutCancel(batch[0].ctx), h.cfg.lease)
-		errs, err := h.store.CompleteMany(ctx, entries)
+		errs, err := h.store.Complete(ctx, entries)
 		done()
 		for j, p := range batch {
 			cerr := err

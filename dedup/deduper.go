@@ -117,12 +117,6 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		}
 		h.store = &formerStore{Store: d.store, h: h, records: rs}
 	}
-	if cfg.replyLimit > 0 {
-		if _, ok := d.base.(driver.ReplyStore); !ok {
-			return nil, fmt.Errorf("%w: handler %q: WithReplies needs a store that keeps replies (dedup.ReplyStore); %T does not", ErrInvalidOption, name, d.base)
-		}
-		h.replyStore = h.store.(driver.ReplyStore) // formerStore and meteredStore pass it on
-	}
 	if cfg.localSize > 0 {
 		c, err := lru.New(cfg.localSize, cfg.localTTL, cfg.localOpts...)
 		if err != nil {

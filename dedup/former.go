@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/internal/storekit"
@@ -92,46 +91,18 @@ type formerStore struct {
 	records driver.RecordStore
 }
 
-// CompleteReply implements ReplyStore when the Deduper's store does (Register
-// checks, for a handler WithReplies).
-func (s *formerStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
-	return s.Store.(driver.ReplyStore).CompleteReply(ctx, key, token, reply, retention)
-}
-
 // Claim implements Store.
-func (s *formerStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
-	a, err := s.Store.Claim(ctx, key, token, fingerprint, lease)
-	if err != nil || a.Status != driver.StatusAcquired {
-		return a, err
-	}
-	as := []driver.Answer{a}
-	s.settle(ctx, []driver.Entry{{Key: key, Token: token, Fingerprint: fingerprint, TTL: lease}}, as, true)
-	return as[0], as[0].Err
-}
-
-// Mark implements Store.
-func (s *formerStore) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
-	a, err := s.Store.Mark(ctx, key, token, fingerprint, retention)
-	if err != nil || a.Status != driver.StatusAcquired {
-		return a, err
-	}
-	as := []driver.Answer{a}
-	s.settle(ctx, []driver.Entry{{Key: key, Token: token, Fingerprint: fingerprint, TTL: retention}}, as, false)
-	return as[0], nil
-}
-
-// ClaimMany implements Store.
-func (s *formerStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	as, err := s.Store.ClaimMany(ctx, entries)
+func (s *formerStore) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	as, err := s.Store.Claim(ctx, entries)
 	if err == nil {
 		s.settle(ctx, entries, as, true)
 	}
 	return as, err
 }
 
-// MarkMany implements Store.
-func (s *formerStore) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	as, err := s.Store.MarkMany(ctx, entries)
+// Mark implements Store.
+func (s *formerStore) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	as, err := s.Store.Mark(ctx, entries)
 	if err == nil {
 		s.settle(ctx, entries, as, false)
 	}
@@ -229,7 +200,7 @@ func (s *formerStore) giveBack(ctx context.Context, claims []driver.Entry) {
 		}
 	}
 	if len(forward) > 0 {
-		errs, err := s.Store.CompleteMany(bg, forward)
+		errs, err := s.Store.Complete(bg, forward)
 		for j, e := range forward {
 			ferr := err
 			if ferr == nil {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
-	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
 // guard is the store as the engine calls it (Deduper.store). It keeps two promises
@@ -66,8 +66,7 @@ func newGuard(d *Deduper, s driver.Store) *guard {
 // detaches reports whether calls to s need a goroutine of their own to return by
 // their deadline: every store but memstore.Store, which never waits on a network.
 func detaches(s driver.Store) bool {
-	_, mem := s.(*memstore.Store)
-	return !mem
+	return !storekit.IsInProcess(s)
 }
 
 type waitKey struct{}
@@ -249,7 +248,8 @@ func (g *guard) ping(ctx context.Context) error {
 	if p, ok := g.d.base.(driver.Pinger); ok {
 		return p.Ping(ctx)
 	}
-	return g.s.Release(ctx, g.d.cfg.prefix+":\x00probe", "probe")
+	_, err := g.s.Release(ctx, []driver.Entry{{Key: g.d.cfg.prefix + ":\x00probe", Token: "probe"}})
+	return err
 }
 
 // Breaker reports whether the Deduper's store breaker is open: calls failed in a
@@ -262,59 +262,8 @@ func (d *Deduper) Breaker() (open bool) {
 	return ok && g.open.Load()
 }
 
-func (g *guard) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
-	if err := g.refused("claim"); err != nil {
-		return driver.Answer{}, err
-	}
-	return detached(g, ctx, "claim", true, func(ctx context.Context) (driver.Answer, error) {
-		return g.s.Claim(ctx, key, token, fingerprint, lease)
-	}, func(a driver.Answer, err error) {
-		if err != nil || a.Status == driver.StatusAcquired {
-			g.giveBack([]driver.Entry{{Key: key, Token: token}})
-		}
-	})
-}
-
-func (g *guard) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
-	if err := g.refused("mark"); err != nil {
-		return driver.Answer{}, err
-	}
-	// a mark given up on may have written DONE: filter mode's trade-off, as a crash
-	return detached(g, ctx, "mark", true, func(ctx context.Context) (driver.Answer, error) {
-		return g.s.Mark(ctx, key, token, fingerprint, retention)
-	}, nil)
-}
-
-func (g *guard) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	_, err := detached(g, ctx, "complete", false, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, g.s.Complete(ctx, key, token, retention)
-	}, nil)
-	return err
-}
-
-// CompleteReply implements ReplyStore when the store below does (Register checks).
-func (g *guard) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
-	_, err := detached(g, ctx, "complete", false, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, g.s.(driver.ReplyStore).CompleteReply(ctx, key, token, reply, retention)
-	}, nil)
-	return err
-}
-
-func (g *guard) Release(ctx context.Context, key, token string) error {
-	_, err := detached(g, ctx, "release", false, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, g.s.Release(ctx, key, token)
-	}, nil)
-	return err
-}
-
-func (g *guard) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	_, err := detached(g, ctx, "extend", false, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, g.s.Extend(ctx, key, token, lease)
-	}, nil)
-	return err
-}
-
-func (g *guard) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+// Claim implements Store; claims that land after their caller gave up are given back.
+func (g *guard) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := g.refused("claim"); err != nil {
 		return nil, err
 	}
@@ -322,7 +271,7 @@ func (g *guard) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver
 		entries = slices.Clone(entries) // the caller may reuse its slice once answered
 	}
 	return detached(g, ctx, "claim", true, func(ctx context.Context) ([]driver.Answer, error) {
-		return g.s.ClaimMany(ctx, entries)
+		return g.s.Claim(ctx, entries)
 	}, func(as []driver.Answer, err error) {
 		var back []driver.Entry
 		for i, e := range entries {
@@ -334,7 +283,9 @@ func (g *guard) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver
 	})
 }
 
-func (g *guard) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+// Mark implements Store. A mark given up on may have written DONE: filter mode's
+// trade-off, as a crash.
+func (g *guard) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := g.refused("mark"); err != nil {
 		return nil, err
 	}
@@ -342,16 +293,32 @@ func (g *guard) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.
 		entries = slices.Clone(entries)
 	}
 	return detached(g, ctx, "mark", true, func(ctx context.Context) ([]driver.Answer, error) {
-		return g.s.MarkMany(ctx, entries)
+		return g.s.Mark(ctx, entries)
 	}, nil)
 }
 
-func (g *guard) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
+// Complete implements Store.
+func (g *guard) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	return g.settle(ctx, "complete", entries, g.s.Complete)
+}
+
+// Extend implements Store.
+func (g *guard) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	return g.settle(ctx, "extend", entries, g.s.Extend)
+}
+
+// Release implements Store.
+func (g *guard) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	return g.settle(ctx, "release", entries, g.s.Release)
+}
+
+// settle runs a call that settles what has run: never refused by the breaker.
+func (g *guard) settle(ctx context.Context, op string, entries []driver.Entry, f func(context.Context, []driver.Entry) ([]error, error)) ([]error, error) {
 	if g.detach {
 		entries = slices.Clone(entries)
 	}
-	return detached(g, ctx, "complete", false, func(ctx context.Context) ([]error, error) {
-		return g.s.CompleteMany(ctx, entries)
+	return detached(g, ctx, op, false, func(ctx context.Context) ([]error, error) {
+		return f(ctx, entries)
 	}, nil)
 }
 
@@ -379,9 +346,10 @@ func (g *guard) CountRecords(ctx context.Context, prefix, handler string) (map[s
 // giveBack releases claims whose answer came after their caller had given up on it
 // (the caller released them too, and may have done so before they landed).
 func (g *guard) giveBack(entries []driver.Entry) {
-	for _, e := range entries {
-		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-		_ = g.s.Release(ctx, e.Key, e.Token)
-		cancel()
+	if len(entries) == 0 {
+		return
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	_, _ = g.s.Release(ctx, entries)
+	cancel()
 }

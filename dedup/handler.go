@@ -34,9 +34,7 @@ type Handler struct {
 	// local tier. A reply form's local hit needs its key here: the keys-only tier
 	// above cannot answer it.
 	replies *lru.Bytes
-	// replyStore is store as a ReplyStore, for a handler WithReplies (Register checks)
-	replyStore driver.ReplyStore
-	flights    *flights
+	flights *flights
 	// completions coalesces the completions that need not hold their caller: batch
 	// items' and committed transactional runs' (completions.go)
 	completions completions
@@ -137,7 +135,7 @@ func (h *Handler) doReply(ctx context.Context, key, fp string, fn func(context.C
 // noReplies refuses Do, Handle and Mark on a handler WithReplies: only
 // Run's results carry the replies it stores.
 func (h *Handler) noReplies() error {
-	if h.replyStore != nil {
+	if h.cfg.replyLimit > 0 {
 		return fmt.Errorf("%w: handler %q stores replies (WithReplies): run it with Run, whose results carry them", ErrInvalidOption, h.name)
 	}
 	return nil
@@ -265,7 +263,7 @@ func (h *Handler) Handle(ctx context.Context, msg keys.Message, fn func(context.
 // runOne is a run of one keyed item (Run): a single call, by the handler's mode, or
 // with its reply on a handler WithReplies.
 func (h *Handler) runOne(ctx context.Context, it Item, fn func(context.Context) error) ItemResult {
-	if h.replyStore != nil {
+	if h.cfg.replyLimit > 0 {
 		return h.doReply(ctx, it.Key, h.fingerprint(it.Payload), fn)
 	}
 	res, err := h.handleKey(ctx, it.Key, it.Payload, fn)
@@ -608,10 +606,33 @@ func (c *claimed) storesReply() bool { return c.replied && !c.tooLarge }
 
 // complete completes c's claim: with its reply when it has one to store.
 func (h *Handler) complete(ctx context.Context, c claimed) error {
+	e := driver.Entry{Key: c.rk, Token: c.token, TTL: h.cfg.retention}
 	if c.storesReply() {
-		return h.replyStore.CompleteReply(ctx, c.rk, c.token, c.reply, h.cfg.retention)
+		e.Reply, e.HasReply = c.reply, true
 	}
-	return h.store.Complete(ctx, c.rk, c.token, h.cfg.retention)
+	return errOf(h.store.Complete(ctx, []driver.Entry{e}))
+}
+
+// answerOf is the answer to a call of one entry: the call's error, else the entry's.
+func answerOf(as []driver.Answer, err error) (driver.Answer, error) {
+	switch {
+	case err != nil:
+		return driver.Answer{}, err
+	case len(as) != 1:
+		return driver.Answer{}, fmt.Errorf("%w: %d answers to one entry", ErrStoreUnavailable, len(as))
+	}
+	return as[0], as[0].Err
+}
+
+// errOf is the error of a call of one entry: the call's, else the entry's.
+func errOf(errs []error, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case len(errs) != 1:
+		return fmt.Errorf("%w: %d answers to one entry", ErrStoreUnavailable, len(errs))
+	}
+	return errs[0]
 }
 
 // lead publishes the leader's result to those waiting on f and returns it. First is
@@ -733,7 +754,7 @@ func (h *Handler) completed(c claimed, cerr error) (Result, error) {
 }
 
 func (h *Handler) release(ctx context.Context, k, rk, token string) {
-	if err := h.store.Release(ctx, rk, token); err != nil {
+	if err := errOf(h.store.Release(ctx, []driver.Entry{{Key: rk, Token: token}})); err != nil {
 		h.log.Warn("dedup: release failed; the key stays claimed until its lease ends", "key_hash", keyHash(k), "err", err)
 	}
 }
@@ -746,7 +767,7 @@ func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 		return res, err
 	}
 	defer h.flights.leave(k, f)
-	ans, err := h.store.Mark(ctx, h.keyHead+k, newToken(), fp, h.cfg.retention)
+	ans, err := answerOf(h.store.Mark(ctx, []driver.Entry{{Key: h.keyHead + k, Token: newToken(), Fingerprint: fp, TTL: h.cfg.retention}}))
 	if err != nil {
 		return h.markFailed(ctx, f, k, err)
 	}

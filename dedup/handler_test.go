@@ -153,7 +153,7 @@ func TestDoAnswersInProgressWithTheLeaseLeftWhenClaimedElsewhere(t *testing.T) {
 	f := newFixture(t, false)
 	h := f.handler("orders", WithLease(time.Minute))
 	ctx := context.Background()
-	if _, err := f.mem.Claim(ctx, h.RecordKey("k"), "someone-else", "", time.Minute); err != nil {
+	if _, err := claim1(ctx, f.mem, h.RecordKey("k"), "someone-else", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	f.clk.Add(20 * time.Second)
@@ -266,7 +266,7 @@ func TestLostLeaseCancelsHandler(t *testing.T) {
 		<-started
 		// the lease runs out (store time) and another owner claims the key
 		f.clk.Add(2 * lease)
-		if a, err := f.mem.Claim(ctx, h.RecordKey("k"), "thief", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
+		if a, err := claim1(ctx, f.mem, h.RecordKey("k"), "thief", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 			t.Errorf("thief: %v %v", a, err)
 		}
 	}()
@@ -288,7 +288,7 @@ func TestLostLeaseCancelsHandler(t *testing.T) {
 		t.Fatal("lease loss not counted")
 	}
 	// the thief's claim is untouched
-	if a, _ := f.mem.Claim(ctx, h.RecordKey("k"), "thief", "", time.Minute); a.Status != driver.StatusAcquired {
+	if a, _ := claim1(ctx, f.mem, h.RecordKey("k"), "thief", "", time.Minute); a.Status != driver.StatusAcquired {
 		t.Fatalf("thief lost its claim: %v", a)
 	}
 }
@@ -395,7 +395,7 @@ func TestShutdownMidHandlerReleases(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	// released: another consumer can take the message now
-	if a, _ := f.mem.Claim(context.Background(), h.RecordKey("k"), "next", "", time.Minute); a.Status != driver.StatusAcquired {
+	if a, _ := claim1(context.Background(), f.mem, h.RecordKey("k"), "next", "", time.Minute); a.Status != driver.StatusAcquired {
 		t.Fatalf("claim after shutdown: %v", a.Status)
 	}
 }
@@ -521,12 +521,12 @@ func TestLocalTierHoldsOnlyDone(t *testing.T) {
 	h := f.handler("orders")
 	ctx := context.Background()
 	// InProgress from the store must not be cached as done
-	if _, err := f.mem.Claim(ctx, h.RecordKey("k"), "other", "", time.Minute); err != nil {
+	if _, err := claim1(ctx, f.mem, h.RecordKey("k"), "other", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	res, _ := h.Do(ctx, "k", ok)
 	want(t, res, nil, InProgress)
-	if err := f.mem.Release(ctx, h.RecordKey("k"), "other"); err != nil {
+	if err := release1(ctx, f.mem, h.RecordKey("k"), "other"); err != nil {
 		t.Fatal(err)
 	}
 	res, _ = h.Do(ctx, "k", ok)
@@ -619,7 +619,7 @@ func TestRecordKeyMatchesKeysPackage(t *testing.T) {
 		if res, err := h.Do(ctx, k, ok); res.Outcome != Processed {
 			t.Fatal(res, err)
 		}
-		if a, _ := f.mem.Claim(ctx, keys.RecordKey(DefaultPrefix, "orders", k), "x", "", time.Minute); a.Status != driver.StatusDuplicate {
+		if a, _ := claim1(ctx, f.mem, keys.RecordKey(DefaultPrefix, "orders", k), "x", "", time.Minute); a.Status != driver.StatusDuplicate {
 			t.Fatalf("%q: record not under keys.RecordKey (%v)", k, a.Status)
 		}
 	}

@@ -31,7 +31,7 @@ func TestBatchGoexitReleasesAndCloses(t *testing.T) {
 	}()
 	<-done
 	// are the claims still held?
-	a, _ := mem.Claim(context.Background(), h.RecordKey("b"), "other", "", time.Minute)
+	a, _ := claim1(context.Background(), mem, h.RecordKey("b"), "other", "", time.Minute)
 	if a.Status != driver.StatusAcquired {
 		t.Errorf("claim of b by another owner after the Goexit: %v (ttl %v), want it released", a.Status, a.TTL)
 	}
@@ -62,9 +62,9 @@ func TestBatchRunsItemsInOrder(t *testing.T) {
 // blackholed Extend: waits for its context (a partitioned Redis).
 type blackholeExtend struct{ driver.Store }
 
-func (s blackholeExtend) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+func (s blackholeExtend) Extend(ctx context.Context, _ []driver.Entry) ([]error, error) {
 	<-ctx.Done()
-	return ctx.Err()
+	return nil, ctx.Err()
 }
 
 // With a store that times out, extensions sent one after another would cancel the
@@ -134,9 +134,9 @@ type deafExtend struct {
 	stall time.Duration
 }
 
-func (s deafExtend) Extend(context.Context, string, string, time.Duration) error {
+func (s deafExtend) Extend(context.Context, []driver.Entry) ([]error, error) {
 	time.Sleep(s.stall)
-	return fmt.Errorf("%w: i/o timeout", ErrStoreUnavailable)
+	return nil, fmt.Errorf("%w: i/o timeout", ErrStoreUnavailable)
 }
 
 // The heartbeat stops waiting at its own deadline, so fn is cancelled while the lease

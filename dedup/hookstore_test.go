@@ -3,13 +3,15 @@ package dedup
 import (
 	"context"
 	"sync/atomic"
-	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
 // hookStore wraps a Store, counting calls per operation and letting a test inject an
-// error into any of them.
+// error into any of them. A call of one entry is counted and hooked as "claim",
+// "mark", "complete" (or "complete-reply" with a reply), "release" or "extend"; a
+// call of several as "claim-many", "mark-many", "complete-many", "release-many" or
+// "extend-many", and in batches too.
 type hookStore struct {
 	driver.Store
 	claims, completes, releases, extends, marks, batches atomic.Int64
@@ -20,78 +22,56 @@ type hookStore struct {
 
 func (s *hookStore) onFail(f func(op string) error) { s.fail.Store(&f) }
 
-func (s *hookStore) hook(op string, n *atomic.Int64) error {
-	n.Add(1)
+func (s *hookStore) hook(op string, entries []driver.Entry, single *atomic.Int64) error {
+	if len(entries) == 1 {
+		single.Add(1)
+		if op == "complete" && entries[0].HasReply {
+			op = "complete-reply"
+		}
+	} else {
+		s.batches.Add(1)
+		if op == "complete" {
+			s.completeManys.Add(1)
+		}
+		op += "-many"
+	}
 	if f := s.fail.Load(); f != nil {
 		return (*f)(op)
 	}
 	return nil
 }
 
-func (s *hookStore) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (driver.Answer, error) {
-	if err := s.hook("claim", &s.claims); err != nil {
-		return driver.Answer{}, err
-	}
-	return s.Store.Claim(ctx, key, token, fp, lease)
-}
-
-func (s *hookStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	if err := s.hook("complete", &s.completes); err != nil {
-		return err
-	}
-	return s.Store.Complete(ctx, key, token, retention)
-}
-
-func (s *hookStore) Release(ctx context.Context, key, token string) error {
-	if err := s.hook("release", &s.releases); err != nil {
-		return err
-	}
-	return s.Store.Release(ctx, key, token)
-}
-
-func (s *hookStore) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	if err := s.hook("extend", &s.extends); err != nil {
-		return err
-	}
-	return s.Store.Extend(ctx, key, token, lease)
-}
-
-func (s *hookStore) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (driver.Answer, error) {
-	if err := s.hook("mark", &s.marks); err != nil {
-		return driver.Answer{}, err
-	}
-	return s.Store.Mark(ctx, key, token, fp, retention)
-}
-
-func (s *hookStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	if err := s.hook("claim-many", &s.batches); err != nil {
+func (s *hookStore) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	if err := s.hook("claim", entries, &s.claims); err != nil {
 		return nil, err
 	}
-	return s.Store.ClaimMany(ctx, entries)
+	return s.Store.Claim(ctx, entries)
 }
 
-func (s *hookStore) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	if err := s.hook("mark-many", &s.batches); err != nil {
+func (s *hookStore) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	if err := s.hook("mark", entries, &s.marks); err != nil {
 		return nil, err
 	}
-	return s.Store.MarkMany(ctx, entries)
+	return s.Store.Mark(ctx, entries)
 }
 
-func (s *hookStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
-	s.completeManys.Add(1)
-	if err := s.hook("complete-many", &s.batches); err != nil {
+func (s *hookStore) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	if err := s.hook("complete", entries, &s.completes); err != nil {
 		return nil, err
 	}
-	return s.Store.CompleteMany(ctx, entries)
+	return s.Store.Complete(ctx, entries)
 }
 
-// replyHookStore is a hookStore over a ReplyStore that is one too: CompleteReply is
-// hooked as "complete-reply".
-type replyHookStore struct{ *hookStore }
-
-func (s replyHookStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
-	if err := s.hook("complete-reply", &s.completes); err != nil {
-		return err
+func (s *hookStore) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	if err := s.hook("release", entries, &s.releases); err != nil {
+		return nil, err
 	}
-	return s.Store.(driver.ReplyStore).CompleteReply(ctx, key, token, reply, retention)
+	return s.Store.Release(ctx, entries)
+}
+
+func (s *hookStore) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	if err := s.hook("extend", entries, &s.extends); err != nil {
+		return nil, err
+	}
+	return s.Store.Extend(ctx, entries)
 }

@@ -36,7 +36,7 @@ func checkTx[T any](ctx context.Context, h *Handler, t Transactor[T], fnNil bool
 	if isNil(t) {
 		return fmt.Errorf("%w: nil transactor", ErrInvalidOption)
 	}
-	if h.replyStore != nil {
+	if h.cfg.replyLimit > 0 {
 		return fmt.Errorf("%w: handler %q stores replies (WithReplies), which a transactional run does not: register one without", ErrInvalidOption, h.name)
 	}
 	return nil

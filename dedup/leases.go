@@ -3,9 +3,12 @@ package dedup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
 // leases is a handler's lease table: the claims its runs hold, single calls' and
@@ -83,7 +86,7 @@ func (l *leases) renew(ctx context.Context, b *batchItem, noRenew *atomic.Bool) 
 	ectx, done := context.WithTimeout(ctx, h.cfg.lease/3)
 	defer done()
 	sent := time.Now()
-	if err := h.store.Extend(ectx, b.rk, b.token, h.cfg.lease); err != nil {
+	if err := errOf(h.store.Extend(ectx, []driver.Entry{{Key: b.rk, Token: b.token, TTL: h.cfg.lease}})); err != nil {
 		if !errors.Is(err, ErrLeaseLost) {
 			noRenew.Store(true)
 		}
@@ -139,38 +142,78 @@ func (l *leases) run(prev, stopped chan struct{}) {
 	}
 }
 
-// extendAll extends the claims in due side by side: one slow extension must not
-// hold back the others.
+// extendAll extends the claims in due in one call. validUntil, for each, is when its
+// lease ends as far as this process knows (the time the last successful claim or
+// extension was sent, plus the lease). A claim is lost when the store says so, or
+// when a failed extension leaves its lease to end (less a margin of lease/6) before
+// the next tick; no call runs into that margin: fn must stop before another owner
+// can take the key, not after.
 func (l *leases) extendAll(due []*batchItem) {
-	h := l.h
-	var wg sync.WaitGroup
-	for _, b := range due {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			end := b.f.leaseEnd.Load()
-			until, lost := h.extend(b.rk, b.token, time.Unix(0, end), l.tickEvery())
-			if !lost {
-				b.f.leaseEnd.CompareAndSwap(end, until.UnixNano()) // unless renewed since
-				return
-			}
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			if _, live := l.live[b]; !live || b.f.leaseEnd.Load() != end {
-				// settled or being completed, or renewed while this verdict was out:
-				// stale
-				return
-			}
-			h.stats.leaseLost.Add(1)
-			h.met.leaseLost(opExtend)
-			b.lost.Store(true)
-			delete(l.live, b)
-			if cancel, ok := l.running[b]; ok {
-				cancel(ErrLeaseLost)
-			}
-		}()
+	if len(due) == 0 {
+		return
 	}
-	wg.Wait()
+	h := l.h
+	margin := h.cfg.lease / 6
+	sent := time.Now()
+	ends := make([]int64, len(due))
+	entries := make([]driver.Entry, 0, len(due))
+	asked := make([]int, 0, len(due))
+	timeout := h.cfg.lease / 3
+	for i, b := range due {
+		ends[i] = b.f.leaseEnd.Load()
+		left := time.Unix(0, ends[i]).Sub(sent) - margin
+		if left <= 0 {
+			l.lost(b, ends[i])
+			continue
+		}
+		timeout = min(timeout, left)
+		entries = append(entries, driver.Entry{Key: b.rk, Token: b.token, TTL: h.cfg.lease})
+		asked = append(asked, i)
+	}
+	if len(entries) == 0 {
+		return
+	}
+	ctx, done := context.WithTimeout(context.Background(), timeout)
+	errs, err := h.store.Extend(ctx, entries)
+	done()
+	for j, i := range asked {
+		b, end := due[i], ends[i]
+		e := err
+		if e == nil && j < len(errs) {
+			e = errs[j]
+		} else if e == nil {
+			e = fmt.Errorf("%w: %d answers to %d extensions", ErrStoreUnavailable, len(errs), len(entries))
+		}
+		switch {
+		case e == nil:
+			b.f.leaseEnd.CompareAndSwap(end, sent.Add(h.cfg.lease).UnixNano()) // unless renewed since
+		case errors.Is(e, ErrLeaseLost):
+			l.lost(b, end)
+		default:
+			h.log.Debug("dedup: lease extension failed", "err", e)
+			if !time.Now().Add(l.tickEvery() + margin).Before(time.Unix(0, end)) {
+				l.lost(b, end)
+			}
+		}
+	}
+}
+
+// lost records that b's lease, last known to end at end, is lost, and cancels its
+// fn; unless b was settled, or renewed while the verdict was out.
+func (l *leases) lost(b *batchItem, end int64) {
+	h := l.h
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, live := l.live[b]; !live || b.f.leaseEnd.Load() != end {
+		return
+	}
+	h.stats.leaseLost.Add(1)
+	h.met.leaseLost(opExtend)
+	b.lost.Store(true)
+	delete(l.live, b)
+	if cancel, ok := l.running[b]; ok {
+		cancel(ErrLeaseLost)
+	}
 }
 
 // wait waits for the table's goroutine to end (Close, once the calls have ended).
@@ -180,32 +223,5 @@ func (l *leases) wait() {
 	l.mu.Unlock()
 	if stopped != nil {
 		<-stopped
-	}
-}
-
-// extend renews one claim. validUntil is when the lease ends as far as this process
-// knows: the time the last successful claim or extension was sent, plus the lease.
-// next is when the next attempt comes. It reports the lease lost when the store says
-// so, or when a failed extension leaves the lease to end (less a margin of lease/6)
-// before the next attempt; an attempt never runs into that margin. fn must stop
-// before another owner can take the key, not after.
-func (h *Handler) extend(rk, token string, validUntil time.Time, next time.Duration) (time.Time, bool) {
-	margin := h.cfg.lease / 6 // stop fn this long before the lease can end
-	sent := time.Now()
-	left := validUntil.Sub(sent) - margin
-	if left <= 0 {
-		return validUntil, true
-	}
-	ctx, done := context.WithTimeout(context.Background(), min(h.cfg.lease/3, left))
-	defer done()
-	err := h.store.Extend(ctx, rk, token, h.cfg.lease)
-	switch {
-	case err == nil:
-		return sent.Add(h.cfg.lease), false
-	case errors.Is(err, ErrLeaseLost):
-		return validUntil, true
-	default:
-		h.log.Debug("dedup: lease extension failed", "err", err)
-		return validUntil, !time.Now().Add(next + margin).Before(validUntil)
 	}
 }

@@ -29,7 +29,7 @@ func TestMarkDuplicateNotCachedBeyondRecord(t *testing.T) {
 		t.Fatal(res)
 	}
 	f.clk.Add(2 * time.Minute) // the record is gone; a rival claims the key
-	if a, err := f.mem.Claim(ctx, h.RecordKey("k"), "rival", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
+	if a, err := claim1(ctx, f.mem, h.RecordKey("k"), "rival", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatal(a, err)
 	}
 	ran := false

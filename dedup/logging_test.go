@@ -160,7 +160,7 @@ func TestLogsHoldNoReply(t *testing.T) {
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			mem, _ := memstore.New()
-			store := replyHookStore{&hookStore{Store: mem}}
+			store := &hookStore{Store: mem}
 			logs := &testenv.LogBuffer{}
 			d, err := New(store, WithLogger(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 			if err != nil {

@@ -64,7 +64,7 @@ func TestGoexitStopsHeartbeatAndReleases(t *testing.T) {
 	f.d.Close()
 	e0 := f.store.extends.Load()
 	time.Sleep(5 * lease)
-	a, _ := f.mem.Claim(context.Background(), h.RecordKey("k"), "rival", "", lease)
+	a, _ := claim1(context.Background(), f.mem, h.RecordKey("k"), "rival", "", lease)
 	if f.store.extends.Load() > e0 || a.Status != driver.StatusAcquired {
 		t.Errorf("after Close: extends %d -> %d, rival claim %v", e0, f.store.extends.Load(), a.Status)
 	}
@@ -74,13 +74,13 @@ func TestMemoryStoreSweepsEarlierExpiry(t *testing.T) {
 	clk := storetest.NewClock()
 	s, _ := memstore.New(memstore.WithLimit(2), memstore.WithClock(clk.Now))
 	ctx := context.Background()
-	s.Claim(ctx, "x", "x", "", time.Hour)
-	s.Mark(ctx, "y", "y", "", time.Hour)
-	s.Mark(ctx, "z", "z", "", time.Hour) // full: sweep sets nextExp = now+1h
-	s.Release(ctx, "x", "x")
-	s.Claim(ctx, "w", "w", "", time.Second)
+	claim1(ctx, s, "x", "x", "", time.Hour)
+	mark1(ctx, s, "y", "y", "", time.Hour)
+	mark1(ctx, s, "z", "z", "", time.Hour) // full: sweep sets nextExp = now+1h
+	release1(ctx, s, "x", "x")
+	claim1(ctx, s, "w", "w", "", time.Second)
 	clk.Add(2 * time.Second)
-	if _, err := s.Mark(ctx, "z", "z", "", time.Hour); err != nil {
+	if _, err := mark1(ctx, s, "z", "z", "", time.Hour); err != nil {
 		t.Errorf("mark z: %v (w is expired)", err)
 	}
 }
@@ -115,7 +115,7 @@ func TestFilterCloseBetweenMarkAndRunNeverDropsTheMessage(t *testing.T) {
 	})
 	ran := false
 	res, err := h.Handle(context.Background(), rawMsgT{"m1"}, func(context.Context) error { ran = true; return nil })
-	a, _ := f.mem.Claim(context.Background(), h.RecordKey("m1"), "redelivery", "", time.Minute)
+	a, _ := claim1(context.Background(), f.mem, h.RecordKey("m1"), "redelivery", "", time.Minute)
 	if !ran && a.Status == driver.StatusDuplicate {
 		t.Errorf("Handle %v (%v), fn not run, redelivery sees %v", res.Outcome, err, a.Status)
 	}
@@ -126,13 +126,13 @@ type slowExtend struct {
 	n atomic.Int64
 }
 
-func (s *slowExtend) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+func (s *slowExtend) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	if s.n.Add(1) == 1 {
-		err := s.Store.Extend(ctx, key, token, lease) // lands now
-		time.Sleep(50 * time.Millisecond)             // slow reply
-		return err
+		errs, err := s.Store.Extend(ctx, entries) // lands now
+		time.Sleep(50 * time.Millisecond)         // slow reply
+		return errs, err
 	}
-	return fmt.Errorf("%w: i/o timeout", ErrStoreUnavailable)
+	return nil, fmt.Errorf("%w: i/o timeout", ErrStoreUnavailable)
 }
 
 func TestHeartbeatStopsFnBeforeLeaseEnds(t *testing.T) {

@@ -31,17 +31,13 @@ const (
 	opRelease
 	opExtend
 	opMark
-	opClaimMany
-	opMarkMany
-	opCompleteMany
 	opLookup
 	opForget
 	opCount
 	numOps
 )
 
-var opNames = [numOps]string{"claim", "complete", "release", "extend", "mark", "claim_many", "mark_many", "complete_many",
-	"lookup", "forget", "count"}
+var opNames = [numOps]string{"claim", "complete", "release", "extend", "mark", "lookup", "forget", "count"}
 
 // Bucket boundaries, in seconds. A Redis round trip is tens of microseconds to a few
 // milliseconds; a handler's fn runs for anything up to its lease and beyond.
@@ -330,74 +326,47 @@ func isStoreError(ctx context.Context, err error) bool {
 	return true
 }
 
-func (s *meteredStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
+// Claim implements Store.
+func (s *meteredStore) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	start := time.Now()
-	a, err := s.s.Claim(ctx, key, token, fingerprint, lease)
-	s.done(ctx, opClaim, start, err, 0)
-	return a, err
-}
-
-func (s *meteredStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	start := time.Now()
-	err := s.s.Complete(ctx, key, token, retention)
-	s.done(ctx, opComplete, start, err, 0)
-	return err
-}
-
-// CompleteReply implements ReplyStore when the store does (Deduper.replyStore
-// checks); it is timed and counted as a complete.
-func (s *meteredStore) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
-	start := time.Now()
-	err := s.s.(driver.ReplyStore).CompleteReply(ctx, key, token, reply, retention)
-	s.done(ctx, opComplete, start, err, 0)
-	return err
-}
-
-func (s *meteredStore) Release(ctx context.Context, key, token string) error {
-	start := time.Now()
-	err := s.s.Release(ctx, key, token)
-	s.done(ctx, opRelease, start, err, 0)
-	return err
-}
-
-func (s *meteredStore) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	start := time.Now()
-	err := s.s.Extend(ctx, key, token, lease)
-	s.done(ctx, opExtend, start, err, 0)
-	return err
-}
-
-func (s *meteredStore) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
-	start := time.Now()
-	a, err := s.s.Mark(ctx, key, token, fingerprint, retention)
-	s.done(ctx, opMark, start, err, 0)
-	return a, err
-}
-
-func (s *meteredStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	start := time.Now()
-	as, err := s.s.ClaimMany(ctx, entries)
-	s.done(ctx, opClaimMany, start, err, answerErrs(ctx, as))
+	as, err := s.s.Claim(ctx, entries)
+	s.done(ctx, opClaim, start, err, answerErrs(ctx, as))
 	return as, err
 }
 
-func (s *meteredStore) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+// Mark implements Store.
+func (s *meteredStore) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	start := time.Now()
-	as, err := s.s.MarkMany(ctx, entries)
-	s.done(ctx, opMarkMany, start, err, answerErrs(ctx, as))
+	as, err := s.s.Mark(ctx, entries)
+	s.done(ctx, opMark, start, err, answerErrs(ctx, as))
 	return as, err
 }
 
-func (s *meteredStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
+// Complete implements Store.
+func (s *meteredStore) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	return s.settle(ctx, opComplete, entries, s.s.Complete)
+}
+
+// Extend implements Store.
+func (s *meteredStore) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	return s.settle(ctx, opExtend, entries, s.s.Extend)
+}
+
+// Release implements Store.
+func (s *meteredStore) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	return s.settle(ctx, opRelease, entries, s.s.Release)
+}
+
+func (s *meteredStore) settle(ctx context.Context, op int, entries []driver.Entry, f func(context.Context, []driver.Entry) ([]error, error)) ([]error, error) {
 	start := time.Now()
-	errs, err := s.s.CompleteMany(ctx, entries)
+	errs, err := f(ctx, entries)
 	n := 0
 	for _, e := range errs {
 		if isStoreError(ctx, e) {
 			n++
 		}
 	}
-	s.done(ctx, opCompleteMany, start, err, n)
+	s.done(ctx, op, start, err, n)
 	return errs, err
 }
 

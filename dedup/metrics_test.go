@@ -339,7 +339,7 @@ func TestMetricsCountAWholeBatchFailureOnceAndCancellationsNever(t *testing.T) {
 // allItemsFailStore fails every item of ClaimMany on its own.
 type allItemsFailStore struct{ driver.Store }
 
-func (s *allItemsFailStore) ClaimMany(_ context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+func (s *allItemsFailStore) Claim(_ context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	out := make([]driver.Answer, len(entries))
 	for i := range out {
 		out[i].Err = fmt.Errorf("%w: item", ErrStoreUnavailable)

@@ -260,8 +260,7 @@ func WithMode(m Mode) HandlerOption {
 // Duplicate without a reply (HasReply false). Replies are opaque bytes, never
 // logged.
 //
-// The store must implement ReplyStore (redisstore.Store and memstore.Store do); Register
-// refuses another, wrapping ErrInvalidOption. Default: off. A record with a reply has
+// Default: off. A record with a reply has
 // a form that processes from before stored replies refuse (as a store failure:
 // fail closed), so upgrade every process before turning replies on.
 func WithReplies(limit int) HandlerOption {

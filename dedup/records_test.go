@@ -349,29 +349,31 @@ type heldStore struct {
 	once    sync.Once
 }
 
-func (s *heldStore) wait(op, key string) {
-	if op == s.op && key == s.key {
-		s.once.Do(func() { close(s.held) })
-		<-s.hold
+func (s *heldStore) wait(op string, entries []driver.Entry) {
+	for _, e := range entries {
+		if op == s.op && e.Key == s.key {
+			s.once.Do(func() { close(s.held) })
+			<-s.hold
+		}
 	}
 }
 
-func (s *heldStore) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (driver.Answer, error) {
-	a, err := s.Store.Claim(ctx, key, token, fp, lease)
-	s.wait("claim", key)
+func (s *heldStore) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	a, err := s.Store.Claim(ctx, entries)
+	s.wait("claim", entries)
 	return a, err
 }
 
-func (s *heldStore) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (driver.Answer, error) {
-	a, err := s.Store.Mark(ctx, key, token, fp, retention)
-	s.wait("mark", key)
+func (s *heldStore) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	a, err := s.Store.Mark(ctx, entries)
+	s.wait("mark", entries)
 	return a, err
 }
 
-func (s *heldStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	err := s.Store.Complete(ctx, key, token, retention)
-	s.wait("complete", key)
-	return err
+func (s *heldStore) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	errs, err := s.Store.Complete(ctx, entries)
+	s.wait("complete", entries)
+	return errs, err
 }
 
 // An answer that says DONE, made before a Forget and returned after its notice was

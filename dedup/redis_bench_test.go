@@ -30,14 +30,14 @@ func BenchmarkRedisStore(b *testing.B) {
 		run  func(ctx context.Context, s *redisstore.Store, key string) error
 	}{
 		{"mark", func(ctx context.Context, s *redisstore.Store, key string) error {
-			_, err := s.Mark(ctx, key, "T", "", time.Minute)
+			_, err := mark1(ctx, s, key, "T", "", time.Minute)
 			return err
 		}},
 		{"claim+complete", func(ctx context.Context, s *redisstore.Store, key string) error {
-			if _, err := s.Claim(ctx, key, "T", "", time.Minute); err != nil {
+			if _, err := claim1(ctx, s, key, "T", "", time.Minute); err != nil {
 				return err
 			}
-			return s.Complete(ctx, key, "T", time.Minute)
+			return complete1(ctx, s, key, "T", time.Minute)
 		}},
 		{"naive-setnx", func(ctx context.Context, s *redisstore.Store, key string) error {
 			return c.SetNX(ctx, key, "1", time.Minute).Err()

@@ -125,7 +125,7 @@ func TestRedisStoreRetriesLoadingThenBrokenConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := s.MarkMany(context.Background(), []driver.Entry{{Key: "dk-faults:h:a", Token: "T", TTL: time.Minute}, {Key: "dk-faults:h:b", Token: "T", TTL: time.Minute}})
+	out, err := s.Mark(context.Background(), []driver.Entry{{Key: "dk-faults:h:a", Token: "T", TTL: time.Minute}, {Key: "dk-faults:h:b", Token: "T", TTL: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestRedisStoreRetriesMaxClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.Mark(context.Background(), "dk-faults:h:m", "T", "", time.Minute)
+	a, err := mark1(context.Background(), s, "dk-faults:h:m", "T", "", time.Minute)
 	if err != nil || a.Status != driver.StatusAcquired {
 		t.Fatalf("mark: %+v, %v; want Acquired on the second connection", a, err)
 	}
@@ -183,7 +183,7 @@ func TestRedisStoreRetriesDialTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Mark(context.Background(), "dk-faults:d:1", "T", "", time.Minute); err != nil || n.Load() != 2 {
+	if _, err := mark1(context.Background(), s, "dk-faults:d:1", "T", "", time.Minute); err != nil || n.Load() != 2 {
 		t.Fatalf("mark: %v after %d dials; want success on the second", err, n.Load())
 	}
 }
@@ -200,20 +200,20 @@ func TestRedisStoreDropsConnectionsTheServerClosed(t *testing.T) {
 	}
 	ctx := context.Background()
 	entries := []driver.Entry{{Key: "dk-faults:h:b1", Token: "T", TTL: time.Minute}, {Key: "dk-faults:h:b2", Token: "T", TTL: time.Minute}}
-	if _, err := s.Mark(ctx, "dk-faults:h:1", "T", "", time.Minute); err != nil {
+	if _, err := mark1(ctx, s, "dk-faults:h:1", "T", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.MarkMany(ctx, entries); err != nil { // a pipeline's connection too
+	if _, err := s.Mark(ctx, entries); err != nil { // a pipeline's connection too
 		t.Fatal(err)
 	}
 	time.Sleep(2500 * time.Millisecond)
-	if _, err := s.Mark(ctx, "dk-faults:h:2", "T", "", time.Minute); err != nil {
+	if _, err := mark1(ctx, s, "dk-faults:h:2", "T", "", time.Minute); err != nil {
 		t.Fatalf("mark after the server closed the idle connection: %v", err)
 	}
 	for i := range entries {
 		entries[i].Key += "-again"
 	}
-	if out, err := s.MarkMany(ctx, entries); err != nil || out[0].Err != nil {
+	if out, err := s.Mark(ctx, entries); err != nil || out[0].Err != nil {
 		t.Fatalf("MarkMany after the server closed the idle connection: %v, %+v", err, out)
 	}
 }
@@ -229,20 +229,20 @@ func TestRedisStoreServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := s.Mark(ctx, "p:h:1", "T", "", time.Minute); err != nil {
+	if _, err := mark1(ctx, s, "p:h:1", "T", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	m.Close()
-	if _, err := s.Mark(ctx, "p:h:2", "T", "", time.Minute); !errors.Is(err, ErrStoreUnavailable) {
+	if _, err := mark1(ctx, s, "p:h:2", "T", "", time.Minute); !errors.Is(err, ErrStoreUnavailable) {
 		t.Fatalf("mark with the server down: %v, want ErrStoreUnavailable", err)
 	}
-	if _, err := s.MarkMany(ctx, []driver.Entry{{Key: "p:h:3", Token: "T", TTL: time.Minute}}); !errors.Is(err, ErrStoreUnavailable) {
+	if _, err := s.Mark(ctx, []driver.Entry{{Key: "p:h:3", Token: "T", TTL: time.Minute}}); !errors.Is(err, ErrStoreUnavailable) {
 		t.Fatalf("MarkMany with the server down: %v, want ErrStoreUnavailable", err)
 	}
 	if err := m.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	if a, err := s.Mark(ctx, "p:h:4", "T", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
+	if a, err := mark1(ctx, s, "p:h:4", "T", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatalf("mark after the restart: %+v, %v", a, err)
 	}
 }
@@ -260,10 +260,10 @@ func TestRedisStoreAuthAndDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if a, err := s.Mark(ctx, "p:h:k", "T", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
+	if a, err := mark1(ctx, s, "p:h:k", "T", "", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatalf("mark: %+v, %v", a, err)
 	}
-	if _, err := s.MarkMany(ctx, []driver.Entry{{Key: "p:h:m", Token: "T", TTL: time.Minute}}); err != nil {
+	if _, err := s.Mark(ctx, []driver.Entry{{Key: "p:h:m", Token: "T", TTL: time.Minute}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"p:h:k", "p:h:m"} {
@@ -277,7 +277,7 @@ func TestRedisStoreAuthAndDB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = bs.Mark(ctx, "p:h:k2", "T", "", time.Minute)
+	_, err = mark1(ctx, bs, "p:h:k2", "T", "", time.Minute)
 	if !errors.Is(err, ErrStoreUnavailable) || !strings.Contains(err.Error(), "WRONGPASS") {
 		t.Fatalf("mark with a bad password: %v, want ErrStoreUnavailable with WRONGPASS", err)
 	}
@@ -317,10 +317,10 @@ func TestRedisStoreConnectionsBounded(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 50 {
-				if _, err := s.Mark(context.Background(), fmt.Sprintf("p:h:%d-%d", g, i), "T", "", time.Minute); err != nil {
+				if _, err := mark1(context.Background(), s, fmt.Sprintf("p:h:%d-%d", g, i), "T", "", time.Minute); err != nil {
 					failed.Add(1)
 				}
-				if _, err := s.MarkMany(context.Background(), []driver.Entry{{Key: fmt.Sprintf("p:m:%d-%d", g, i), Token: "T", TTL: time.Minute}}); err != nil {
+				if _, err := s.Mark(context.Background(), []driver.Entry{{Key: fmt.Sprintf("p:m:%d-%d", g, i), Token: "T", TTL: time.Minute}}); err != nil {
 					failed.Add(1)
 				}
 			}

@@ -88,7 +88,7 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		var es []driver.Entry
 		for _, k := range keys {
 			e := driver.Entry{Key: h.RecordKey(k), Token: newToken(), TTL: time.Hour}
-			if a, err := store.Claim(ctx, e.Key, e.Token, "", 5*time.Second); err != nil || a.Status != driver.StatusAcquired {
+			if a, err := claim1(ctx, store, e.Key, e.Token, "", 5*time.Second); err != nil || a.Status != driver.StatusAcquired {
 				t.Fatalf("claim %s: %v %v", k, a.Status, err)
 			}
 			es = append(es, e)
@@ -104,7 +104,7 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		if res, err := h.Mark(ctx, "up-2"); res.Outcome != First || err != nil {
 			t.Fatalf("Mark: %v %v", res.Outcome, err)
 		}
-		errs, err := store.CompleteMany(ctx, claimed("up-3", "up-4"))
+		errs, err := store.Complete(ctx, claimed("up-3", "up-4"))
 		if err != nil || errors.Join(errs...) != nil {
 			t.Fatalf("CompleteMany: %v %v", err, errs)
 		}
@@ -162,10 +162,10 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		}
 		before := store.ReplicaShortfalls()
 		// Complete and CompleteMany first: no write since the stop has been sent yet
-		if err := store.Complete(ctx, single.Key, single.Token, time.Hour); !errors.Is(err, redisstore.ErrNotReplicated) || !errors.Is(err, ErrStoreUnavailable) {
+		if err := complete1(ctx, store, single.Key, single.Token, time.Hour); !errors.Is(err, redisstore.ErrNotReplicated) || !errors.Is(err, ErrStoreUnavailable) {
 			t.Fatalf("Complete: %v; want ErrStoreUnavailable and ErrNotReplicated", err)
 		}
-		errs, err := store.CompleteMany(ctx, many)
+		errs, err := store.Complete(ctx, many)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +209,7 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 		// once it has caught up, writes are acknowledged again
 		testenv.Eventually(t, 10*time.Second, "the resumed replica to acknowledge", func() bool {
 			e := claimed(fmt.Sprintf("resumed-%d", time.Now().UnixNano()))[0]
-			return store.Complete(ctx, e.Key, e.Token, time.Hour) == nil
+			return complete1(ctx, store, e.Key, e.Token, time.Hour) == nil
 		})
 	})
 

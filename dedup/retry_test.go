@@ -50,10 +50,10 @@ func retryOps() []retryOp {
 		}
 	}
 	claim := func(s *redisstore.Store, ctx context.Context, key, token string) (driver.Answer, error) {
-		return s.Claim(ctx, key, token, "", ttl)
+		return claim1(ctx, s, key, token, "", ttl)
 	}
 	mark := func(s *redisstore.Store, ctx context.Context, key, token string) (driver.Answer, error) {
-		return s.Mark(ctx, key, token, "", ttl)
+		return mark1(ctx, s, key, token, "", ttl)
 	}
 	return []retryOp{
 		{name: "Claim", run: own(claim), recordPrefix: func(token string) string { return "p:" + token + ":" }},
@@ -167,10 +167,10 @@ func testLostReply(t *testing.T, addr string) {
 	}
 	prefix := testenv.Prefix()
 	// Load both scripts paths (EVALSHA's NOSCRIPT, then EVAL) outside the trials.
-	if _, err := s.Claim(ctx, prefix+":warm:claim", "warm", "", time.Minute); err != nil {
+	if _, err := claim1(ctx, s, prefix+":warm:claim", "warm", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Mark(ctx, prefix+":warm:mark", "warm", "", time.Minute); err != nil {
+	if _, err := mark1(ctx, s, prefix+":warm:mark", "warm", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 
@@ -253,10 +253,10 @@ func TestClaimsRetriedDuringADebugSleepAreOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefix := testenv.Prefix()
-	if _, err := s.Claim(ctx, prefix+":warm:claim", "warm", "", time.Minute); err != nil {
+	if _, err := claim1(ctx, s, prefix+":warm:claim", "warm", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Mark(ctx, prefix+":warm:mark", "warm", "", time.Minute); err != nil {
+	if _, err := mark1(ctx, s, prefix+":warm:mark", "warm", "", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 

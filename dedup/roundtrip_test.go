@@ -65,19 +65,19 @@ func TestRedisDownIsStoreUnavailable(t *testing.T) {
 	defer c.Close()
 	s, _ := redisstore.New(c)
 	ctx := context.Background()
-	if _, err := s.Claim(ctx, "p:h:k", "T", "", time.Minute); !isUnavailable(err) {
+	if _, err := claim1(ctx, s, "p:h:k", "T", "", time.Minute); !isUnavailable(err) {
 		t.Fatalf("claim: %v", err)
 	}
-	if _, err := s.Mark(ctx, "p:h:k", "T", "", time.Minute); !isUnavailable(err) {
+	if _, err := mark1(ctx, s, "p:h:k", "T", "", time.Minute); !isUnavailable(err) {
 		t.Fatalf("mark: %v", err)
 	}
-	if err := s.Extend(ctx, "p:h:k", "T", time.Minute); !isUnavailable(err) {
+	if err := extend1(ctx, s, "p:h:k", "T", time.Minute); !isUnavailable(err) {
 		t.Fatalf("extend: %v", err)
 	}
-	if _, err := s.ClaimMany(ctx, []driver.Entry{{Key: "p:h:k", Token: "T", TTL: time.Minute}}); !isUnavailable(err) {
+	if _, err := s.Claim(ctx, []driver.Entry{{Key: "p:h:k", Token: "T", TTL: time.Minute}}); !isUnavailable(err) {
 		t.Fatalf("claim many: %v", err)
 	}
-	if _, err := s.MarkMany(ctx, []driver.Entry{{Key: "p:h:k", Token: "T", TTL: time.Minute}}); !isUnavailable(err) {
+	if _, err := s.Mark(ctx, []driver.Entry{{Key: "p:h:k", Token: "T", TTL: time.Minute}}); !isUnavailable(err) {
 		t.Fatalf("mark many: %v", err)
 	}
 	// through the engine: fail closed, fn not run

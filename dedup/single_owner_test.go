@@ -51,8 +51,8 @@ type itemErrStore struct {
 	badKey string
 }
 
-func (s itemErrStore) ClaimMany(ctx context.Context, es []driver.Entry) ([]driver.Answer, error) {
-	out, err := s.Store.ClaimMany(ctx, es)
+func (s itemErrStore) Claim(ctx context.Context, es []driver.Entry) ([]driver.Answer, error) {
+	out, err := s.Store.Claim(ctx, es)
 	for i, e := range es {
 		if e.Key == s.badKey {
 			out[i] = driver.Answer{Err: errors.New("CLUSTERDOWN slot not served")}
@@ -103,12 +103,12 @@ type fastThenStall struct {
 	n atomic.Int32
 }
 
-func (s *fastThenStall) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+func (s *fastThenStall) Extend(ctx context.Context, _ []driver.Entry) ([]error, error) {
 	if s.n.Add(1) == 1 {
-		return ErrStoreUnavailable
+		return nil, ErrStoreUnavailable
 	}
 	<-ctx.Done()
-	return ctx.Err()
+	return nil, ctx.Err()
 }
 
 func TestHeartbeatCancelsBeforeLeaseEndAfterStall(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
@@ -312,7 +313,7 @@ func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState
 	}
 	var cerr error
 	if hasClaim {
-		cerr = h.store.Complete(bg, c.rk, c.token, h.cfg.retention)
+		cerr = errOf(h.store.Complete(bg, []driver.Entry{{Key: c.rk, Token: c.token, TTL: h.cfg.retention}}))
 	}
 	return h.repaired(c, cerr)
 }

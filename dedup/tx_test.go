@@ -49,7 +49,7 @@ func TestDoTxRunsOnceAndCommitsItsMarker(t *testing.T) {
 	// the completion follows the commit in the background: the run is Processed once
 	// committed, whatever it answers
 	testenv.Eventually(t, 5*time.Second, "the store's DONE", func() bool {
-		ans, _ := f.mem.Claim(ctx, h.RecordKey("o-1"), "other", "", time.Minute)
+		ans, _ := claim1(ctx, f.mem, h.RecordKey("o-1"), "other", "", time.Minute)
 		return ans.Status == driver.StatusDuplicate
 	})
 }
@@ -73,7 +73,7 @@ func TestDoTxMarkerFoundAnswersDuplicateAndRepairsTheStore(t *testing.T) {
 	if db.effectsOf("o-1") != 1 {
 		t.Fatalf("effects %d", db.effectsOf("o-1"))
 	}
-	if ans, _ := f.mem.Claim(ctx, h.RecordKey("o-1"), "other", "", time.Minute); ans.Status != driver.StatusDuplicate {
+	if ans, _ := claim1(ctx, f.mem, h.RecordKey("o-1"), "other", "", time.Minute); ans.Status != driver.StatusDuplicate {
 		t.Fatalf("store after the redelivery: %v, want DONE (repaired)", ans.Status)
 	}
 	if h.Stats().DatabaseDuplicates != 1 {
@@ -401,7 +401,7 @@ func TestRunTxCommitsABatchInOneTransactionWithASavepointPerItem(t *testing.T) {
 	}
 	// DONE in the store for the committed items and the repaired one; the failures free
 	for k, want := range map[string]driver.Status{"a": driver.StatusDuplicate, "b": driver.StatusDuplicate, "known": driver.StatusDuplicate, "fails": driver.StatusAcquired, "panics": driver.StatusAcquired} {
-		if ans, _ := f.mem.Claim(ctx, h.RecordKey(k), "probe", "", time.Minute); ans.Status != want {
+		if ans, _ := claim1(ctx, f.mem, h.RecordKey(k), "probe", "", time.Minute); ans.Status != want {
 			t.Errorf("store record of %s: %v, want %v", k, ans.Status, want)
 		}
 	}
@@ -438,7 +438,7 @@ func TestRunTxRefusedCommitReleasesAndUnknownKeepsTheClaims(t *testing.T) {
 				if r.Outcome != want || r.Err == nil {
 					t.Errorf("item %d: %v %v, want %v", i, r.Outcome, r.Err, want)
 				}
-				if ans, _ := f.mem.Claim(ctx, h.RecordKey(items2[i]), "probe", "", time.Minute); ans.Status != wantStatus {
+				if ans, _ := claim1(ctx, f.mem, h.RecordKey(items2[i]), "probe", "", time.Minute); ans.Status != wantStatus {
 					t.Errorf("item %d's record: %v, want %v", i, ans.Status, wantStatus)
 				}
 			}
@@ -571,7 +571,7 @@ func TestCommittedCompletionsShareRoundTrips(t *testing.T) {
 	}
 	testenv.Eventually(t, 5*time.Second, "every DONE", func() bool {
 		for i := range n {
-			if ans, _ := f.mem.Claim(ctx, h.RecordKey(fmt.Sprint("o-", i)), "probe", "", time.Minute); ans.Status != driver.StatusDuplicate {
+			if ans, _ := claim1(ctx, f.mem, h.RecordKey(fmt.Sprint("o-", i)), "probe", "", time.Minute); ans.Status != driver.StatusDuplicate {
 				return false
 			}
 		}
@@ -595,7 +595,7 @@ func TestCloseFlushesLazyCompletions(t *testing.T) {
 		t.Fatal(res.Outcome)
 	}
 	d.Close()
-	if ans, _ := mem.Claim(context.Background(), h.RecordKey("o-1"), "probe", "", time.Minute); ans.Status != driver.StatusDuplicate {
+	if ans, _ := claim1(context.Background(), mem, h.RecordKey("o-1"), "probe", "", time.Minute); ans.Status != driver.StatusDuplicate {
 		t.Fatalf("after Close: %v, want DONE", ans.Status)
 	}
 }

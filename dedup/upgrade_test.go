@@ -42,10 +42,10 @@ func TestRecordsAreReadAcrossVersions(t *testing.T) {
 			t.Fatal(err)
 		}
 		k := prefix + ":h:with-reply"
-		if a, err := s.Claim(ctx, k, "new", "fp", time.Minute); err != nil || a.Status != driver.StatusAcquired {
+		if a, err := claim1(ctx, s, k, "new", "fp", time.Minute); err != nil || a.Status != driver.StatusAcquired {
 			t.Fatalf("claim: %+v %v", a, err)
 		}
-		if err := s.CompleteReply(ctx, k, "new", "the reply", time.Minute); err != nil {
+		if err := completeReply1(ctx, s, k, "new", "the reply", time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		_, err = c.Eval(ctx, old(t, "claim"), []string{k}, "old", "fp", 30000).Result()
@@ -59,7 +59,7 @@ func TestRecordsAreReadAcrossVersions(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), ErrBadRecord.Error()) {
 			t.Fatalf("the old forget script: %v, want its 'unrecognised record'", err)
 		}
-		if a, err := s.Claim(ctx, k, "new2", "fp", time.Minute); err != nil || !a.HasReply || a.Reply != "the reply" {
+		if a, err := claim1(ctx, s, k, "new2", "fp", time.Minute); err != nil || !a.HasReply || a.Reply != "the reply" {
 			t.Fatalf("after the old scripts: %+v %v", a, err)
 		}
 
@@ -68,13 +68,13 @@ func TestRecordsAreReadAcrossVersions(t *testing.T) {
 		if err := c.Eval(ctx, old(t, "claim"), []string{k}, "old", "", 30000).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if a, err := s.Claim(ctx, k, "new", "", time.Minute); err != nil || a.Status != driver.StatusInProgress {
+		if a, err := claim1(ctx, s, k, "new", "", time.Minute); err != nil || a.Status != driver.StatusInProgress {
 			t.Fatalf("an old claim: %+v %v", a, err)
 		}
 		if n, err := c.Eval(ctx, old(t, "complete"), []string{k}, "old", 60000).Int(); err != nil || n != 1 {
 			t.Fatalf("old complete: %v %v", n, err)
 		}
-		if a, err := s.Claim(ctx, k, "new", "", time.Minute); err != nil || a.Status != driver.StatusDuplicate || a.HasReply || a.TTL <= 0 {
+		if a, err := claim1(ctx, s, k, "new", "", time.Minute); err != nil || a.Status != driver.StatusDuplicate || a.HasReply || a.TTL <= 0 {
 			t.Fatalf("an old DONE record: %+v %v", a, err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
@@ -95,4 +96,17 @@ func StoreErr(op string, err error) error {
 		return fmt.Errorf("%w: %s: %w", driver.ErrStoreUnavailable, op, driver.ErrBadRecord)
 	}
 	return fmt.Errorf("%w: %s: %w", driver.ErrStoreUnavailable, op, err)
+}
+
+// inProcess holds the store types whose calls never wait on a network (memstore).
+var inProcess sync.Map // reflect.Type → struct{}
+
+// RegisterInProcess records the type of s as a store that never waits on a network:
+// dedup calls it on the caller's goroutine. An exact type: a wrapper is not one.
+func RegisterInProcess(s any) { inProcess.Store(reflect.TypeOf(s), struct{}{}) }
+
+// IsInProcess reports whether s's type was registered with RegisterInProcess.
+func IsInProcess(s any) bool {
+	_, ok := inProcess.Load(reflect.TypeOf(s))
+	return ok
 }
