@@ -59,7 +59,7 @@ const (
 	// beats go-redis's by 1.2x)
 	varFilterGoAP = "dedup-filter-goredis-ap"
 	varDoGoAP     = "dedup-do-goredis-ap"
-	// varMarkMany is the store's MarkMany of markManyKeys new keys per call from
+	// varMarkMany is the store's Mark of markManyKeys new keys per call from
 	// markManyConc goroutines (issue 22: the batch path against the ceiling); its
 	// rate is in keys.
 	varMarkMany  = "dedup-markmany64"
@@ -360,7 +360,7 @@ const (
 	varDirect = "direct-set-nx-get"
 )
 
-// markMany measures varMarkMany: markManyConc goroutines each sending MarkMany of
+// markMany measures varMarkMany: markManyConc goroutines each sending a Mark of
 // markManyKeys new keys per call to the Redis store, as a batch path does; the rate
 // is keys per second.
 func (b *bench) markMany(ctx context.Context, r int) error {
@@ -371,13 +371,13 @@ func (b *bench) markMany(ctx context.Context, r int) error {
 		for j := range entries {
 			entries[j] = driver.Entry{Key: km.key(w, i*markManyKeys+j), Token: "t", TTL: retention}
 		}
-		answers, err := store.MarkMany(ctx, entries)
+		answers, err := store.Mark(ctx, entries)
 		if err != nil {
 			return err
 		}
 		for _, a := range answers {
 			if a.Err != nil || a.Status != driver.StatusAcquired {
-				return fmt.Errorf("MarkMany of a new key answered %v %v", a.Status, a.Err)
+				return fmt.Errorf("a Mark of %d new keys answered %v %v", markManyKeys, a.Status, a.Err)
 			}
 		}
 		return nil

@@ -26,7 +26,7 @@ import (
 //     in one round trip);
 //   - dedup-tx: the same through dedup.DoTx (the local tier, the Redis claim, the
 //     marker, COMMIT, the completion);
-//   - dedup-tx-batch64: dedup.RunTx of 64 messages (one ClaimMany, one
+//   - dedup-tx-batch64: dedup.RunTx of 64 messages (one Claim of 64 entries, one
 //     transaction, one marker statement, a savepoint per message, one COMMIT); its
 //     operations are messages;
 //   - dup-marker-only, dup-dedup, dup-dedup-store: a message already committed, again:

@@ -114,17 +114,8 @@ type soakStore struct {
 // Claim remembers an acquired claim's token for the handler. Only one run of a key
 // is in hand in a process at a time (dedup's in-flight table), so the record key
 // names it.
-func (s *soakStore) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
-	a, err := s.Store.Claim(ctx, key, token, fingerprint, lease)
-	if err == nil && a.Status == driver.StatusAcquired {
-		s.tokens.Store(key, token)
-	}
-	return a, err
-}
-
-// ClaimMany is Claim for a batch (the adapter's Handler batches its claims).
-func (s *soakStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	as, err := s.Store.ClaimMany(ctx, entries)
+func (s *soakStore) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	as, err := s.Store.Claim(ctx, entries)
 	if err == nil {
 		for i, a := range as {
 			if a.Err == nil && a.Status == driver.StatusAcquired {
@@ -136,15 +127,10 @@ func (s *soakStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]dr
 }
 
 // Complete writes the commit to the ledger once dedup has taken the run as the
-// message's processing: Complete returned nil (Processed) or failed otherwise than
-// with ErrLeaseLost (NotRecorded; the adapter acks it all the same).
-func (s *soakStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	return s.completed(key, token, s.Store.Complete(ctx, key, token, retention))
-}
-
-// CompleteMany is Complete for a batch.
-func (s *soakStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
-	errs, err := s.Store.CompleteMany(ctx, entries)
+// message's processing: the entry's Complete answered nil (Processed) or failed
+// otherwise than with ErrLeaseLost (NotRecorded; the adapter acks it all the same).
+func (s *soakStore) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	errs, err := s.Store.Complete(ctx, entries)
 	for i, e := range entries {
 		ierr := err
 		if err == nil {
@@ -156,10 +142,10 @@ func (s *soakStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([
 }
 
 // completed records the answer err to the completion of token's claim on key.
-func (s *soakStore) completed(key, token string, err error) error {
+func (s *soakStore) completed(key, token string, err error) {
 	s.tokens.Delete(key)
 	if errors.Is(err, dedup.ErrLeaseLost) {
-		return err
+		return
 	}
 	if err != nil {
 		s.notRecorded.Store(key, struct{}{})
@@ -167,7 +153,7 @@ func (s *soakStore) completed(key, token string, err error) error {
 	i := recordIndex(key)
 	if i < 0 {
 		s.fatal(fmt.Errorf("completed a record key that is not the soak's"))
-		return err
+		return
 	}
 	lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -182,21 +168,27 @@ func (s *soakStore) completed(key, token string, err error) error {
 	}); lerr != nil {
 		s.fatal(fmt.Errorf("ledger: record a commit: %w", lerr))
 	}
-	return err
 }
 
-// Release forgets the claim's token, and the run, which is no longer in hand.
-func (s *soakStore) Release(ctx context.Context, key, token string) error {
-	s.tokens.Delete(key)
-	err := s.Store.Release(ctx, key, token)
-	if i := recordIndex(key); i >= 0 {
+// Release forgets each claim's token, and its run, which is no longer in hand.
+func (s *soakStore) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	for _, e := range entries {
+		s.tokens.Delete(e.Key)
+	}
+	errs, err := s.Store.Release(ctx, entries)
+	for _, e := range entries {
+		i := recordIndex(e.Key)
+		if i < 0 {
+			continue
+		}
 		lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if lerr := s.ledger.SRem(lctx, runKey(s.pid), runName(i, token)).Err(); lerr != nil {
+		lerr := s.ledger.SRem(lctx, runKey(s.pid), runName(i, e.Token)).Err()
+		cancel()
+		if lerr != nil {
 			s.fatal(fmt.Errorf("ledger: record a release: %w", lerr))
 		}
 	}
-	return err
+	return errs, err
 }
 
 // lossyMsg is a delivery whose Ack may be silently not sent, as when it is lost on

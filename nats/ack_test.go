@@ -126,14 +126,14 @@ func TestEachOutcomeGetsItsAckAction(t *testing.T) {
 	}
 	markDone := func(fp string) func(*testing.T, *flakyStore, *dedup.Handler) {
 		return func(t *testing.T, s *flakyStore, h *dedup.Handler) {
-			if _, err := s.Mark(context.Background(), h.RecordKey("order-1"), "other", fp, time.Hour); err != nil {
+			if _, err := only(s.Mark(context.Background(), oneEntry(h.RecordKey("order-1"), "other", fp, time.Hour))); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	claimedBy := func(owner string, lease time.Duration) func(*testing.T, *flakyStore, *dedup.Handler) {
 		return func(t *testing.T, s *flakyStore, h *dedup.Handler) {
-			if _, err := s.Claim(context.Background(), h.RecordKey("order-1"), owner, "", lease); err != nil {
+			if _, err := only(s.Claim(context.Background(), oneEntry(h.RecordKey("order-1"), owner, "", lease))); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -152,13 +152,15 @@ func TestEachOutcomeGetsItsAckAction(t *testing.T) {
 		{name: "in progress elsewhere, the run ends during the hold", msg: newFake("order-1", "a", 1),
 			setup: func(t *testing.T, s *flakyStore, h *dedup.Handler) {
 				claimedBy("other", 5*time.Second)(t, s, h)
-				time.AfterFunc(150*time.Millisecond, func() { _ = s.Complete(context.Background(), h.RecordKey("order-1"), "other", time.Hour) })
+				time.AfterFunc(150*time.Millisecond, func() {
+					_, _ = s.Complete(context.Background(), oneEntry(h.RecordKey("order-1"), "other", "", time.Hour))
+				})
 			},
 			outcome: dedup.Duplicate, act: ActAck, acks: "ack", held: true},
 		{name: "in progress elsewhere, the owner gives the key back during the hold", msg: newFake("order-1", "a", 1),
 			setup: func(t *testing.T, s *flakyStore, h *dedup.Handler) {
 				claimedBy("other", 5*time.Second)(t, s, h)
-				time.AfterFunc(150*time.Millisecond, func() { _ = s.Release(context.Background(), h.RecordKey("order-1"), "other") })
+				time.AfterFunc(150*time.Millisecond, func() { _, _ = s.Release(context.Background(), oneEntry(h.RecordKey("order-1"), "other", "", 0)) })
 			},
 			outcome: dedup.Processed, act: ActAck, acks: "ack", runs: 1, held: true},
 		{name: "handler error", opts: []Option{WithBackoff(func(n uint64) time.Duration { return time.Duration(n) * 123 * time.Millisecond })},
@@ -206,7 +208,7 @@ func TestEachOutcomeGetsItsAckAction(t *testing.T) {
 						case <-stop:
 							return
 						case <-time.After(50 * time.Millisecond):
-							_ = s.Extend(context.Background(), h.RecordKey("order-1"), "other", 300*time.Millisecond)
+							_, _ = s.Extend(context.Background(), oneEntry(h.RecordKey("order-1"), "other", "", 300*time.Millisecond))
 						}
 					}
 				}()
@@ -325,7 +327,7 @@ func TestEachOutcomeGetsItsAckAction(t *testing.T) {
 			switch c.outcome {
 			case dedup.Failed, dedup.Panicked, dedup.Cancelled, dedup.LeaseLost:
 				store.down(false)
-				if a, err := store.Claim(context.Background(), h.RecordKey("order-1"), "probe", "", time.Second); err != nil || a.Status != driver.StatusAcquired {
+				if a, err := only(store.Claim(context.Background(), oneEntry(h.RecordKey("order-1"), "probe", "", time.Second))); err != nil || a.Status != driver.StatusAcquired {
 					t.Fatalf("claim not released: a probe claim got %v %v", a.Status, err)
 				}
 			}
@@ -438,7 +440,7 @@ func TestEachBatchMessageIsAcknowledgedByItsOwnOutcome(t *testing.T) {
 	h := register(t, newDeduper(t, store), "orders")
 	j := newJS(t, h, consumerWith(time.Second, 5), WithKeyStrategy(keys.Header("Order-Id")),
 		WithBackoff(func(uint64) time.Duration { return 200 * time.Millisecond }))
-	if _, err := store.Mark(context.Background(), h.RecordKey("done"), "other", "", time.Hour); err != nil {
+	if _, err := only(store.Mark(context.Background(), oneEntry(h.RecordKey("done"), "other", "", time.Hour))); err != nil {
 		t.Fatal(err)
 	}
 	msg := func(orderID, data string) *fakeMsg {

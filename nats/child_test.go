@@ -85,16 +85,11 @@ type hangingStore struct {
 	key string
 }
 
-func (s *hangingStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	s.hang(key)
-	return s.Store.Complete(ctx, key, token, retention)
-}
-
-func (s *hangingStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
+func (s *hangingStore) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	for _, e := range entries {
 		s.hang(e.Key)
 	}
-	return s.Store.CompleteMany(ctx, entries)
+	return s.Store.Complete(ctx, entries)
 }
 
 func (s *hangingStore) hang(key string) {

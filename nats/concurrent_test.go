@@ -206,7 +206,7 @@ func testConcurrentDuplicates(t *testing.T, e *env, client *redis.Client, prefix
 }
 
 // TestConcurrentDuplicatesThroughFilterBatchesRunOnce is the same race through a
-// ModeFilter Handler, which marks in batches (one MarkMany for the messages that
+// ModeFilter Handler, which marks in batches (one Mark of the messages that
 // queue up) and makes a message whose key another batch of the same Deduper is
 // marking wait for that answer. Each message reaches the three consumers' handlers at
 // the same moment; fn must run once per message, and every delivery must be

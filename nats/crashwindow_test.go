@@ -75,18 +75,11 @@ type loggedStore struct {
 	log func(format string, args ...any)
 }
 
-func (s *loggedStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	s.log("cs %s\n", key)
-	err := s.Store.Complete(ctx, key, token, retention)
-	s.logAnswer(key, err)
-	return err
-}
-
-func (s *loggedStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
+func (s *loggedStore) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	for _, e := range entries {
 		s.log("cs %s\n", e.Key)
 	}
-	errs, err := s.Store.CompleteMany(ctx, entries)
+	errs, err := s.Store.Complete(ctx, entries)
 	for i, e := range entries {
 		ierr := err
 		if err == nil {

@@ -78,7 +78,7 @@ func TestFullRedisNaksUntilMemoryIsFreedThenRunsOnce(t *testing.T) {
 		mu.Unlock()
 	}))
 	// what the handler got (Handle returns only the result): Redis's OOM error
-	if _, err := store.Claim(ctx, h.RecordKey("probe"), "probe", "", time.Second); !errors.Is(err, dedup.ErrStoreUnavailable) || !strings.Contains(err.Error(), "OOM") {
+	if _, err := only(store.Claim(ctx, oneEntry(h.RecordKey("probe"), "probe", "", time.Second))); !errors.Is(err, dedup.ErrStoreUnavailable) || !strings.Contains(err.Error(), "OOM") {
 		t.Fatalf("a claim on the full Redis: %v; want ErrStoreUnavailable with Redis's OOM error", err)
 	}
 	ack := e.publish("new", "order-1", "one")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -321,12 +322,12 @@ func isDone(t *testing.T, store driver.Store, h *dedup.Handler, key string) bool
 	t.Helper()
 	ctx := context.Background()
 	rk := h.RecordKey(key)
-	a, err := store.Claim(ctx, rk, "probe", "", time.Second)
+	a, err := only(store.Claim(ctx, oneEntry(rk, "probe", "", time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if a.Status == driver.StatusAcquired {
-		if err := store.Release(ctx, rk, "probe"); err != nil {
+		if err := onlyErr(store.Release(ctx, oneEntry(rk, "probe", "", 0))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -373,7 +374,8 @@ func (r *runs) of(k string) int {
 
 // --- stores ---------------------------------------------------------------------------
 
-// flakyStore wraps a Store and lets a test fail any operation.
+// flakyStore wraps a Store and lets a test fail any operation, by its method's name
+// ("claim", "mark", "complete", "release", "extend"), whatever the size of the batch.
 type flakyStore struct {
 	driver.Store
 	fail atomic.Pointer[func(op string) error]
@@ -397,60 +399,85 @@ func (s *flakyStore) hook(op string) error {
 	return nil
 }
 
-func (s *flakyStore) Claim(ctx context.Context, key, token, fp string, lease time.Duration) (driver.Answer, error) {
+// failed answers a call of n entries that the hook failed with err: ErrLeaseLost,
+// an entry's own answer, in each entry's slot; another error as the call's.
+func failed[A any](n int, err error, slot func(error) A) ([]A, error) {
+	if !errors.Is(err, dedup.ErrLeaseLost) {
+		return nil, err
+	}
+	out := make([]A, n)
+	for i := range out {
+		out[i] = slot(err)
+	}
+	return out, nil
+}
+
+func answerErr(err error) driver.Answer { return driver.Answer{Err: err} }
+func sameErr(err error) error           { return err }
+
+func (s *flakyStore) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := s.hook("claim"); err != nil {
-		return driver.Answer{}, err
+		return failed(len(entries), err, answerErr)
 	}
-	return s.Store.Claim(ctx, key, token, fp, lease)
+	return s.Store.Claim(ctx, entries)
 }
 
-func (s *flakyStore) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	if err := s.hook("complete"); err != nil {
-		return err
-	}
-	return s.Store.Complete(ctx, key, token, retention)
-}
-
-func (s *flakyStore) Release(ctx context.Context, key, token string) error {
-	if err := s.hook("release"); err != nil {
-		return err
-	}
-	return s.Store.Release(ctx, key, token)
-}
-
-func (s *flakyStore) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	if err := s.hook("extend"); err != nil {
-		return err
-	}
-	return s.Store.Extend(ctx, key, token, lease)
-}
-
-func (s *flakyStore) Mark(ctx context.Context, key, token, fp string, retention time.Duration) (driver.Answer, error) {
+func (s *flakyStore) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := s.hook("mark"); err != nil {
+		return failed(len(entries), err, answerErr)
+	}
+	return s.Store.Mark(ctx, entries)
+}
+
+func (s *flakyStore) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	if err := s.hook("complete"); err != nil {
+		return failed(len(entries), err, sameErr)
+	}
+	return s.Store.Complete(ctx, entries)
+}
+
+func (s *flakyStore) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	if err := s.hook("release"); err != nil {
+		return failed(len(entries), err, sameErr)
+	}
+	return s.Store.Release(ctx, entries)
+}
+
+func (s *flakyStore) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	if err := s.hook("extend"); err != nil {
+		return failed(len(entries), err, sameErr)
+	}
+	return s.Store.Extend(ctx, entries)
+}
+
+// oneEntry is a batch of one entry.
+func oneEntry(key, token, fp string, ttl time.Duration) []driver.Entry {
+	return []driver.Entry{{Key: key, Token: token, Fingerprint: fp, TTL: ttl}}
+}
+
+// only is the answer to a store call of one entry, and its error: the entry's own,
+// or the call's.
+func only(as []driver.Answer, err error) (driver.Answer, error) {
+	if err != nil {
 		return driver.Answer{}, err
 	}
-	return s.Store.Mark(ctx, key, token, fp, retention)
+	if len(as) != 1 {
+		return driver.Answer{}, fmt.Errorf("%d answers for one entry", len(as))
+	}
+	a := as[0]
+	err, a.Err = a.Err, nil
+	return a, err
 }
 
-func (s *flakyStore) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	if err := s.hook("claim-many"); err != nil {
-		return nil, err
+// onlyErr is only for a call that answers an error per entry.
+func onlyErr(errs []error, err error) error {
+	if err != nil {
+		return err
 	}
-	return s.Store.ClaimMany(ctx, entries)
-}
-
-func (s *flakyStore) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	if err := s.hook("mark-many"); err != nil {
-		return nil, err
+	if len(errs) != 1 {
+		return fmt.Errorf("%d answers for one entry", len(errs))
 	}
-	return s.Store.MarkMany(ctx, entries)
-}
-
-func (s *flakyStore) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
-	if err := s.hook("complete-many"); err != nil {
-		return nil, err
-	}
-	return s.Store.CompleteMany(ctx, entries)
+	return errs[0]
 }
 
 // --- redis ----------------------------------------------------------------------------

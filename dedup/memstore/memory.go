@@ -36,7 +36,7 @@ type memRecord struct {
 	expires  time.Time
 }
 
-var _ driver.ReplyStore = (*Store)(nil)
+var _ driver.Store = (*Store)(nil)
 
 // Option configures a Store.
 type Option func(*Store) error
@@ -129,36 +129,33 @@ func (s *Store) sweep(now time.Time) {
 	s.nextExp = next
 }
 
-func (s *Store) claim(key, token, fp string, lease time.Duration) (driver.Answer, error) {
-	if err := storekit.CheckEntry(driver.Entry{Token: token, TTL: lease}, "lease"); err != nil {
-		return driver.Answer{}, err
-	}
+// claim is the table's Claim for e. Callers hold mu and have checked e.
+func (s *Store) claim(e driver.Entry) driver.Answer {
 	now := s.now()
-	r, ok := s.get(key, now)
+	r, ok := s.get(e.Key, now)
 	switch {
-	case !ok || (r.state == storekit.StateInProgress && r.token == token):
+	case !ok || (r.state == storekit.StateInProgress && r.token == e.Token):
+		fp := e.Fingerprint
 		if ok {
 			fp = r.fp
 		}
-		rec := memRecord{state: storekit.StateInProgress, token: token, fp: fp, expires: now.Add(lease)}
-		if err := s.put(key, rec, now); err != nil {
-			return driver.Answer{}, err
+		rec := memRecord{state: storekit.StateInProgress, token: e.Token, fp: fp, expires: now.Add(e.TTL)}
+		if err := s.put(e.Key, rec, now); err != nil {
+			return driver.Answer{Err: err}
 		}
-		return driver.Answer{Status: driver.StatusAcquired}, nil
+		return driver.Answer{Status: driver.StatusAcquired}
 	case r.state == storekit.StateInProgress:
-		return driver.Answer{Status: driver.StatusInProgress, TTL: r.expires.Sub(now)}, nil
-	case storekit.FingerprintsDiffer(r.fp, fp):
-		return driver.Answer{Status: driver.StatusConflict}, nil
+		return driver.Answer{Status: driver.StatusInProgress, TTL: r.expires.Sub(now)}
+	case storekit.FingerprintsDiffer(r.fp, e.Fingerprint):
+		return driver.Answer{Status: driver.StatusConflict}
 	default:
-		return driver.Answer{Status: driver.StatusDuplicate, TTL: r.expires.Sub(now), Reply: r.reply, HasReply: r.hasReply}, nil
+		return driver.Answer{Status: driver.StatusDuplicate, TTL: r.expires.Sub(now), Reply: r.reply, HasReply: r.hasReply}
 	}
 }
 
-// complete completes e's claim, with e's reply when it has one.
+// complete completes e's claim, with e's reply when it has one. Callers hold mu and
+// have checked e.
 func (s *Store) complete(e driver.Entry) error {
-	if err := storekit.CheckEntry(e, "retention"); err != nil {
-		return err
-	}
 	now := s.now()
 	r, ok := s.get(e.Key, now)
 	if !ok || r.token != e.Token {
@@ -174,131 +171,103 @@ func (s *Store) complete(e driver.Entry) error {
 	return nil
 }
 
-func (s *Store) mark(key, token, fp string, retention time.Duration) (driver.Answer, error) {
-	if err := storekit.CheckEntry(driver.Entry{Token: token, TTL: retention}, "retention"); err != nil {
-		return driver.Answer{}, err
-	}
+// mark is the table's Mark for e. Callers hold mu and have checked e.
+func (s *Store) mark(e driver.Entry) driver.Answer {
 	now := s.now()
-	r, ok := s.get(key, now)
+	r, ok := s.get(e.Key, now)
 	switch {
 	case !ok:
-		rec := memRecord{state: storekit.StateDone, token: token, fp: fp, expires: now.Add(retention)}
-		if err := s.put(key, rec, now); err != nil {
-			return driver.Answer{}, err
+		rec := memRecord{state: storekit.StateDone, token: e.Token, fp: e.Fingerprint, expires: now.Add(e.TTL)}
+		if err := s.put(e.Key, rec, now); err != nil {
+			return driver.Answer{Err: err}
 		}
-		return driver.Answer{Status: driver.StatusAcquired}, nil
-	case r.state == storekit.StateDone && r.token == token:
-		return driver.Answer{Status: driver.StatusAcquired}, nil
-	case r.state == storekit.StateDone && storekit.FingerprintsDiffer(r.fp, fp):
-		return driver.Answer{Status: driver.StatusConflict}, nil
+		return driver.Answer{Status: driver.StatusAcquired}
+	case r.state == storekit.StateDone && r.token == e.Token:
+		return driver.Answer{Status: driver.StatusAcquired}
+	case r.state == storekit.StateDone && storekit.FingerprintsDiffer(r.fp, e.Fingerprint):
+		return driver.Answer{Status: driver.StatusConflict}
 	case r.state == storekit.StateInProgress:
-		return driver.Answer{Status: driver.StatusInProgress}, nil
+		return driver.Answer{Status: driver.StatusInProgress}
 	default:
-		return driver.Answer{Status: driver.StatusDuplicate}, nil
+		return driver.Answer{Status: driver.StatusDuplicate}
 	}
 }
 
-// Claim implements Store.
-func (s *Store) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.claim(key, token, fingerprint, lease)
-}
-
-// Complete implements Store.
-func (s *Store) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.complete(driver.Entry{Key: key, Token: token, TTL: retention})
-}
-
-// CompleteReply implements ReplyStore.
-func (s *Store) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.complete(driver.Entry{Key: key, Token: token, TTL: retention, Reply: reply, HasReply: true})
-}
-
-// Release implements Store.
-func (s *Store) Release(ctx context.Context, key, token string) error {
-	if err := storekit.CheckToken(token); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if r, ok := s.get(key, s.now()); ok && r.state == storekit.StateInProgress && r.token == token {
-		delete(s.recs, key)
+// release deletes e's claim. Callers hold mu and have checked e.
+func (s *Store) release(e driver.Entry) error {
+	if r, ok := s.get(e.Key, s.now()); ok && r.state == storekit.StateInProgress && r.token == e.Token {
+		delete(s.recs, e.Key)
 	}
 	return nil
 }
 
-// Extend implements Store.
-func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	if err := storekit.CheckEntry(driver.Entry{Token: token, TTL: lease}, "lease"); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// extend renews e's lease. Callers hold mu and have checked e.
+func (s *Store) extend(e driver.Entry) error {
 	now := s.now()
-	r, ok := s.get(key, now)
-	if !ok || r.state != storekit.StateInProgress || r.token != token {
+	r, ok := s.get(e.Key, now)
+	if !ok || r.state != storekit.StateInProgress || r.token != e.Token {
 		return driver.ErrLeaseLost
 	}
-	r.expires = now.Add(lease)
-	s.set(key, r)
+	r.expires = now.Add(e.TTL)
+	s.set(e.Key, r)
 	return nil
 }
 
-// Mark implements Store.
-func (s *Store) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.mark(key, token, fingerprint, retention)
+// Claim implements Store under one lock.
+func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	return s.answers(entries, "lease", s.claim)
 }
 
-// ClaimMany implements Store under one lock.
-func (s *Store) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	return s.many(entries, "lease", func(e driver.Entry) driver.Answer {
-		a, err := s.claim(e.Key, e.Token, e.Fingerprint, e.TTL)
-		a.Err = err
-		return a
-	})
+// Mark implements Store under one lock.
+func (s *Store) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	return s.answers(entries, "retention", s.mark)
 }
 
-// MarkMany implements Store under one lock.
-func (s *Store) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	return s.many(entries, "retention", func(e driver.Entry) driver.Answer {
-		a, err := s.mark(e.Key, e.Token, e.Fingerprint, e.TTL)
-		a.Err = err
-		return a
-	})
+// Complete implements Store under one lock: an entry's reply, when it has one, is
+// stored with its DONE record.
+func (s *Store) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	return s.errs(entries, "retention", s.complete)
 }
 
-// CompleteMany implements Store (and ReplyStore: an entry's reply is stored with its
-// DONE record) under one lock.
-func (s *Store) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
-	ans, err := s.many(entries, "retention", func(e driver.Entry) driver.Answer {
-		return driver.Answer{Err: s.complete(e)}
-	})
-	if err != nil {
+// Release implements Store under one lock. An entry's TTL is not read.
+func (s *Store) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	return s.errs(entries, "", s.release)
+}
+
+// Extend implements Store under one lock.
+func (s *Store) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	return s.errs(entries, "lease", s.extend)
+}
+
+// answers checks every entry (what names their TTL, see storekit.CheckEntries), then
+// runs op on each in turn under the lock.
+func (s *Store) answers(entries []driver.Entry, what string, op func(driver.Entry) driver.Answer) ([]driver.Answer, error) {
+	if err := storekit.CheckEntries(entries, what); err != nil {
 		return nil, err
 	}
-	out := make([]error, len(ans))
-	for i, a := range ans {
-		out[i] = a.Err
-	}
-	return out, nil
-}
-
-func (s *Store) many(entries []driver.Entry, what string, op func(driver.Entry) driver.Answer) ([]driver.Answer, error) {
-	for _, e := range entries {
-		if err := storekit.CheckEntry(e, what); err != nil {
-			return nil, err
-		}
+	if len(entries) == 0 {
+		return nil, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]driver.Answer, len(entries))
+	for i, e := range entries {
+		out[i] = op(e)
+	}
+	return out, nil
+}
+
+// errs is answers for an op whose entries answer an error alone.
+func (s *Store) errs(entries []driver.Entry, what string, op func(driver.Entry) error) ([]error, error) {
+	if err := storekit.CheckEntries(entries, what); err != nil {
+		return nil, err
+	}
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]error, len(entries))
 	for i, e := range entries {
 		out[i] = op(e)
 	}

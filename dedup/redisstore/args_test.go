@@ -11,10 +11,10 @@ import (
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
-// MarkMany's commands share one argument slab and one boxed TTL: four allocations per
-// entry (its command, its key and record boxed, the record's bytes) and four per
-// batch, where a []any per command took six per entry. The arguments are those of the
-// single Mark's command, TTL changes within a batch included.
+// A Mark of several entries (markMany): its commands share one argument slab and one
+// boxed TTL: four allocations per entry (its command, its key and record boxed, the
+// record's bytes) and four per batch, where a []any per command took six per entry.
+// The arguments are those of a Mark of one entry, TTL changes within a batch included.
 func TestMarkManyCommandAllocations(t *testing.T) {
 	ctx := context.Background()
 	const n = 64
@@ -42,10 +42,11 @@ func TestMarkManyCommandAllocations(t *testing.T) {
 	}
 }
 
-// ClaimMany's commands share the slab too: per entry a SET NX PX GET (the single
-// Claim's command), a PTTL and a GET of the same key, each without room to grow into
-// the next; six allocations per entry (three commands, the key and record boxed, the
-// record's bytes) and six per batch, where separate []any took twelve per entry.
+// A Claim of several entries on a cluster (claimMany): its commands share the slab
+// too: per entry a SET NX PX GET (a Claim of one entry's command), a PTTL and a GET
+// of the same key, each without room to grow into the next; six allocations per entry
+// (three commands, the key and record boxed, the record's bytes) and six per batch,
+// where separate []any took twelve per entry.
 func TestClaimManyCommandAllocations(t *testing.T) {
 	ctx := context.Background()
 	const n = 64

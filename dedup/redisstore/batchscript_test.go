@@ -15,10 +15,10 @@ import (
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-// On a single server ClaimMany is a SET NX PX GET per entry, then, for the entries
-// that found a record, the claim_many script; CompleteMany is the complete_many
-// script; maxScriptKeys keys a call, the calls of a round trip in one pipeline. Each entry
-// gets the answer the single Claim or Complete would give in its place, in order:
+// On a single server a Claim of several entries is a SET NX PX GET per entry, then,
+// for the entries that found a record, the claim_many script; a Complete of several is
+// the complete_many script; maxScriptKeys keys a call, the calls of a round trip in one pipeline. Each entry
+// gets the answer a Claim or Complete of it alone would give in its place, in order:
 // a key named twice sees its first claim, our own claim found again is renewed, a
 // DONE record's reply and TTL come back, a record the store cannot read fails that
 // entry alone, and a completion whose token is not the owner's changes nothing.
@@ -33,14 +33,15 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			for i := range entries {
 				entries[i] = driver.Entry{Key: key(i), Token: "T", Fingerprint: "fp", TTL: time.Minute}
 			}
-			// load the scripts, so that the counts are the steady state's
-			warm := []driver.Entry{{Key: key(-1), Token: "T", TTL: time.Minute}}
-			for range 2 { // the second finds the first's claim: the claim_many script
-				if _, err := s.ClaimMany(ctx, warm); err != nil {
+			// load the scripts, so that the counts are the steady state's (two entries:
+			// a batch of one takes the single calls' command and script)
+			warm := []driver.Entry{{Key: key(-1), Token: "T", TTL: time.Minute}, {Key: key(-2), Token: "T", TTL: time.Minute}}
+			for range 2 { // the second finds the first's claims: the claim_many script
+				if _, err := s.Claim(ctx, warm); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if _, err := s.CompleteMany(ctx, warm); err != nil {
+			if _, err := s.Complete(ctx, warm); err != nil {
 				t.Fatal(err)
 			}
 			// what is there before: a DONE record with a reply, another's claim, our own
@@ -49,13 +50,13 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			if err := s.c.Set(ctx, key(1), storekit.EncodeReply("X", "fp", "the reply"), time.Hour).Err(); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.Claim(ctx, key(2), "X", "", time.Minute); err != nil {
+			if _, err := only(s.Claim(ctx, entry(key(2), "X", "", time.Minute))); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.Claim(ctx, key(3), "T", "fp", time.Second); err != nil {
+			if _, err := only(s.Claim(ctx, entry(key(3), "T", "fp", time.Second))); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.Mark(ctx, key(4), "X", "other", time.Hour); err != nil {
+			if _, err := only(s.Mark(ctx, entry(key(4), "X", "other", time.Hour))); err != nil {
 				t.Fatal(err)
 			}
 			if err := s.c.Set(ctx, key(5), "garbage", time.Hour).Err(); err != nil {
@@ -63,7 +64,7 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			}
 			entries[200].Key = key(6) // named twice, in different calls
 			tc.Reset()
-			got, err := s.ClaimMany(ctx, entries)
+			got, err := s.Claim(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,7 +102,7 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			// complete every entry: the other owner's claim and records are left alone
 			entries[2].Token = "T"
 			tc.Reset()
-			errs, err := s.CompleteMany(ctx, entries)
+			errs, err := s.Complete(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -125,11 +126,11 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			}
 			// a completion with a reply, and one retried after it landed
 			rk := key(n + 1)
-			if a, err := s.ClaimMany(ctx, []driver.Entry{{Key: rk, Token: "R", TTL: time.Minute}}); err != nil || a[0].Status != driver.StatusAcquired {
+			if a, err := only(s.Claim(ctx, entry(rk, "R", "", time.Minute))); err != nil || a.Status != driver.StatusAcquired {
 				t.Fatal(a, err)
 			}
 			re := []driver.Entry{{Key: rk, Token: "R", TTL: time.Hour, Reply: "", HasReply: true}, {Key: rk, Token: "R", TTL: time.Hour, Reply: "x", HasReply: true}}
-			if errs, err := s.CompleteMany(ctx, re); err != nil || errs[0] != nil || errs[1] != nil {
+			if errs, err := s.Complete(ctx, re); err != nil || errs[0] != nil || errs[1] != nil {
 				t.Fatal(errs, err)
 			}
 			if v := s.c.Get(ctx, rk).Val(); v != storekit.EncodeReply("R", "", "") {
@@ -139,7 +140,7 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 	}
 }
 
-// Single Completes that queue in the auto-pipeliner go out merged, as complete_many
+// Completes of one entry that queue in the auto-pipeliner go out merged, as complete_many
 // calls, and each gets the complete script's answer: DONE for its owner, driver.ErrLeaseLost
 // for a wrong token; also after the server lost its script cache.
 func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
@@ -160,7 +161,7 @@ func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
 					}
 				}
 				for i := range n {
-					if a, err := s.Claim(ctx, key(round*n+i), "T", "fp", time.Minute); err != nil || a.Status != driver.StatusAcquired {
+					if a, err := only(s.Claim(ctx, entry(key(round*n+i), "T", "fp", time.Minute))); err != nil || a.Status != driver.StatusAcquired {
 						t.Fatal(a, err)
 					}
 				}
@@ -175,7 +176,7 @@ func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
 						if i%7 == 0 {
 							token = "other"
 						}
-						errs[i] = s.Complete(ctx, key(round*n+i), token, time.Hour)
+						errs[i] = onlyErr(s.Complete(ctx, entry(key(round*n+i), token, "", time.Hour)))
 					}()
 				}
 				wg.Wait()
@@ -210,11 +211,11 @@ func TestWithoutBatchScriptsCallsGoPerKeyWithTheSameAnswers(t *testing.T) {
 			}
 			ctx := context.Background()
 			entries := []driver.Entry{{Key: prefix + ":h:a", Token: "T", TTL: time.Minute}, {Key: prefix + ":h:b", Token: "T", TTL: time.Minute}}
-			if _, err := s.Mark(ctx, entries[1].Key, "X", "", time.Minute); err != nil {
+			if _, err := only(s.Mark(ctx, entry(entries[1].Key, "X", "", time.Minute))); err != nil {
 				t.Fatal(err)
 			}
 			tc.Reset()
-			got, err := s.ClaimMany(ctx, entries)
+			got, err := s.Claim(ctx, entries)
 			if err != nil || got[0].Status != driver.StatusAcquired || got[1].Status != driver.StatusDuplicate || got[1].TTL <= 0 {
 				t.Fatalf("%+v %v", got, err)
 			}
@@ -222,7 +223,7 @@ func TestWithoutBatchScriptsCallsGoPerKeyWithTheSameAnswers(t *testing.T) {
 				t.Fatalf("ClaimMany: %d round trips carrying %d commands (%s), want 1 carrying 6", tc.Trips(), tc.Cmds(), tc)
 			}
 			tc.Reset()
-			errs, err := s.CompleteMany(ctx, entries)
+			errs, err := s.Complete(ctx, entries)
 			if err != nil || errs[0] != nil || !errors.Is(errs[1], driver.ErrLeaseLost) {
 				t.Fatal(errs, err)
 			}
@@ -292,13 +293,13 @@ func TestBatchScriptsTurnOffBehindAShardingProxy(t *testing.T) {
 			for i := range entries {
 				entries[i] = driver.Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
 			}
-			// records there, so that ClaimMany needs its second round trip
+			// records there, so that the Claim needs its second round trip
 			for i := range 2 {
-				if _, err := s.Mark(ctx, entries[i].Key, "X", "", time.Hour); err != nil {
+				if _, err := only(s.Mark(ctx, entry(entries[i].Key, "X", "", time.Hour))); err != nil {
 					t.Fatal(err)
 				}
 			}
-			got, err := s.ClaimMany(ctx, entries)
+			got, err := s.Claim(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -310,7 +311,7 @@ func TestBatchScriptsTurnOffBehindAShardingProxy(t *testing.T) {
 			if s.scripts.Load() != scriptsOff {
 				t.Fatal("batch scripts still on behind the proxy")
 			}
-			errs, err := s.CompleteMany(ctx, entries)
+			errs, err := s.Complete(ctx, entries)
 			if err != nil || !errors.Is(errs[0], driver.ErrLeaseLost) || !errors.Is(errs[1], driver.ErrLeaseLost) || errs[2] != nil {
 				t.Fatal(errs, err)
 			}
@@ -334,7 +335,7 @@ func TestCompleteManyKeyOfAnotherTypeFailsAlone(t *testing.T) {
 			for i := range entries {
 				entries[i] = driver.Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
 				if i != 2 {
-					if _, err := s.Claim(ctx, entries[i].Key, "T", "", time.Minute); err != nil {
+					if _, err := only(s.Claim(ctx, entry(entries[i].Key, "T", "", time.Minute))); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -345,7 +346,7 @@ func TestCompleteManyKeyOfAnotherTypeFailsAlone(t *testing.T) {
 			if !s.batchScripts(ctx) {
 				t.Fatal("batch scripts off on a Redis server")
 			}
-			errs, err := s.CompleteMany(ctx, entries)
+			errs, err := s.Complete(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
 			}

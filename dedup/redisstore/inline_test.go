@@ -46,11 +46,11 @@ func TestInlinePanicGivesBackItsSlot(t *testing.T) {
 	h.armed.Store(true)
 	func() {
 		defer func() { _ = recover() }()
-		_, _ = s.Mark(context.Background(), prefix+":a", "T", "", time.Minute)
+		_, _ = only(s.Mark(context.Background(), entry(prefix+":a", "T", "", time.Minute)))
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := s.Mark(ctx, prefix+":b", "T", "", time.Minute); err != nil {
+	if _, err := only(s.Mark(ctx, entry(prefix+":b", "T", "", time.Minute))); err != nil {
 		t.Fatalf("healthy store, next call failed: %v (outstanding %d)", err, s.pipe.outstanding())
 	}
 }
@@ -63,7 +63,7 @@ func TestCallInARoundTripGetsItsReply(t *testing.T) {
 	s, g, prefix := pipelinedStore(t, 64, 1)
 	first := make(chan error, 1)
 	go func() { // holds the only slot at the gate
-		_, err := s.Mark(context.Background(), prefix+":first", "T", "", time.Minute)
+		_, err := only(s.Mark(context.Background(), entry(prefix+":first", "T", "", time.Minute)))
 		first <- err
 	}()
 	<-g.entered
@@ -74,12 +74,12 @@ func TestCallInARoundTripGetsItsReply(t *testing.T) {
 	}
 	gaveUp := make(chan reply, 1)
 	go func() {
-		a, err := s.Mark(ctx, prefix+":msg", "T1", "", time.Minute)
+		a, err := only(s.Mark(ctx, entry(prefix+":msg", "T1", "", time.Minute)))
 		gaveUp <- reply{a, err}
 	}()
 	other := make(chan error, 1)
 	go func() {
-		_, err := s.Mark(context.Background(), prefix+":other", "T", "", time.Minute)
+		_, err := only(s.Mark(context.Background(), entry(prefix+":other", "T", "", time.Minute)))
 		other <- err
 	}()
 	waitQueued(t, s.pipe, 2)

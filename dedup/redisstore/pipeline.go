@@ -21,8 +21,8 @@ const (
 	DefaultPipelinesInFlight = 4
 )
 
-// WithAutoPipeline sets how concurrent single calls (Claim, Complete, Release, Extend,
-// Mark) are coalesced. While fewer than inFlight round trips are outstanding a call
+// WithAutoPipeline sets how concurrent calls of one entry (Claim, Complete, Release,
+// Extend, Mark) are coalesced. While fewer than inFlight round trips are outstanding a call
 // goes out at once, on its own, so a lone caller pays no wait. Once inFlight are
 // outstanding, further calls queue; as soon as a round trip ends, everything queued
 // (up to batch commands) goes out as one pipeline. There is no timer: nothing ever
@@ -41,7 +41,7 @@ func WithAutoPipeline(batch, inFlight int) Option {
 	}
 }
 
-// WithoutAutoPipeline sends every single call as its own command: each concurrent
+// WithoutAutoPipeline sends every call of one entry as its own command: each concurrent
 // caller then holds a pooled connection for a full round trip.
 func WithoutAutoPipeline() Option {
 	return func(s *Store) error {
@@ -74,7 +74,7 @@ type pcall struct {
 	cmd  redis.Cmder
 	done chan struct{}
 	sent bool
-	// comp, for a single Complete (doComplete), is its entry: a flush that takes
+	// comp, for a Complete of one entry (doComplete), is its entry: a flush that takes
 	// several sends them as one complete_many call instead of a script each
 	comp *driver.Entry
 }

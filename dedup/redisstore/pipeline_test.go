@@ -128,7 +128,7 @@ func TestAutoPipelineLoneCallGoesOutInline(t *testing.T) {
 	close(g.gate)
 	ctx := context.WithValue(context.Background(), callerKey{}, goid())
 	for i := range 5 {
-		a, err := s.Mark(ctx, fmt.Sprintf("%s:k%d", prefix, i), "T", "", time.Minute)
+		a, err := only(s.Mark(ctx, entry(fmt.Sprintf("%s:k%d", prefix, i), "T", "", time.Minute)))
 		if err != nil || a.Status != driver.StatusAcquired {
 			t.Fatalf("mark %d: %v %v", i, a.Status, err)
 		}
@@ -158,7 +158,7 @@ func TestAutoPipelineCoalescesQueuedCalls(t *testing.T) {
 	errs := make([]error, queued+1)
 	call := func(i int) {
 		defer wg.Done()
-		answers[i], errs[i] = s.Mark(ctx, fmt.Sprintf("%s:k%d", prefix, i%queued), fmt.Sprint("T", i), "", time.Minute)
+		answers[i], errs[i] = only(s.Mark(ctx, entry(fmt.Sprintf("%s:k%d", prefix, i%queued), fmt.Sprint("T", i), "", time.Minute)))
 	}
 	wg.Add(1)
 	go call(queued) // the same key as call 0: its answer is decided by order
@@ -212,7 +212,7 @@ func TestAutoPipelineRepliesReachTheirCallers(t *testing.T) {
 	ctx := context.Background()
 	first := make(chan error, 1)
 	go func() {
-		_, err := s.Mark(ctx, prefix+":first", "T", "", time.Minute)
+		_, err := only(s.Mark(ctx, entry(prefix+":first", "T", "", time.Minute)))
 		first <- err
 	}()
 	<-g.entered
@@ -225,7 +225,7 @@ func TestAutoPipelineRepliesReachTheirCallers(t *testing.T) {
 	for i, k := range keys {
 		replies[i] = make(chan reply, 1)
 		go func() {
-			a, err := s.Mark(ctx, prefix+":"+k, "T", "", time.Minute)
+			a, err := only(s.Mark(ctx, entry(prefix+":"+k, "T", "", time.Minute)))
 			replies[i] <- reply{a, err}
 		}()
 	}
@@ -262,14 +262,14 @@ func TestAutoPipelineQueuedCallerLeavesOnContext(t *testing.T) {
 	s, g, prefix := pipelinedStore(t, 64, 1)
 	first := make(chan error, 1)
 	go func() {
-		_, err := s.Mark(context.Background(), prefix+":first", "T", "", time.Minute)
+		_, err := only(s.Mark(context.Background(), entry(prefix+":first", "T", "", time.Minute)))
 		first <- err
 	}()
 	<-g.entered
 	ctx, cancel := context.WithCancelCause(context.Background())
 	left := make(chan error, 1)
 	go func() {
-		_, err := s.Mark(ctx, prefix+":left", "T", "", time.Minute)
+		_, err := only(s.Mark(ctx, entry(prefix+":left", "T", "", time.Minute)))
 		left <- err
 	}()
 	waitQueued(t, s.pipe, 1)
@@ -283,7 +283,7 @@ func TestAutoPipelineQueuedCallerLeavesOnContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	// the slot is free again: a new call goes out alone, and the abandoned one never did
-	if _, err := s.Mark(context.Background(), prefix+":after", "T", "", time.Minute); err != nil {
+	if _, err := only(s.Mark(context.Background(), entry(prefix+":after", "T", "", time.Minute))); err != nil {
 		t.Fatal(err)
 	}
 	if runs := g.snapshot(); len(runs) != 2 || runs[0].cmds != 1 || runs[1].cmds != 1 {
@@ -321,7 +321,7 @@ func TestAutoPipelineLookupOfSeveralKeys(t *testing.T) {
 	s.c.AddHook(g2)
 	first := make(chan error, 1)
 	go func() {
-		_, err := s.Mark(ctx, prefix+":first", "T", "", time.Minute)
+		_, err := only(s.Mark(ctx, entry(prefix+":first", "T", "", time.Minute)))
 		first <- err
 	}()
 	<-g2.entered
@@ -349,7 +349,7 @@ func TestAutoPipelineLookupOfSeveralKeys(t *testing.T) {
 			t.Fatalf("abandoned lookup: %+v, want its context's cause", r)
 		}
 	}
-	go func() { _, _ = s.Mark(ctx, prefix+":second", "T", "", time.Minute) }()
+	go func() { _, _ = only(s.Mark(ctx, entry(prefix+":second", "T", "", time.Minute))) }()
 	waitQueued(t, s.pipe, 4)
 	close(g2.gate)
 	if err := <-first; err != nil {

@@ -40,15 +40,17 @@ var (
 // Store is the Store backed by Redis 7 or later. Every command and script has
 // one key, so it runs unchanged on Redis Cluster.
 //
-// Mark is one SET NX PX GET. Claim is one SET NX PX GET too when the key is free (or
-// holds the caller's own claim); when another record is there, the claim script reads
-// it and its TTL atomically. Complete, Release and Extend are Lua scripts that compare
-// the owner token. Batch calls are one round trip: on a single server (a
-// *redis.Client that a first INFO shows to be a Redis server, not a sharding proxy),
-// ClaimMany and CompleteMany are one script call per batch (of up to maxScriptKeys
-// keys each, ClaimMany's for the keys that held a record); on a cluster, a ring or a
-// proxy, one pipeline of a command or script per key. Concurrent single calls are coalesced into pipelines (see
-// WithAutoPipeline).
+// Every method takes a batch of entries. A batch of one entry is a single command or
+// script: Mark is one SET NX PX GET; Claim is one SET NX PX GET too when the key is
+// free, and when another record is there, the claim script reads it and its TTL
+// atomically; Complete, Release and Extend are Lua scripts that compare the owner
+// token. Concurrent batches of one are coalesced into pipelines (see
+// WithAutoPipeline). A batch of several entries is one round trip (two for a Claim's
+// entries that found a record): on a single server (a *redis.Client that a first INFO
+// shows to be a Redis server, not a sharding proxy), Claim and Complete are one
+// script call per batch (of up to maxScriptKeys keys each, Claim's for the keys that
+// held a record); on a cluster, a ring or a proxy, and for Mark, Release and Extend,
+// one pipeline of a command or script per key.
 type Store struct {
 	c    redis.UniversalClient
 	pipe *autoPipe    // nil: every single call is sent on its own
@@ -73,9 +75,9 @@ const (
 // calls per key before it probes again.
 const reprobeAfter = time.Minute
 
-// WithoutBatchScripts sends ClaimMany and CompleteMany (and the auto-pipeliner's
-// Completes) as a command or script per key, as on a cluster, also through a
-// *redis.Client. The store finds a proxy by itself (see Store.ClaimMany); this
+// WithoutBatchScripts sends Claim and Complete of several entries (and the
+// auto-pipeliner's Completes of one) as a command or script per key, as on a cluster,
+// also through a *redis.Client. The store finds a proxy by itself (see Store); this
 // option is for one it cannot tell from a server: a proxy in front of several servers
 // that routes each command by its key, answers INFO, and would run a script on the
 // server of its first key whatever its other keys. It costs Redis about a quarter
@@ -92,10 +94,10 @@ func WithoutBatchScripts() Option {
 // other command, so a call is kept short.
 const maxScriptKeys = 128
 
-// batchScripts reports whether ClaimMany and CompleteMany run as one script call per
-// batch: through a *redis.Client to a Redis server, whose scripts may name keys of
-// any slot, unless WithoutBatchScripts says otherwise. A cluster needs the keys of a
-// call in one slot, and a batch's keys rarely share one. A sharding proxy (twemproxy,
+// batchScripts reports whether a Claim or Complete of several entries runs as one
+// script call per batch: through a *redis.Client to a Redis server, whose scripts may
+// name keys of any slot, unless WithoutBatchScripts says otherwise. A cluster needs
+// the keys of a call in one slot, and a batch's keys rarely share one. A sharding proxy (twemproxy,
 // Envoy) would run a script on the server of its first key, whatever its other keys:
 // so the first batch call probes what answers (probeScripts), and until the answer is
 // known, and where it says proxy or cluster, the calls go per key.
@@ -165,7 +167,7 @@ func (s *Store) crossSlot(err error) bool {
 	return false
 }
 
-var _ driver.ReplyStore = (*Store)(nil)
+var _ driver.Store = (*Store)(nil)
 
 // Option configures a Store.
 type Option func(*Store) error
@@ -243,26 +245,75 @@ func scriptCmd(ctx context.Context, op, body, key string, args ...any) *redis.Cm
 	return redis.NewCmd(ctx, append([]any{op, body, 1, key}, args...)...)
 }
 
-// Claim implements Store. The common case, a free key, costs one SET NX PX GET. When
-// a record is there, the claim script reads it with its TTL atomically and answers
-// (a second round trip, for duplicates and rivals only).
-func (s *Store) Claim(ctx context.Context, key, token, fingerprint string, lease time.Duration) (driver.Answer, error) {
-	if err := storekit.CheckEntry(driver.Entry{Token: token, TTL: lease}, "lease"); err != nil {
-		return driver.Answer{}, err
+// Claim implements Store. A batch of one entry is the single claim (claimOne):
+// one SET NX PX GET through the auto-pipeliner when the key is free. Several go as
+// claimMany: in one round trip, two for the entries that found a record.
+func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	if err := storekit.CheckEntries(entries, "lease"); err != nil {
+		return nil, err
 	}
-	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateInProgress, key, token, fingerprint, lease)...)
+	switch len(entries) {
+	case 0:
+		return nil, nil
+	case 1:
+		return oneAnswer(s.claimOne(ctx, entries[0]))
+	}
+	return s.claimMany(ctx, entries)
+}
+
+// claimOne claims one entry. The common case, a free key, costs one SET NX PX GET.
+// When a record is there, the claim script reads it with its TTL atomically and
+// answers (a second round trip, for duplicates and rivals only). Its error is the
+// call's (see failedOne); the entry's own failure is in the answer.
+func (s *Store) claimOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
+	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateInProgress, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 	err := s.send(ctx, cmd)
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return driver.Answer{}, storekit.StoreErr("claim", err)
+		return failedAnswer("claim", err)
 	}
 	if ans, ok := claimSetAnswer(err); ok {
 		return ans, nil
 	}
-	v, err := s.eval(ctx, claimScript, claimLua, key, token, fingerprint, ms(lease))
+	v, err := s.eval(ctx, claimScript, claimLua, e.Key, e.Token, e.Fingerprint, ms(e.TTL))
 	if err != nil {
-		return driver.Answer{}, storekit.StoreErr("claim", err)
+		return failedAnswer("claim", err)
 	}
-	return claimAnswer(v.Val())
+	a, err := claimAnswer(v.Val())
+	a.Err = err
+	return a, nil
+}
+
+// failedOne places the failure err of a batch of one's command (op names it): a
+// failed round trip, or a call that left the auto-pipeliner's queue when its context
+// ended, is the call's error (callErr), with no answer; an error reply is the
+// entry's (entryErr), as in a batch of several.
+func failedOne(op string, err error) (entryErr, callErr error) {
+	if failedRoundTrip(err) {
+		return nil, storekit.StoreErr(op, err)
+	}
+	return storekit.StoreErr(op, err), nil
+}
+
+// failedAnswer is failedOne for a claim or a mark.
+func failedAnswer(op string, err error) (driver.Answer, error) {
+	entryErr, callErr := failedOne(op, err)
+	return driver.Answer{Err: entryErr}, callErr
+}
+
+// oneAnswer is a batch of one's answers: a, or the call's error err.
+func oneAnswer(a driver.Answer, err error) ([]driver.Answer, error) {
+	if err != nil {
+		return nil, err
+	}
+	return []driver.Answer{a}, nil
+}
+
+// oneErr is a batch of one's errors: entryErr, or the call's error callErr.
+func oneErr(entryErr, callErr error) ([]error, error) {
+	if callErr != nil {
+		return nil, callErr
+	}
+	return []error{entryErr}, nil
 }
 
 // setNXGet is the command behind the fast claim (state IN PROGRESS, ttl the lease) and
@@ -351,24 +402,31 @@ func claimAnswer(v any) (driver.Answer, error) {
 	return ans, nil
 }
 
-// Complete implements Store.
-func (s *Store) Complete(ctx context.Context, key, token string, retention time.Duration) error {
-	return s.complete(ctx, driver.Entry{Key: key, Token: token, TTL: retention})
+// Complete implements Store: the complete script compares the owner token and
+// writes DONE, with the entry's reply when it has one
+// (r:<token>:<len(fingerprint)>:<fingerprint><reply>). A batch of one entry is the
+// complete script alone, through the auto-pipeliner (completeOne); several go as
+// completeMany, in one round trip. WithWaitReplicas sends WAIT after the writes, in
+// the same pipeline.
+func (s *Store) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	if err := storekit.CheckEntries(entries, "retention"); err != nil {
+		return nil, err
+	}
+	switch {
+	case len(entries) == 0:
+		return nil, nil
+	case s.wait != nil:
+		return s.completeManyWaiting(ctx, entries)
+	case len(entries) == 1:
+		return oneErr(s.completeOne(ctx, entries[0]))
+	}
+	return s.completeMany(ctx, entries)
 }
 
-// CompleteReply implements ReplyStore: the complete script, given the reply, writes
-// the DONE record with it (r:<token>:<len(fingerprint)>:<fingerprint><reply>).
-func (s *Store) CompleteReply(ctx context.Context, key, token, reply string, retention time.Duration) error {
-	return s.complete(ctx, driver.Entry{Key: key, Token: token, TTL: retention, Reply: reply, HasReply: true})
-}
-
-func (s *Store) complete(ctx context.Context, e driver.Entry) error {
-	if err := storekit.CheckEntry(e, "retention"); err != nil {
-		return err
-	}
-	if s.wait != nil {
-		return s.completeWaiting(ctx, e)
-	}
+// completeOne completes one entry with the complete script. On a single server it
+// goes through the auto-pipeliner as a completion, which a flush that takes several
+// merges into one complete_many call.
+func (s *Store) completeOne(ctx context.Context, e driver.Entry) (entryErr, callErr error) {
 	if s.pipe != nil && s.batchScripts(ctx) {
 		// queued with others, it may go out merged into one complete_many call
 		cmd := scriptCmd(ctx, "evalsha", completeScript.Hash(), e.Key, completeArgs(e)...)
@@ -378,10 +436,10 @@ func (s *Store) complete(ctx context.Context, e driver.Entry) error {
 			// ran; the complete script, on its own
 			cmd, err = s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
 		}
-		return ownedReply("complete", cmd, err)
+		return ownedOne("complete", cmd, err)
 	}
 	cmd, err := s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
-	return ownedReply("complete", cmd, err)
+	return ownedOne("complete", cmd, err)
 }
 
 // completeArgs are the complete script's arguments for e: its token, its retention,
@@ -405,41 +463,107 @@ func ownedReply(op string, cmd *redis.Cmd, err error) error {
 	return nil
 }
 
-// Release implements Store.
-func (s *Store) Release(ctx context.Context, key, token string) error {
-	if err := storekit.CheckToken(token); err != nil {
-		return err
+// ownedOne is ownedReply for a batch of one: a failure of its round trip is the
+// call's (failedOne).
+func ownedOne(op string, cmd *redis.Cmd, err error) (entryErr, callErr error) {
+	if err != nil {
+		return failedOne(op, err)
 	}
-	if _, err := s.eval(ctx, releaseScript, releaseLua, key, token); err != nil {
-		return storekit.StoreErr("release", err)
-	}
-	return nil
+	return ownedReply(op, cmd, nil), nil
 }
 
-// Extend implements Store.
-func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	if err := storekit.CheckEntry(driver.Entry{Token: token, TTL: lease}, "lease"); err != nil {
-		return err
+// Release implements Store: the release script deletes a record IN PROGRESS under
+// the entry's token. A batch of one is one script call through the auto-pipeliner;
+// several are one script call per entry, in one round trip. An entry's TTL is not
+// read.
+func (s *Store) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	if err := storekit.CheckEntries(entries, ""); err != nil {
+		return nil, err
 	}
-	cmd, err := s.eval(ctx, extendScript, extendLua, key, token, ms(lease))
-	return ownedReply("extend", cmd, err)
+	switch len(entries) {
+	case 0:
+		return nil, nil
+	case 1:
+		e := entries[0]
+		if _, err := s.eval(ctx, releaseScript, releaseLua, e.Key, e.Token); err != nil {
+			return oneErr(failedOne("release", err))
+		}
+		return []error{nil}, nil
+	}
+	cmds, err := s.runScripts(ctx, releaseScript, releaseLua, entries, func(e driver.Entry) []any {
+		return []any{e.Token}
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]error, len(entries))
+	for i, c := range cmds {
+		if err := c.Err(); err != nil {
+			out[i] = storekit.StoreErr("release", err)
+		}
+	}
+	return out, nil
 }
 
-// Mark implements Store with one SET NX PX GET: the reply is the previous value, so one
-// command both writes the DONE record and says what was there.
-func (s *Store) Mark(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
-	if err := storekit.CheckEntry(driver.Entry{Token: token, TTL: retention}, "retention"); err != nil {
-		return driver.Answer{}, err
+// Extend implements Store: the extend script renews the lease of a record IN
+// PROGRESS under the entry's token. A batch of one is one script call through the
+// auto-pipeliner; several are one script call per entry, in one round trip.
+func (s *Store) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	if err := storekit.CheckEntries(entries, "lease"); err != nil {
+		return nil, err
 	}
-	if s.wait != nil {
-		return s.markWaiting(ctx, key, token, fingerprint, retention)
+	switch len(entries) {
+	case 0:
+		return nil, nil
+	case 1:
+		e := entries[0]
+		cmd, err := s.eval(ctx, extendScript, extendLua, e.Key, e.Token, ms(e.TTL))
+		return oneErr(ownedOne("extend", cmd, err))
 	}
-	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateDone, key, token, fingerprint, retention)...)
+	cmds, err := s.runScripts(ctx, extendScript, extendLua, entries, extendArgs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]error, len(entries))
+	for i, c := range cmds {
+		out[i] = ownedReply("extend", c, c.Err())
+	}
+	return out, nil
+}
+
+// extendArgs are the extend script's arguments for e: its token and its lease.
+func extendArgs(e driver.Entry) []any { return []any{e.Token, ms(e.TTL)} }
+
+// Mark implements Store with SET NX PX GET: the reply is the previous value, so one
+// command both writes the DONE record and says what was there. A batch of one is
+// that command through the auto-pipeliner (markOne); several are one pipeline of
+// them (markMany). WithWaitReplicas sends WAIT after the writes, in the same
+// pipeline.
+func (s *Store) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	if err := storekit.CheckEntries(entries, "retention"); err != nil {
+		return nil, err
+	}
+	switch {
+	case len(entries) == 0:
+		return nil, nil
+	case s.wait != nil:
+		return s.markManyWaiting(ctx, entries)
+	case len(entries) == 1:
+		return oneAnswer(s.markOne(ctx, entries[0]))
+	}
+	return s.markMany(ctx, entries)
+}
+
+// markOne marks one entry with one SET NX PX GET.
+func (s *Store) markOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
+	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 	err := s.send(ctx, cmd)
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return driver.Answer{}, storekit.StoreErr("mark", err)
+		return failedAnswer("mark", err)
 	}
-	return markAnswer(cmd.Val(), err, token, fingerprint)
+	a, err := markAnswer(cmd.Val(), err, e.Token, e.Fingerprint)
+	a.Err = err
+	return a, nil
 }
 
 // markAnswer reads a Mark's reply: err is nil (old is the previous value) or redis.Nil
@@ -463,12 +587,12 @@ func markAnswer(old string, err error, token, fingerprint string) (driver.Answer
 	}
 }
 
-// ClaimMany implements Store. On a single server (a *redis.Client) it is a SET NX PX
-// GET per entry, then, for the entries that found a record, a second round trip to
-// the claim_many script (see claimManySingle): a free key costs the server what a
-// Mark costs. In a probe of 64-key batches of fresh keys on this project's test
-// machine, Redis spent 2.0–2.2 µs per claim, against 2.3–2.9 for the cluster form
-// below and 2.8–3.3 for the script on every key.
+// claimMany is Claim of several entries. On a single server (a *redis.Client) it is
+// a SET NX PX GET per entry, then, for the entries that found a record, a second
+// round trip to the claim_many script (see claimManySingle): a free key costs the
+// server what a Mark costs. In a probe of 64-key batches of fresh keys on this
+// project's test machine, Redis spent 2.0–2.2 µs per claim, against 2.3–2.9 for the
+// cluster form below and 2.8–3.3 for the script on every key.
 //
 // On a cluster or ring it is one round trip with no script: per entry a SET NX PX GET,
 // which is the claim (atomic on its own), then a PTTL and a GET of the key, which say
@@ -482,15 +606,7 @@ func markAnswer(old string, err error, token, fingerprint string) (driver.Answer
 // one whose claim ran out meanwhile is claimed again with the claim script. A batch
 // that names a key twice is one pipeline of claim scripts instead, so that each entry
 // sees the ones before it as the table in docs/design.md §3 says.
-func (s *Store) ClaimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	for _, e := range entries {
-		if err := storekit.CheckEntry(e, "lease"); err != nil {
-			return nil, err
-		}
-	}
-	if len(entries) == 0 {
-		return nil, nil
-	}
+func (s *Store) claimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if s.batchScripts(ctx) {
 		return s.claimManySingle(ctx, entries)
 	}
@@ -555,7 +671,7 @@ func foundAnswer(e driver.Entry, old string, pttl int64, same bool) (a driver.An
 	return a, false
 }
 
-// claimManySingle is ClaimMany on a single server. The first round trip is one
+// claimManySingle is claimMany on a single server. The first round trip is one
 // pipeline of SET NX PX GET, the single Claim's command: a free key is claimed, and
 // costs the server what a Mark costs. The entries that found a record there (a
 // duplicate, a rival's claim, our own claim whose reply was lost) go again, in a
@@ -640,7 +756,7 @@ func (s *Store) claimManyScript(ctx context.Context, entries []driver.Entry) ([]
 	return out, nil
 }
 
-// completeManyScript is CompleteMany on a single server: the complete_many script,
+// completeManyScript is completeMany on a single server: the complete_many script,
 // which completes each key in turn as the complete script would. One call per
 // maxScriptKeys entries, all in one round trip.
 func (s *Store) completeManyScript(ctx context.Context, entries []driver.Entry) ([]error, error) {
@@ -790,13 +906,11 @@ func evalAgain(ctx context.Context, send func(context.Context, ...redis.Cmder) e
 	return nil
 }
 
-// renewOwnClaims settles the entries own of ClaimMany, which found their own claim:
+// renewOwnClaims settles the entries own of claimMany, which found their own claim:
 // its lease is renewed (the extend script), or, where it ran out meanwhile, the key
 // is claimed again (the claim script), in one round trip each.
 func (s *Store) renewOwnClaims(ctx context.Context, entries []driver.Entry, own []int, out []driver.Answer) {
-	cmds, err := s.runScripts(ctx, extendScript, extendLua, entriesAt(entries, own), func(e driver.Entry) []any {
-		return []any{e.Token, ms(e.TTL)}
-	})
+	cmds, err := s.runScripts(ctx, extendScript, extendLua, entriesAt(entries, own), extendArgs)
 	var lapsed []int
 	for j, i := range own {
 		rerr := err
@@ -846,7 +960,7 @@ func repeatsAKey(entries []driver.Entry) bool {
 	return false
 }
 
-// claimManyScripts is ClaimMany as one pipeline of claim scripts. Should the server
+// claimManyScripts is claimMany as one pipeline of claim scripts. Should the server
 // have lost its script cache (a restart), the affected claims are sent again as EVAL.
 func (s *Store) claimManyScripts(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	cmds, err := s.runScripts(ctx, claimScript, claimLua, entries, func(e driver.Entry) []any {
@@ -869,22 +983,11 @@ func (s *Store) claimManyScripts(ctx context.Context, entries []driver.Entry) ([
 	return out, nil
 }
 
-// CompleteMany implements Store (and ReplyStore: an entry's reply is written with
-// its DONE record) in one round trip: on a single server, the complete_many script
-// (one call per maxScriptKeys entries); on a cluster or ring, the complete script per
-// entry, in one pipeline.
-func (s *Store) CompleteMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
-	for _, e := range entries {
-		if err := storekit.CheckEntry(e, "retention"); err != nil {
-			return nil, err
-		}
-	}
-	if s.wait != nil {
-		return s.completeManyWaiting(ctx, entries)
-	}
-	if len(entries) == 0 {
-		return nil, nil
-	}
+// completeMany is Complete of several entries (each written with its reply when it
+// has one) in one round trip: on a single server, the complete_many script (one call
+// per maxScriptKeys entries); on a cluster or ring, the complete script per entry, in
+// one pipeline.
+func (s *Store) completeMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	if s.batchScripts(ctx) {
 		out, err := s.completeManyScript(ctx, entries)
 		if !errors.Is(err, errCrossSlot) {
@@ -902,19 +1005,8 @@ func (s *Store) CompleteMany(ctx context.Context, entries []driver.Entry) ([]err
 	return out, nil
 }
 
-// MarkMany implements Store in one pipeline of SET NX PX GET.
-func (s *Store) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	for _, e := range entries {
-		if err := storekit.CheckEntry(e, "retention"); err != nil {
-			return nil, err
-		}
-	}
-	if len(entries) == 0 {
-		return nil, nil
-	}
-	if s.wait != nil {
-		return s.markManyWaiting(ctx, entries)
-	}
+// markMany is Mark of several entries, in one pipeline of SET NX PX GET.
+func (s *Store) markMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	cmds, sent := markCmds(ctx, entries)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, storekit.StoreErr("mark", err)
@@ -933,7 +1025,7 @@ func (s *Store) MarkMany(ctx context.Context, entries []driver.Entry) ([]driver.
 	return out, nil
 }
 
-// claimCmds builds ClaimMany's commands: per entry a SET NX PX GET, a PTTL and a GET
+// claimCmds builds claimMany's commands: per entry a SET NX PX GET, a PTTL and a GET
 // to read, and all of them, in that order, to send.
 func claimCmds(ctx context.Context, entries []driver.Entry) (sets []*redis.StatusCmd, ttls, gets []*redis.Cmd, sent []redis.Cmder) {
 	sets = make([]*redis.StatusCmd, len(entries))
@@ -951,13 +1043,13 @@ func claimCmds(ctx context.Context, entries []driver.Entry) (sets []*redis.Statu
 	return sets, ttls, gets, sent
 }
 
-// markCmds builds MarkMany's commands: cmds to read, sent (the same) to send.
+// markCmds builds markMany's commands: cmds to read, sent (the same) to send.
 func markCmds(ctx context.Context, entries []driver.Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
 	return setNXGetCmds(ctx, storekit.StateDone, entries)
 }
 
-// setNXGetCmds builds a SET NX PX GET of a record in state for each entry (MarkMany's
-// and a single server's ClaimMany's commands): cmds to read, sent (the same) to send.
+// setNXGetCmds builds a SET NX PX GET of a record in state for each entry (markMany's
+// and a single server's claimMany's commands): cmds to read, sent (the same) to send.
 func setNXGetCmds(ctx context.Context, state byte, entries []driver.Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
 	cmds = make([]*redis.StatusCmd, len(entries))
 	sent = make([]redis.Cmder, len(entries))

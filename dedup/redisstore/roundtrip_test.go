@@ -2,9 +2,13 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/internal/testenv"
@@ -37,23 +41,25 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 			for i := range entries {
 				entries[i] = driver.Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
 			}
-			// warm the script cache so the count is the steady state
-			for range 2 { // the second finds the first's claim: the claim_many script
-				if _, err := s.ClaimMany(ctx, []driver.Entry{{Key: prefix + ":h:warm", Token: "T", TTL: time.Minute}}); err != nil {
+			// warm the script cache so the count is the steady state (two entries: a
+			// batch of one takes the single calls' command and script)
+			warm := []driver.Entry{{Key: prefix + ":h:warm", Token: "T", TTL: time.Minute}, {Key: prefix + ":h:warm2", Token: "T", TTL: time.Minute}}
+			for range 2 { // the second finds the first's claims: the claim_many script
+				if _, err := s.Claim(ctx, warm); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if _, err := s.CompleteMany(ctx, []driver.Entry{{Key: prefix + ":h:warm", Token: "T", TTL: time.Minute}}); err != nil {
+			if _, err := s.Complete(ctx, warm); err != nil {
 				t.Fatal(err)
 			}
 			// some keys already taken, so the answers differ and order matters
 			for i := 0; i < n; i += 10 {
-				if _, err := s.Mark(ctx, entries[i].Key, "other", "", time.Minute); err != nil {
+				if _, err := only(s.Mark(ctx, entry(entries[i].Key, "other", "", time.Minute))); err != nil {
 					t.Fatal(err)
 				}
 			}
 			tc.Reset()
-			claims, err := s.ClaimMany(ctx, entries)
+			claims, err := s.Claim(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +76,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 				}
 			}
 			tc.Reset()
-			errs, err := s.CompleteMany(ctx, entries)
+			errs, err := s.Complete(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -84,7 +90,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 				entries[i].Key += ":m"
 			}
 			tc.Reset()
-			marks, err := s.MarkMany(ctx, entries)
+			marks, err := s.Mark(ctx, entries)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -104,13 +110,13 @@ func TestBatchSurvivesScriptFlush(t *testing.T) {
 	_, c := testenv.Miniredis(t)
 	s, _ := New(c)
 	ctx := context.Background()
-	if _, err := s.Claim(ctx, "p:h:warm", "T", "", time.Minute); err != nil {
+	if _, err := only(s.Claim(ctx, entry("p:h:warm", "T", "", time.Minute))); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.ClaimMany(ctx, []driver.Entry{{Key: "p:h:a", Token: "T", TTL: time.Minute}, {Key: "p:h:b", Token: "T", TTL: time.Minute}})
+	got, err := s.Claim(ctx, []driver.Entry{{Key: "p:h:a", Token: "T", TTL: time.Minute}, {Key: "p:h:b", Token: "T", TTL: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,4 +125,155 @@ func TestBatchSurvivesScriptFlush(t *testing.T) {
 			t.Fatalf("%v %v", a.Status, a.Err)
 		}
 	}
+}
+
+// A batch of one entry takes the single calls' path: one command or script in one
+// round trip (a Claim that finds a record: the claim script in a second), through the
+// auto-pipeliner. Extend and Release of several entries are a script call per entry,
+// in one round trip.
+func TestBatchOfOneIsOneCommandAndSeveralOneRoundTrip(t *testing.T) {
+	for name, mk := range countedRedis(t) {
+		t.Run(name, func(t *testing.T) {
+			s, tc, prefix := mk(t)
+			ctx := context.Background()
+			// warm the script cache and the probe, so that the counts are the steady state
+			warm := prefix + ":h:warm"
+			for _, tok := range []string{"T", "X"} { // X finds T's claim: the claim script
+				if _, err := only(s.Claim(ctx, entry(warm, tok, "", time.Minute))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, err := range []error{
+				onlyErr(s.Extend(ctx, entry(warm, "T", "", time.Minute))),
+				onlyErr(s.Complete(ctx, entry(warm, "T", "", time.Minute))),
+				onlyErr(s.Release(ctx, entry(warm, "T", "", 0))),
+			} {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			k, m := prefix+":h:one", prefix+":h:mark"
+			steps := []struct {
+				what        string
+				call        func() error
+				trips, cmds int64
+			}{
+				{"Claim of a free key", func() error { _, err := only(s.Claim(ctx, entry(k, "T", "", time.Minute))); return err }, 1, 1},
+				{"Claim of a key held", func() error {
+					a, err := only(s.Claim(ctx, entry(k, "X", "", time.Minute)))
+					if err == nil && a.Status != driver.StatusInProgress {
+						err = fmt.Errorf("status %v, want in-progress", a.Status)
+					}
+					return err
+				}, 2, 2},
+				{"Extend", func() error { return onlyErr(s.Extend(ctx, entry(k, "T", "", time.Minute))) }, 1, 1},
+				{"Complete", func() error { return onlyErr(s.Complete(ctx, entry(k, "T", "", time.Minute))) }, 1, 1},
+				{"Release", func() error { return onlyErr(s.Release(ctx, entry(k, "T", "", 0))) }, 1, 1},
+				{"Mark", func() error { _, err := only(s.Mark(ctx, entry(m, "T", "", time.Minute))); return err }, 1, 1},
+			}
+			for _, st := range steps {
+				tc.Reset()
+				if err := st.call(); err != nil {
+					t.Fatalf("%s: %v", st.what, err)
+				}
+				testenv.ExpectTrips(t, st.what, tc, st.trips, st.cmds)
+			}
+
+			const n = 3
+			entries := make([]driver.Entry, n)
+			for i := range entries {
+				entries[i] = driver.Entry{Key: fmt.Sprintf("%s:h:%d", prefix, i), Token: "T", TTL: time.Minute}
+			}
+			if _, err := s.Claim(ctx, entries[:2]); err != nil { // the third is absent
+				t.Fatal(err)
+			}
+			tc.Reset()
+			errs, err := s.Extend(ctx, entries)
+			if err != nil || len(errs) != n || errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], driver.ErrLeaseLost) {
+				t.Fatalf("Extend: %v %v", errs, err)
+			}
+			testenv.ExpectTrips(t, "Extend of several", tc, 1, n)
+			tc.Reset()
+			errs, err = s.Release(ctx, entries)
+			if err != nil || len(errs) != n || errs[0] != nil || errs[1] != nil || errs[2] != nil {
+				t.Fatalf("Release: %v %v", errs, err)
+			}
+			testenv.ExpectTrips(t, "Release of several", tc, 1, n)
+			if got, err := s.c.Exists(ctx, entries[0].Key, entries[1].Key).Result(); err != nil || got != 0 {
+				t.Fatalf("%d records left after Release (%v)", got, err)
+			}
+		})
+	}
+}
+
+// In a batch of one, as in a batch of several, an error reply fails the entry (its
+// Answer.Err or its slot), and a failed round trip the call, with no answers.
+func TestBatchOfOneFailuresAreWhereABatchPutsThem(t *testing.T) {
+	m, c := testenv.Miniredis(t)
+	s, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	list := testenv.Prefix() + ":h:list"
+	if _, err := m.Lpush(list, "x"); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 2} {
+		entries := make([]driver.Entry, n)
+		for i := range entries {
+			entries[i] = driver.Entry{Key: list, Token: "T", TTL: time.Minute}
+		}
+		for what, call := range map[string]func() ([]error, error){
+			"claim":    func() ([]error, error) { as, err := s.Claim(ctx, entries); return answerErrs(as), err },
+			"mark":     func() ([]error, error) { as, err := s.Mark(ctx, entries); return answerErrs(as), err },
+			"complete": func() ([]error, error) { return s.Complete(ctx, entries) },
+			"extend":   func() ([]error, error) { return s.Extend(ctx, entries) },
+		} {
+			errs, err := call()
+			if err != nil || len(errs) != n {
+				t.Fatalf("%s of %d on a list: %v, call error %v; want the entries' errors", what, n, errs, err)
+			}
+			for _, e := range errs {
+				if !errors.Is(e, driver.ErrStoreUnavailable) || !strings.Contains(e.Error(), "WRONGTYPE") {
+					t.Fatalf("%s of %d on a list: entry error %v, want WRONGTYPE", what, n, e)
+				}
+			}
+		}
+	}
+
+	down := redis.NewClient(&redis.Options{Addr: testenv.RefusedAddr(t), MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { down.Close() })
+	s, err = New(down)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 2} {
+		entries := make([]driver.Entry, n)
+		for i := range entries {
+			entries[i] = driver.Entry{Key: fmt.Sprintf("p:h:%d", i), Token: "T", TTL: time.Minute}
+		}
+		for what, call := range map[string]func() (int, error){
+			"claim":    func() (int, error) { as, err := s.Claim(ctx, entries); return len(as), err },
+			"mark":     func() (int, error) { as, err := s.Mark(ctx, entries); return len(as), err },
+			"complete": func() (int, error) { es, err := s.Complete(ctx, entries); return len(es), err },
+			"extend":   func() (int, error) { es, err := s.Extend(ctx, entries); return len(es), err },
+			"release":  func() (int, error) { es, err := s.Release(ctx, entries); return len(es), err },
+		} {
+			if got, err := call(); got != 0 || !errors.Is(err, driver.ErrStoreUnavailable) {
+				t.Fatalf("%s of %d, server down: %d answers, call error %v; want none and a store error", what, n, got, err)
+			}
+		}
+	}
+}
+
+func answerErrs(as []driver.Answer) []error {
+	if as == nil {
+		return nil
+	}
+	errs := make([]error, len(as))
+	for i, a := range as {
+		errs[i] = a.Err
+	}
+	return errs
 }

@@ -25,21 +25,20 @@ type replicaWait struct {
 	shortfalls atomic.Uint64
 }
 
-// WithWaitReplicas makes every write of a DONE record (Complete, CompleteMany, Mark,
-// MarkMany) wait until n replicas have acknowledged it, or until timeout has passed.
-// The store sends WAIT n timeout in the same pipeline as the write, so on the
-// connection that wrote (WAIT counts that connection's writes). Off by default:
-// replication is asynchronous, and a failover to a replica that had not received a
-// DONE record loses it, which lets one duplicate through.
+// WithWaitReplicas makes every write of a DONE record (Complete, Mark) wait until n
+// replicas have acknowledged it, or until timeout has passed. The store sends WAIT n
+// timeout in the same pipeline as the writes of the call, so on the connection that
+// wrote (WAIT counts that connection's writes). Off by default: replication is
+// asynchronous, and a failover to a replica that had not received a DONE record loses
+// it, which lets one duplicate through.
 //
-// A Complete (or a CompleteMany item) that fewer than n replicas acknowledged returns
-// an error wrapping ErrStoreUnavailable and ErrNotReplicated: the record is DONE on the
-// primary but not known to survive a failover, so Do reports NotRecorded (fn ran; the
-// message is acknowledged, and the result is counted). A Mark (or MarkMany item) keeps
-// its answer, and a First still runs the handler: refusing it would lose the message,
-// since its redelivery would find the record on the primary and be dropped as a
-// duplicate. Every shortfall is counted (ReplicaShortfalls). Claims, releases and
-// extensions do not wait.
+// A Complete entry that fewer than n replicas acknowledged has an error wrapping
+// ErrStoreUnavailable and ErrNotReplicated: the record is DONE on the primary but not
+// known to survive a failover, so Do reports NotRecorded (fn ran; the message is
+// acknowledged, and the result is counted). A Mark entry keeps its answer, and a First
+// still runs the handler: refusing it would lose the message, since its redelivery
+// would find the record on the primary and be dropped as a duplicate. Every shortfall
+// is counted (ReplicaShortfalls). Claims, releases and extensions do not wait.
 //
 // n must be at least 1 and timeout positive (WAIT 0 blocks forever), and, since a
 // pipeline's reply is read under the client's ReadTimeout, below that ReadTimeout;
@@ -99,16 +98,7 @@ func (w *replicaWait) acked(cmd *redis.IntCmd, op string) error {
 	return nil
 }
 
-// completeWaiting is Complete (or CompleteReply) followed by WAIT in one pipeline.
-func (s *Store) completeWaiting(ctx context.Context, e driver.Entry) error {
-	errs, err := s.completeManyWaiting(ctx, []driver.Entry{e})
-	if err != nil {
-		return err
-	}
-	return errs[0]
-}
-
-// completeManyWaiting is CompleteMany with a WAIT after the writes, in the same
+// completeManyWaiting is Complete (of one entry or several) with a WAIT after the writes, in the same
 // pipeline. Entries answered NOSCRIPT (the server lost its script cache) go again as
 // EVAL, with a WAIT of their own after them.
 func (s *Store) completeManyWaiting(ctx context.Context, entries []driver.Entry) ([]error, error) {
@@ -148,18 +138,7 @@ func (s *Store) completeManyWaiting(ctx context.Context, entries []driver.Entry)
 	return out, nil
 }
 
-// markWaiting is Mark followed by WAIT in one pipeline.
-func (s *Store) markWaiting(ctx context.Context, key, token, fingerprint string, retention time.Duration) (driver.Answer, error) {
-	answers, err := s.markManyWaiting(ctx, []driver.Entry{{Key: key, Token: token, Fingerprint: fingerprint, TTL: retention}})
-	if err != nil {
-		return driver.Answer{}, err
-	}
-	a := answers[0]
-	err, a.Err = a.Err, nil
-	return a, err
-}
-
-// markManyWaiting is MarkMany with a WAIT after the writes, in the same pipeline. A
+// markManyWaiting is Mark (of one entry or several) with a WAIT after the writes, in the same pipeline. A
 // shortfall is counted for every mark that wrote (or had written) DONE; the answers
 // stand (see WithWaitReplicas).
 func (s *Store) markManyWaiting(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {

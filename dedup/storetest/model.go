@@ -17,7 +17,8 @@ import (
 )
 
 // The model-based test: seeded random sequences of store operations (Claim, Complete,
-// Release, Extend, Mark, their batch forms, invalid arguments) and time advances run
+// Release, Extend, Mark, each as a batch of one entry and as a batch of several,
+// invalid arguments) and time advances run
 // against a reference model of docs/design.md §3's table (a map and explicit time) and against
 // memstore.Store (fake clock), miniredis (FastForward) and a real redis-server. Every
 // answer must be one the model allows: status, error class and TTL (exact on fake
@@ -185,7 +186,7 @@ func (o mOp) String() string {
 	switch o.kind {
 	case "advance":
 		return "advance " + o.ttl.String()
-	case "claimMany", "markMany", "completeMany":
+	case "claimMany", "markMany", "completeMany", "extendMany", "releaseMany":
 		parts := make([]string, len(o.entries))
 		for i, e := range o.entries {
 			parts[i] = e.String()
@@ -348,7 +349,7 @@ func genOps(seed uint64, n int, engine bool) []mOp {
 		w    int
 	}
 	kinds := []weighted{{"claim", 25}, {"complete", 14}, {"release", 8}, {"extend", 10}, {"mark", 14},
-		{"claimMany", 3}, {"markMany", 3}, {"completeMany", 3}, {"advance", 16}}
+		{"claimMany", 3}, {"markMany", 3}, {"completeMany", 3}, {"extendMany", 2}, {"releaseMany", 2}, {"advance", 16}}
 	if engine {
 		kinds = append(kinds, weighted{"do", 7}, weighted{"doFail", 3}, weighted{"doNested", 3}, weighted{"hmark", 7})
 	}
@@ -370,7 +371,7 @@ func genOps(seed uint64, n int, engine bool) []mOp {
 		switch kind {
 		case "advance":
 			ops[i] = mOp{kind: kind, ttl: time.Duration(pickInt(rng, 1, 2, 3, 5, 8, 13)) * modelTick}
-		case "claimMany", "markMany", "completeMany":
+		case "claimMany", "markMany", "completeMany", "extendMany", "releaseMany":
 			o := mOp{kind: kind}
 			for range 1 + rng.IntN(4) { // keys may repeat within a batch
 				o.entries = append(o.entries, one(strings.TrimSuffix(kind, "Many")))
@@ -518,75 +519,67 @@ func (r *run) fail(step int, o mOp, format string, args ...any) bool {
 
 func (r *run) do(i int, o mOp) bool {
 	r.t.Helper()
-	ctx := context.Background()
-	st := r.b.Store
-	check := func(o mOp, g got, s, e time.Duration) bool {
-		r.t.Helper()
-		allowed, ok := r.m.step(r.keys[o.key], o, g, s, e)
-		r.history = append(r.history, fmt.Sprintf("%d %s -> %s", i, o, g))
-		if !ok {
-			return r.fail(i, o, "store answered %s, the model allows %v (states %s)", g, allowed, r.describe(o.key))
-		}
-		return true
-	}
 	s := r.now()
 	switch o.kind {
 	case "advance":
 		r.b.Advance(o.ttl)
 		r.history = append(r.history, fmt.Sprintf("%d %s", i, o))
 		return true
-	case "claim":
-		a, err := st.Claim(ctx, r.keys[o.key], o.token, o.fp, o.ttl)
-		return check(o, gotAnswer(a, err), s, r.now())
-	case "mark":
-		a, err := st.Mark(ctx, r.keys[o.key], o.token, o.fp, o.ttl)
-		return check(o, gotAnswer(a, err), s, r.now())
-	case "complete":
-		err := st.Complete(ctx, r.keys[o.key], o.token, o.ttl)
-		return check(o, got{err: classOf(err)}, s, r.now())
-	case "release":
-		err := st.Release(ctx, r.keys[o.key], o.token)
-		return check(o, got{err: classOf(err)}, s, r.now())
-	case "extend":
-		err := st.Extend(ctx, r.keys[o.key], o.token, o.ttl)
-		return check(o, got{err: classOf(err)}, s, r.now())
-	case "claimMany", "markMany", "completeMany":
-		return r.batch(i, o, s)
+	case "claim", "mark", "complete", "release", "extend":
+		return r.batch(i, o, o.kind, []mOp{o}, s)
+	case "claimMany", "markMany", "completeMany", "extendMany", "releaseMany":
+		return r.batch(i, o, strings.TrimSuffix(o.kind, "Many"), o.entries, s)
 	}
 	return r.engineOp(i, o)
 }
 
-func (r *run) batch(i int, o mOp, s time.Duration) bool {
+// batch runs o, the store call kind ("claim", ...) of ops as its entries: a single
+// op is a batch of one.
+func (r *run) batch(i int, o mOp, kind string, ops []mOp, s time.Duration) bool {
 	r.t.Helper()
 	ctx := context.Background()
-	entries := make([]driver.Entry, len(o.entries))
+	st := r.b.Store
+	entries := make([]driver.Entry, len(ops))
 	valid := true
-	for j, e := range o.entries {
+	for j, e := range ops {
 		entries[j] = driver.Entry{Key: r.keys[e.key], Token: e.token, Fingerprint: e.fp, TTL: e.ttl}
 		valid = valid && e.valid()
 	}
 	var gots []got
 	var err error
-	switch o.kind {
-	case "claimMany", "markMany":
+	switch kind {
+	case "claim", "mark":
 		var as []driver.Answer
-		if o.kind == "claimMany" {
-			as, err = r.b.Store.ClaimMany(ctx, entries)
+		if kind == "claim" {
+			as, err = st.Claim(ctx, entries)
 		} else {
-			as, err = r.b.Store.MarkMany(ctx, entries)
+			as, err = st.Mark(ctx, entries)
 		}
 		for _, a := range as {
 			gots = append(gots, gotAnswer(a, nil))
 		}
 	default:
 		var errs []error
-		errs, err = r.b.Store.CompleteMany(ctx, entries)
+		switch kind {
+		case "complete":
+			errs, err = st.Complete(ctx, entries)
+		case "extend":
+			errs, err = st.Extend(ctx, entries)
+		case "release":
+			errs, err = st.Release(ctx, entries)
+		default:
+			panic("model: unknown op " + kind)
+		}
 		for _, e := range errs {
 			gots = append(gots, got{err: classOf(e)})
 		}
 	}
 	e := r.now()
-	r.history = append(r.history, fmt.Sprintf("%d %s -> %v %v", i, o, gots, err))
+	if len(ops) == 1 && o.entries == nil && err == nil && len(gots) == 1 {
+		r.history = append(r.history, fmt.Sprintf("%d %s -> %s", i, o, gots[0]))
+	} else {
+		r.history = append(r.history, fmt.Sprintf("%d %s -> %v %v", i, o, gots, err))
+	}
 	if !valid { // one bad entry refuses the whole batch, and nothing is written
 		if classOf(err) != errInvalid || gots != nil {
 			return r.fail(i, o, "answered %v, %v; want driver.ErrInvalidOption for the whole batch", gots, err)
@@ -596,9 +589,13 @@ func (r *run) batch(i int, o mOp, s time.Duration) bool {
 	if err != nil || len(gots) != len(entries) {
 		return r.fail(i, o, "answered %d answers, %v; want %d answers", len(gots), err, len(entries))
 	}
-	for j, en := range o.entries {
+	for j, en := range ops {
 		if allowed, ok := r.m.step(r.keys[en.key], en, gots[j], s, e); !ok {
-			return r.fail(i, o, "entry %d: store answered %s, the model allows %v (states %s)", j, gots[j], allowed, r.describe(en.key))
+			which := fmt.Sprintf("entry %d: ", j)
+			if o.entries == nil {
+				which = ""
+			}
+			return r.fail(i, o, "%sstore answered %s, the model allows %v (states %s)", which, gots[j], allowed, r.describe(en.key))
 		}
 	}
 	return true

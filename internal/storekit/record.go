@@ -135,3 +135,21 @@ func CheckEntry(e driver.Entry, what string) error {
 	}
 	return CheckTTL(what, e.TTL)
 }
+
+// CheckEntries checks every entry of a batch, so that a bad one refuses the whole
+// call before anything is written. what names the TTL ("lease", "retention"); ""
+// checks the tokens alone (Release, which takes no TTL).
+func CheckEntries(entries []driver.Entry, what string) error {
+	for _, e := range entries {
+		var err error
+		if what == "" {
+			err = CheckToken(e.Token)
+		} else {
+			err = CheckEntry(e, what)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
