@@ -24,8 +24,7 @@ type ItemResult struct {
 	Result
 	Err error
 	// Reply is the item's reply on a handler WithReplies, when HasReply is set: fn's
-	// own (SetReply) when fn returned nil, or, for a Duplicate, the first run's, as
-	// stored with its DONE record.
+	// own (SetReply), or, for a Duplicate, the one stored with its DONE record.
 	Reply string
 	// HasReply reports whether Reply holds a reply (an empty one is a reply). It is
 	// false for a Duplicate whose DONE record holds none (Stats.RepliesMissing).
@@ -80,9 +79,8 @@ func Parallel(n int) RunOption {
 	}
 }
 
-// OnResult has Run and RunTx call f once per item as soon as its result is final,
-// from the goroutine that made it (so several at once), before they return: a caller
-// can acknowledge each message without waiting for the slowest fn.
+// OnResult has Run and RunTx call f for each item as soon as its result is final,
+// before they return; calls may be concurrent.
 func OnResult(f func(i int, r ItemResult)) RunOption {
 	return func(c *runConfig) error {
 		c.done = f
@@ -133,10 +131,9 @@ func (rb *batchReplies) of(i int) *replyRun {
 
 type whenCheckedKey struct{}
 
-// WhenChecked returns a context under which Run and RunTx call f once, as soon as
-// the store has answered the batch's checks, before its fns run: a caller that
-// bounds how many batches are being checked at once can start the next one then.
-// The fns' contexts do not carry f.
+// WhenChecked returns a context under which Run and RunTx call f once, as soon as the
+// store has answered the batch's checks and before its fns run (whose contexts do
+// not carry f): a caller can then start checking its next batch.
 func WhenChecked(ctx context.Context, f func()) context.Context {
 	return context.WithValue(ctx, whenCheckedKey{}, f)
 }
@@ -147,9 +144,8 @@ func whenChecked(ctx context.Context) bool {
 	return f != nil
 }
 
-// batchOut holds a batch's results. Until flush, set holds them back from done:
-// done may be slow (an ack), and must not delay answering other keys' flights or
-// running the fns.
+// batchOut holds a batch's results. Until flush, set holds them back from done,
+// which may be slow (an ack) and must not delay other keys' flights or the fns.
 type batchOut struct {
 	r    []ItemResult
 	done func(i int, r ItemResult)
@@ -373,9 +369,8 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 	return out.r
 }
 
-// joined is the result of an item whose key another call in this process leads,
-// once that call has the store's answer. A reply batch's item takes a Duplicate only
-// if the flight knows the reply; otherwise it is to be retried (InProgress).
+// joined is the result of an item whose key another call in this process leads. A
+// reply batch's item takes a Duplicate only if the flight knows the reply.
 func (h *Handler) joined(ctx context.Context, f *flight, fp string, r *replyRun) ItemResult {
 	if err := wait(ctx, f.ready.done()); err != nil {
 		return ItemResult{Result: h.count(Result{Outcome: Cancelled}), Err: err}
@@ -413,8 +408,7 @@ func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int
 	}
 }
 
-// batchItem is an item the batch leads: its key's flight, its claim and, in a reply
-// batch, fn's reply until the completion stores it.
+// batchItem is an item the batch leads, with its flight, its claim and fn's reply.
 type batchItem struct {
 	i                    int
 	k, lk, fp, rk, token string
@@ -757,10 +751,9 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 	})
 }
 
-// runClaimedItem runs fn for the claimed item b in a context of its own under fnCtx,
-// which a lost lease cancels. It reports true when fn succeeded and b's claim is to
-// be completed; otherwise b's claim is given back (its transactional work undone)
-// and its result is set.
+// runClaimedItem runs fn for the claimed item b in a context a lost lease cancels.
+// It reports true when fn succeeded and b's claim is to be completed; otherwise b's
+// claim is given back, its transactional work undone, and its result set.
 func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Bool, b *batchItem, fn func(context.Context, int) error, out *batchOut, step runStep, savepoint bool) bool {
 	run := out.oneFn(fn, b.i)
 	if out.single { // fnCtx is the caller's: as fnContext makes the batch's
@@ -826,8 +819,7 @@ func (o *batchOut) oneFn(fn func(context.Context, int) error, i int) func(contex
 	return func(c context.Context) error { return fn(c, i) }
 }
 
-// completeNow completes a batch of one's claim on the caller's goroutine, bounded by
-// the caller's deadline (settleCtx).
+// completeNow completes a batch of one's claim inline, by the caller's deadline.
 func (h *Handler) completeNow(ctx context.Context, b *batchItem, out *batchOut) {
 	h.leases.forget(b)
 	bg, done := h.settleCtx(ctx, h.cfg.lease)
@@ -942,9 +934,8 @@ func (h *Handler) commitBatch(ctx context.Context, c *completer, held []*batchIt
 }
 
 // completer completes a batch's claims through the handler's completions, each as
-// soon as its fn returns, never held for the rest of the batch: a crash repeats at
-// most the items whose completion is in flight. An item's result, and so its ack,
-// follows its own completion.
+// soon as its fn returns: a crash repeats at most the items whose completion is in
+// flight. An item's result, and so its ack, follows its own completion.
 type completer struct {
 	h   *Handler
 	ctx context.Context

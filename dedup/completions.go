@@ -83,8 +83,7 @@ func (q *completions) add(p pendingCompletion) {
 	}
 }
 
-// kick sends the lazy completions that waited lazyDelay, unless a round trip has
-// taken them meanwhile.
+// kick sends the lazy completions that waited lazyDelay, unless a flush took them.
 func (q *completions) kick() {
 	q.mu.Lock()
 	q.timer = nil

@@ -35,8 +35,7 @@ func WithFormerNames(names ...string) HandlerOption {
 	}
 }
 
-// checkFormerNames refuses former names that are h's own name, or that another
-// registered handler has as its name or a former name. Called under d.mu.
+// checkFormerNames refuses names h shares with itself or another handler; d.mu held.
 func (d *Deduper) checkFormerNames(h *Handler) error {
 	for _, n := range h.cfg.formerNames {
 		if n == h.name {

@@ -30,7 +30,6 @@ type guard struct {
 	opened atomic.Pointer[chan struct{}]
 }
 
-// Breaker settings.
 const (
 	// breakerTrip is how many store failures in a row open the breaker.
 	breakerTrip = 3
@@ -51,8 +50,7 @@ func newGuard(d *Deduper, s driver.Store) *guard {
 	return g
 }
 
-// detaches reports whether calls to s need a goroutine of their own to return by
-// their deadline: every store but memstore.Store, which never waits on a network.
+// detaches reports whether calls to s need a goroutine of their own: not in-process.
 func detaches(s driver.Store) bool {
 	return !storekit.IsInProcess(s)
 }
@@ -262,8 +260,7 @@ func (g *guard) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Ans
 	})
 }
 
-// Mark implements Store. A mark given up on may have written DONE: filter mode's
-// trade-off, as a crash.
+// Mark implements Store. A mark given up on may have written DONE, as in a crash.
 func (g *guard) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := g.refused("mark"); err != nil {
 		return nil, err

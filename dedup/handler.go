@@ -25,10 +25,9 @@ type Handler struct {
 	// store is the Deduper's, behind formerStore when the handler has former names
 	store driver.Store
 	local *lru.Cache // DONE keys only; nil when the tier is off
-	// listening: the local tier may take keys (forget notices reach it, or it needs none)
+	// listening: the local tier may take keys (notices reach it, or it needs none)
 	listening atomic.Bool
-	// replies caches DONE keys' stored replies for the reply forms' local hits, bounded
-	// by bytes (WithLocalReplies); nil without replies or without a local tier.
+	// replies caches stored replies for reply-form local hits; may be nil
 	replies *lru.Bytes
 	flights *flights
 	// completions coalesces batch items' and committed runs' completions
@@ -161,10 +160,9 @@ func (r *replyRun) call(ctx context.Context) error {
 }
 
 // SetReply sets the reply of the Run item whose fn was given ctx, on a handler
-// WithReplies: it is stored with the DONE record if fn returns nil, and duplicates
-// get it back (ItemResult.Reply). A later call replaces it. Outside such an fn, after
-// fn returned, or in a transactional run, it returns an error wrapping
-// ErrInvalidOption.
+// WithReplies: it is stored with DONE if fn returns nil, and duplicates get it back
+// (ItemResult.Reply); a later call replaces it. Outside such an fn, after it returned,
+// or in a transactional run, it returns an error wrapping ErrInvalidOption.
 func SetReply(ctx context.Context, reply []byte) error {
 	r, _ := ctx.Value(replyKey{}).(*replyRun)
 	if r == nil {
@@ -412,8 +410,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 			if !waitsForRunning(ctx) {
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
-			// wait for the run, up to what is left of its lease: a slower run answers
-			// InProgress, so that waiters do not hold their callers for long
+			// wait up to the run's remaining lease; a slower run answers InProgress
 			done, err := waitUpTo(ctx, f.left.done(), f.retryAfter(h.cfg.lease))
 			if err != nil {
 				return nil, h.count(Result{Outcome: Cancelled}), err
@@ -422,7 +419,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
 			if f.processed.Load() && f.fp == fp && !f.stale.Load() {
-				// a duplicate, even if its DONE record has not landed yet (lazy completion)
+				// a duplicate, though its DONE record may not have landed yet
 				return nil, h.count(f.duplicate(r)), nil
 			}
 			continue
@@ -721,8 +718,7 @@ func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 	return h.lead(f, h.marked(f, k, lk, ans), nil)
 }
 
-// marked turns a store's answer to Mark, for the leader of flight f, into a result,
-// caching only what is DONE.
+// marked turns Mark's answer into a result, caching only what is DONE.
 func (h *Handler) marked(f *flight, k, lk string, ans driver.Answer) Result {
 	switch ans.Status {
 	case driver.StatusAcquired:

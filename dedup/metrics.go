@@ -75,8 +75,7 @@ type metrics struct {
 	opAdd    [numOps][]metric.AddOption
 }
 
-// handlerMetrics is one handler's view of the instruments, with every attribute set
-// built once at Register; nil when metrics are off.
+// handlerMetrics is a handler's attribute sets, built once at Register; nil when off.
 type handlerMetrics struct {
 	m        *metrics
 	handler  []metric.AddOption

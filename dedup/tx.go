@@ -46,7 +46,7 @@ type Transactor[T any] interface {
 	// Found; one another transaction holds uncommitted makes Begin wait. ctx bounds
 	// Begin's statements only. On an error no transaction is left open.
 	Begin(ctx context.Context, markers []Marker) (tx T, found []MarkerState, err error)
-	// Savepoint marks where RollbackTo returns to: before each fn of a batch of several.
+	// Savepoint marks where RollbackTo returns to: before each fn of a batch.
 	Savepoint(ctx context.Context, tx T) error
 	// RollbackTo undoes the work of tx since its last Savepoint and deletes m's
 	// marker, so that the commit leaves m's message unprocessed.
@@ -54,8 +54,7 @@ type Transactor[T any] interface {
 	// Commit commits tx. Its error wraps ErrCommitUnknown when the COMMIT may have
 	// reached the server; any other error means tx is rolled back.
 	Commit(ctx context.Context, tx T) error
-	// Rollback rolls tx back; it is called once for every transaction Begin opened
-	// that is not committed.
+	// Rollback rolls tx back; it is called once for each uncommitted transaction.
 	Rollback(ctx context.Context, tx T) error
 }
 
@@ -137,8 +136,7 @@ func RecordDigest(recordKey string) [32]byte { return sha256.Sum256([]byte(recor
 
 // runStep is the transaction around a transactional run's fns (txRun).
 type runStep interface {
-	// begin opens the transaction with the markers (none: an unguarded run). When
-	// every marker is Found, the transaction is rolled back already.
+	// begin opens the transaction with markers (maybe none); all Found rolls it back.
 	begin(ctx context.Context, markers []Marker) ([]MarkerState, error)
 	savepoint(ctx context.Context) error
 	rollbackTo(ctx context.Context, m Marker) error
@@ -252,7 +250,7 @@ func (h *Handler) beginStep(ctx context.Context, step runStep, c claimed) (Marke
 
 // stepAnswered is the result of a transactional run whose Begin answered before fn
 // ran: a database failure (err; cause is fn's context's cause), or a found marker. A
-// claim (hasClaim) is given back, or, for a found marker, completed to repair the store.
+// claim (hasClaim) is given back, or completed (a repair) for a found marker.
 func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState, err, cause error, hasClaim bool) (Result, error) {
 	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	defer done()
