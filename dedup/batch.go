@@ -33,12 +33,12 @@ type ItemResult struct {
 
 // Run guards fn for every item by the handler's mode and returns their results in
 // item order. The items are checked with one store call (Claim, or Mark in
-// ModeFilter); then fn(ctx, i) runs for item i, in order, or for up to n items at once
-// with Parallel(n). In ModeDo each success is completed as soon as its fn returns. An
-// item whose key appears earlier in the batch takes that item's outcome; keyless items
-// follow the missing-key policy. On a handler WithReplies, fn sets its item's reply
-// with SetReply. A bad option or a nil fn gives every item an error wrapping
-// ErrInvalidOption. See docs/design.md §5.
+// ModeFilter); then fn(ctx, i) runs for item i, in order, or for up to n at once with
+// Parallel(n). In ModeDo each success is completed as soon as its fn returns. An item
+// whose key appears earlier in the batch does not run: it answers Duplicate if that
+// item was processed, else InProgress. Keyless items follow the missing-key policy.
+// On a handler WithReplies, fn sets its item's reply with SetReply. A bad option or a
+// nil fn gives every item an error wrapping ErrInvalidOption. See docs/design.md §5.
 func (h *Handler) Run(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error, opts ...RunOption) []ItemResult {
 	rc, err := runOptions(opts)
 	if err == nil {
@@ -67,8 +67,8 @@ type runConfig struct {
 }
 
 // Parallel lets Run run fn for up to n items at once (default 1: in item order).
-// n < 1, or Parallel given to RunTx (whose items share one transaction), is an
-// error wrapping ErrInvalidOption.
+// n < 1, or n > 1 given to RunTx (whose items share one transaction), is an error
+// wrapping ErrInvalidOption.
 func Parallel(n int) RunOption {
 	return func(c *runConfig) error {
 		if n < 1 {

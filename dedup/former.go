@@ -14,7 +14,7 @@ import (
 // WithFormerNames lists the names the handler had before a rename, so that their
 // records still count (docs/design.md §11): a key new under the handler's name is
 // looked up under the former names in one more round trip, and a DONE record there
-// answers Duplicate (and is copied forward), one IN PROGRESS answers InProgress. New
+// answers Duplicate (and is copied forward), one IN PROGRESS as such a record does. New
 // records are written under the current name only; Lookup and Forget cover the
 // former names too. Default: none. Register refuses, wrapping ErrInvalidOption, an
 // invalid or repeated name, the handler's own name, a name or former name of another

@@ -95,8 +95,8 @@ const MaxTxBatch = 64
 // in order in one transaction (MaxTxBatch items at most), each behind a savepoint
 // with its marker, so that a failed item is rolled back alone; items answer as in
 // DoTx. Keyless items, and items whose claim failed under DatabaseOnly or FailOpen,
-// run each in a transaction of their own. It takes OnResult; Parallel is an error
-// wrapping ErrInvalidOption.
+// run each in a transaction of their own. It takes OnResult; Parallel(n > 1) is an
+// error wrapping ErrInvalidOption.
 func RunTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T], fn func(ctx context.Context, tx T, i int) error, opts ...RunOption) []ItemResult {
 	rc, err := runOptions(opts)
 	if err == nil && rc.parallel != 1 {
