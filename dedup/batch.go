@@ -23,31 +23,22 @@ type Item struct {
 type ItemResult struct {
 	Result
 	Err error
-	// Reply is, on a handler WithReplies, the item's reply when HasReply says there is
-	// one: fn's own (SetReply) when fn ran and returned nil (Processed, NotRecorded, or
-	// a LeaseLost found at completion; also when it was too large to store), or, for a
-	// Duplicate, the first run's, stored with its DONE record, byte for byte. Replies
-	// are opaque bytes, held in a string: shared with the local tier without copies.
+	// Reply is the item's reply on a handler WithReplies, when HasReply is set: fn's
+	// own (SetReply), or, for a Duplicate, the one stored with its DONE record.
 	Reply string
-	// HasReply says Reply holds a reply (an empty one is a reply). A Duplicate without
-	// one: its DONE record holds none (the first run's was too large, or set none, or
-	// the record was written by a transactional run or a handler without replies).
-	// Counted in Stats.RepliesMissing.
+	// HasReply reports whether Reply holds a reply (an empty one is a reply). It is
+	// false for a Duplicate whose DONE record holds none (Stats.RepliesMissing).
 	HasReply bool
 }
 
-// Run guards fn for every item, by the handler's mode, with one store round trip for
-// all their checks (ClaimMany or MarkMany), and returns their results in item order.
-// fn(ctx, i) runs for item i: one at a time in order, or up to Parallel(n) at once. In
-// ModeDo each success is completed as soon as its fn returns, coalesced with the
-// handler's other ready completions, so a crash repeats at most the items whose
-// completion is in flight. An item whose key appears earlier in the batch follows that
-// item; keyless items follow the missing-key policy, last. OnResult hands out each
-// result as soon as it is final. A Run of one keyed item without OnResult is a single
-// call, as Do is (in ModeFilter, a Mark then fn). On a handler WithReplies, fn sets
-// its item's reply with SetReply, and every duplicate gets it back (ItemResult.Reply).
-// The lifecycle, and what a lost lease, a Goexit or Close does to the batch:
-// docs/design.md §5.
+// Run guards fn for every item by the handler's mode and returns their results in
+// item order. The items are checked with one store call (Claim, or Mark in
+// ModeFilter); then fn(ctx, i) runs for item i, in order, or for up to n at once with
+// Parallel(n). In ModeDo each success is completed as soon as its fn returns. An item
+// whose key appears earlier in the batch does not run: it answers Duplicate if that
+// item was processed, else InProgress. Keyless items follow the missing-key policy.
+// On a handler WithReplies, fn sets its item's reply with SetReply. A bad option or a
+// nil fn gives every item an error wrapping ErrInvalidOption. See docs/design.md §5.
 func (h *Handler) Run(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error, opts ...RunOption) []ItemResult {
 	rc, err := runOptions(opts)
 	if err == nil {
@@ -57,14 +48,12 @@ func (h *Handler) Run(ctx context.Context, items []Item, fn func(ctx context.Con
 		return badBatch(items, rc.done, err)
 	}
 	if len(items) == 1 && items[0].Key != "" && rc.done == nil && !whenChecked(ctx) {
-		// one message: a single call (Handler.do, or a Mark and a run)
 		return []ItemResult{h.runOne(ctx, items[0], func(ctx context.Context) error { return fn(ctx, 0) })}
 	}
 	if h.cfg.replyLimit == 0 {
 		return h.handleBatch(ctx, items, rc.parallel, fn, rc.done, nil, nil)
 	}
-	// a handler WithReplies: each item's reply (SetReply) is stored with its DONE
-	// record, and its duplicates get it back; its items claim whatever the mode
+	// WithReplies: the items claim whatever the mode, and store fn's reply with DONE
 	rb := &batchReplies{fn: fn, items: make([]replyRun, len(items))}
 	return h.handleBatch(ctx, items, rc.parallel, rb.call, rc.done, nil, rb)
 }
@@ -77,10 +66,9 @@ type runConfig struct {
 	done     func(i int, r ItemResult)
 }
 
-// Parallel lets Run run fn for up to n items at once (default 1: in item order). The
-// caller's goroutine runs them in turn, and others join it after a millisecond, so
-// that fast fns cost no goroutine each. RunTx takes no Parallel: its items share one
-// transaction.
+// Parallel lets Run run fn for up to n items at once (default 1: in item order).
+// n < 1, or n > 1 given to RunTx (whose items share one transaction), is an error
+// wrapping ErrInvalidOption.
 func Parallel(n int) RunOption {
 	return func(c *runConfig) error {
 		if n < 1 {
@@ -91,9 +79,8 @@ func Parallel(n int) RunOption {
 	}
 }
 
-// OnResult has Run and RunTx call f once per item as soon as its result is final,
-// from the goroutine that made it (so several at once), before they return: a caller
-// can acknowledge each message without waiting for the slowest fn.
+// OnResult has Run and RunTx call f for each item as soon as its result is final,
+// before they return; calls may be concurrent.
 func OnResult(f func(i int, r ItemResult)) RunOption {
 	return func(c *runConfig) error {
 		c.done = f
@@ -118,23 +105,19 @@ func runOptions(opts []RunOption) (runConfig, error) {
 	return rc, first
 }
 
-// batchReplies holds the replies of a reply batch, by item, as replyRun does for
-// a single call: an item's is written by the goroutine that runs its fn (or that finds it
-// a duplicate), and read once that has returned (by the same goroutine, or by its
-// completion's, after the completions' lock).
+// batchReplies holds a reply batch's replies by item. Item i's is written by the
+// goroutine that runs its fn (or finds it a duplicate) and read after that returns.
 type batchReplies struct {
 	fn    func(context.Context, int) error
 	items []replyRun
 }
 
-// call runs item i's fn with its replyRun in its context (SetReply); it is the fn
-// the batch runs.
+// call runs item i's fn with its replyRun in ctx, for SetReply.
 func (rb *batchReplies) call(ctx context.Context, i int) error {
 	return rb.of(i).call(ctx)
 }
 
-// of is item i's replyRun (nil for a batch without replies), for the paths a call
-// takes (Handler.do): with fn set, it runs item i's fn.
+// of returns item i's replyRun, set to run item i's fn; nil without replies.
 func (rb *batchReplies) of(i int) *replyRun {
 	if rb == nil {
 		return nil
@@ -148,11 +131,9 @@ func (rb *batchReplies) of(i int) *replyRun {
 
 type whenCheckedKey struct{}
 
-// WhenChecked returns a context under which Run calls
-// f once, as soon as the store has answered the batch's own checks: before its fns
-// run, and before its items that wait for other calls (holding their keys) have
-// answers. A caller that bounds how many batches it has being checked at once can
-// start the next one then. It does not reach the fns' contexts.
+// WhenChecked returns a context under which Run and RunTx call f once, as soon as the
+// store has answered the batch's checks and before its fns run (whose contexts do
+// not carry f): a caller can then start checking its next batch.
 func WhenChecked(ctx context.Context, f func()) context.Context {
 	return context.WithValue(ctx, whenCheckedKey{}, f)
 }
@@ -163,24 +144,19 @@ func whenChecked(ctx context.Context) bool {
 	return f != nil
 }
 
-// batchOut holds a batch's results: set records item i's and hands it to done. Until
-// flush, results are held back: done may be slow (an ack with a round trip), and the
-// results known early (local hits, duplicates) must not delay answering the other
-// keys' flights, starting the heartbeat or running the fns.
+// batchOut holds a batch's results. Until flush, set holds them back from done,
+// which may be slow (an ack) and must not delay other keys' flights or the fns.
 type batchOut struct {
 	r    []ItemResult
 	done func(i int, r ItemResult)
-	// lead[i] is item i's batchItem when the batch leads its key: once the item's
-	// result is final, its flight is left, so that calls waiting for the key go on
-	// without waiting for the rest of the batch.
+	// lead[i] is item i's batchItem when the batch leads its key; its flight is left
+	// as soon as its result is final, not at the end of the batch.
 	lead    []*batchItem
 	leave   func(b *batchItem)
 	checked func() // WhenChecked's, called at the first flush
 	h       *Handler
 	replies *batchReplies // a reply batch's; nil otherwise
-	// single: a batch of one, for a call that waits for nothing else (Handler.do):
-	// its completion goes inline, its fn is one.fn, and its reply is the caller's to
-	// report
+	// single: a batch of one (Handler.do): completed inline, its fn is one.fn
 	single bool
 	one    *oneRun
 	comp   completer   // the batch's completions (runClaimed)
@@ -222,9 +198,8 @@ func (o *batchOut) setAndLeave(i int, r ItemResult, leave bool) {
 	}
 }
 
-// leaveItem leaves b's flight, once: with o.leave, or, for a batch of one, noting
-// first that its run processed the key, so that the calls waiting for it answer
-// Duplicate.
+// leaveItem leaves b's flight once. A batch of one first records whether its run
+// processed the key, so that the calls waiting for it answer Duplicate.
 func (o *batchOut) leaveItem(b *batchItem) {
 	if !o.single {
 		o.leave(b)
@@ -271,8 +246,7 @@ func (o *batchOut) flush() {
 	}
 }
 
-// sweep gives every item still without a result one: an fn ended the caller's
-// goroutine (runtime.Goexit) before the batch reached them.
+// sweep gives a result to the items an fn's runtime.Goexit left without one.
 func (o *batchOut) sweep(h *Handler) {
 	var missing []int
 	o.mu.Lock()
@@ -288,9 +262,8 @@ func (o *batchOut) sweep(h *Handler) {
 	o.flush()
 }
 
-// handleBatch is Run; step is a transactional batch's transaction
-// (RunTx, parallel 1), in which the claimed items' fns run, nil otherwise;
-// rb is a reply batch's replies (a handler WithReplies: fn is rb.call), nil otherwise.
+// handleBatch is Run. step is a transactional batch's transaction (RunTx), rb a
+// reply batch's replies (fn is then rb.call); each is nil otherwise.
 func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, fn func(ctx context.Context, i int) error, done func(int, ItemResult), step runStep, rb *batchReplies) []ItemResult {
 	checked, _ := ctx.Value(whenCheckedKey{}).(func())
 	if checked != nil {
@@ -344,8 +317,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			go func() {
 				defer joiners.Done()
 				if (h.cfg.mode == ModeDo || rb != nil) && parallel > 1 && waitsForRunning(ctx) {
-					// as Do does: wait for a run to end, then the key is DONE, or
-					// free again and this item claims it and runs
+					// as Do: wait for the run, then answer Duplicate or claim and run
 					run := func(c context.Context) error { return fn(c, i) }
 					r := rb.of(i)
 					if r != nil {
@@ -397,11 +369,8 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 	return out.r
 }
 
-// joined is the result of a batch item whose key another call in this process leads:
-// once that call has the store's answer, a DONE key is a Duplicate; a key being run
-// (a claim) is InProgress for what is left of its lease; a failure is the leader's.
-// A reply batch's item (replies) takes a Duplicate only with what the flight knows
-// of its reply; without it, it is to be retried.
+// joined is the result of an item whose key another call in this process leads. A
+// reply batch's item takes a Duplicate only if the flight knows the reply.
 func (h *Handler) joined(ctx context.Context, f *flight, fp string, r *replyRun) ItemResult {
 	if err := wait(ctx, f.ready.done()); err != nil {
 		return ItemResult{Result: h.count(Result{Outcome: Cancelled}), Err: err}
@@ -425,7 +394,6 @@ func (h *Handler) joined(ctx context.Context, f *flight, fp string, r *replyRun)
 }
 
 func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
-	// a reply batch claims whatever the mode: its replies are stored by completions
 	if !h.d.enter() {
 		for _, b := range leads {
 			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
@@ -440,8 +408,7 @@ func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int
 	}
 }
 
-// batchItem is an item the batch leads: it holds the flight for its key and, in a
-// reply batch, its fn's reply from its return to its completion (claimed).
+// batchItem is an item the batch leads, with its flight, its claim and fn's reply.
 type batchItem struct {
 	i                    int
 	k, lk, fp, rk, token string
@@ -451,8 +418,7 @@ type batchItem struct {
 	lost                 atomic.Bool // the heartbeat found the lease gone, or judged it may be
 	reply                string      // fn's reply, when replied (a reply batch)
 	replied, tooLarge    bool
-	// while its completion is out (completer.addAs): the batch's completer, and what
-	// the completion stands for
+	// set while its completion is out (completer.addAs)
 	comp *completer
 	how  completionKind
 }
@@ -559,9 +525,8 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 		res, ferr := h.runIn(fctx, func(c context.Context) error { return fn(c, p.b.i) }, false, true)
 		out.set(p.b.i, ItemResult{Result: res, Err: ferr})
 	}
-	// Also one at a time (parallel 1), through runParallel: should an fn end the
-	// caller's goroutine (runtime.Goexit), the marked items after it still run, on
-	// another. Left unrun, they would be lost: their records are DONE.
+	// runParallel even for parallel 1: if an fn calls runtime.Goexit, the items after
+	// it still run on another goroutine. Their records are DONE: unrun, they are lost.
 	h.runParallel(len(runs), parallel, func(k int) {
 		p := runs[k]
 		ran := false
@@ -575,16 +540,13 @@ func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel in
 	})
 }
 
-// spawnAfter is how long a parallel batch runs its items one after the other on the
-// caller's goroutine before it starts more: fast fns then cost no goroutine each,
-// and slow ones wait at most this long for their turn.
+// spawnAfter is how long runParallel runs items on the caller's goroutine alone
+// before others join it: fast fns then cost no goroutine each.
 var spawnAfter = time.Millisecond // a var for tests
 
-// runParallel calls run(k) for k in 0..n-1, up to parallel at once. The caller's
-// goroutine takes the items in turn; if it is still at it after spawnAfter, up to
-// parallel-1 goroutines join it. A goroutine that run ends (runtime.Goexit) hands the
-// items left to a new one. It returns when every item has run, also when it is the
-// caller's goroutine that ends.
+// runParallel calls run(k) for k in [0, n), up to parallel at once: on the caller's
+// goroutine, joined after spawnAfter by up to parallel-1 others. If run ends a
+// goroutine (runtime.Goexit), a new one takes the items left.
 func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -635,8 +597,7 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 	work()
 }
 
-// errGoexit is the error of an item whose fn, run on a goroutine of its own
-// (Run with Parallel), ended that goroutine with runtime.Goexit.
+// errGoexit is the error of an item whose fn called runtime.Goexit.
 var errGoexit = fmt.Errorf("%w: fn called runtime.Goexit", ErrPanic)
 
 func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
@@ -647,8 +608,8 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 	sent := time.Now()
 	answers, err := h.store.Claim(ctx, entries)
 	var claimed []*batchItem
-	// Items whose claim failed and that run anyway (FailOpen) wait until the claimed
-	// ones are done: run now, they would hold up the heartbeat the claims need.
+	// Items whose claim failed but that run anyway (FailOpen, or DatabaseOnly in a
+	// transactional batch) run after the claimed ones, which hold leases meanwhile.
 	var unguarded []*batchItem
 	unguardedErr := make(map[*batchItem]error)
 	for j, b := range leads {
@@ -658,7 +619,6 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 		}
 		if aerr := errors.Join(err, a.Err); aerr != nil {
 			h.releaseUnanswered(ctx, b.k, b.rk, b.token, aerr)
-			// FailOpen, or a transactional batch under DatabaseOnly: to be run later
 			if cutShort(ctx, aerr) == nil && (h.cfg.storeFailure == FailOpen || (step != nil && h.cfg.storeFailure == DatabaseOnly)) {
 				unguarded = append(unguarded, b)
 				unguardedErr[b] = aerr
@@ -706,17 +666,12 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 	}
 }
 
-// runClaimed runs the fns of the claimed items under one heartbeat, and completes
-// each claim whose fn succeeds as soon as it returns (see completer), while the others
-// run. With parallel 1 the items run one at a time, in order, on the caller's
-// goroutine; an fn that ends it (runtime.Goexit) ends the batch, and the claims not run
-// yet are given back. Otherwise they run as in runParallel.
-//
-// step, for a transactional batch (parallel 1), is the transaction the fns run in:
-// it opens with every item's marker (items whose marker is found answer Duplicate, and
-// their claims are completed), each fn runs behind a savepoint when several do (a
-// failed item's work and marker are rolled back to it), and the successes are held
-// until the COMMIT, then completed together.
+// runClaimed runs the claimed items' fns and completes each success as soon as its
+// fn returns (completer). With parallel 1 they run in order on the caller's
+// goroutine, and an fn that calls runtime.Goexit ends the batch, giving back the
+// claims not run yet; otherwise they run as runParallel does. With step (RunTx) they
+// run in one transaction (beginBatch, commitBatch), each behind a savepoint when
+// there are several.
 func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
 	out.flush() // every flight is answered and the lease table has the claims: now the results known so far
 	c := &out.comp
@@ -741,8 +696,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			if finished == len(claimed) {
 				return
 			}
-			// fn called runtime.Goexit: give back its claim and every claim not run
-			// yet; a transaction is rolled back, with the work of those it held
+			// fn called runtime.Goexit: roll back, give back every unsettled claim
 			bg, bgDone := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
 			defer bgDone()
 			stepRollback(bg, step)
@@ -797,13 +751,9 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 	})
 }
 
-// runClaimedItem runs fn for the claimed item b under the batch's heartbeat, in a
-// context of its own under fnCtx (the batch's, from fnContext), which a lost lease
-// cancels. It reports true when fn succeeded: b's claim is then to be completed.
-// Otherwise b is settled: its claim is given back, and its result is in out. In a
-// transactional batch (step), a failed item's work is undone: back to its savepoint
-// (savepoint, with its marker deleted), or, when it is the transaction's only item,
-// by rolling the transaction back.
+// runClaimedItem runs fn for the claimed item b in a context a lost lease cancels.
+// It reports true when fn succeeded and b's claim is to be completed; otherwise b's
+// claim is given back, its transactional work undone, and its result set.
 func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Bool, b *batchItem, fn func(context.Context, int) error, out *batchOut, step runStep, savepoint bool) bool {
 	run := out.oneFn(fn, b.i)
 	if out.single { // fnCtx is the caller's: as fnContext makes the batch's
@@ -815,9 +765,8 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Boo
 		stop := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
 		defer stop()
 	}
-	// Its lease is gone, or may be: a starved process can reach an item after the
-	// heartbeat fell behind. The item has not run, so a claim that still holds its
-	// token is as good as a new one; otherwise it is given up, and given back.
+	// The lease may have lapsed while b waited its turn (a starved process). b has not
+	// run, so a claim still under its token is renewed; otherwise it is given back.
 	if !h.leases.setRunning(b, cancel) && (!h.leases.renew(ctx, b, noRenew) || !h.leases.setRunning(b, cancel)) {
 		h.leases.forget(b)
 		h.undo(ctx, b, step, savepoint)
@@ -870,9 +819,7 @@ func (o *batchOut) oneFn(fn func(context.Context, int) error, i int) func(contex
 	return func(c context.Context) error { return fn(c, i) }
 }
 
-// completeNow completes the claim of a batch of one (batchOut.single) whose fn
-// succeeded, on the caller's goroutine: the caller waits for nothing else, and the
-// completion is bounded by its deadline (settleCtx).
+// completeNow completes a batch of one's claim inline, by the caller's deadline.
 func (h *Handler) completeNow(ctx context.Context, b *batchItem, out *batchOut) {
 	h.leases.forget(b)
 	bg, done := h.settleCtx(ctx, h.cfg.lease)
@@ -883,9 +830,8 @@ func (h *Handler) completeNow(ctx context.Context, b *batchItem, out *batchOut) 
 	out.set(b.i, ItemResult{Result: res, Err: err})
 }
 
-// undo takes an item that will not run, or whose fn failed, out of a transactional
-// batch's transaction: back to its savepoint, its marker deleted; or, without a
-// savepoint (the only item), by rolling the transaction back. A transaction that
+// undo takes b's work out of a transactional batch's transaction: back to its
+// savepoint, or, without one (the only item), by rolling back. A transaction that
 // cannot be brought back fails its commit, so the items it held run again.
 func (h *Handler) undo(ctx context.Context, b *batchItem, step runStep, savepoint bool) {
 	if step == nil {
@@ -902,8 +848,7 @@ func (h *Handler) undo(ctx context.Context, b *batchItem, step runStep, savepoin
 	}
 }
 
-// unrun settles a claimed item of a transactional batch that cannot run (its
-// savepoint failed): its claim is given back.
+// unrun gives back the claim of a transactional batch's item whose savepoint failed.
 func (h *Handler) unrun(ctx context.Context, b *batchItem, out *batchOut, err error) {
 	h.leases.forget(b)
 	bg, done := h.settleCtx(ctx, h.cfg.lease)
@@ -917,11 +862,9 @@ func (b *batchItem) claimed() claimed {
 		reply: b.reply, replied: b.replied, tooLarge: b.tooLarge}
 }
 
-// beginBatch opens a transactional batch's transaction with the markers of its
-// claimed items, and returns the items to run. An item whose marker is found was
-// committed by an earlier run: Duplicate (database), its claim completed (the store
-// lost the DONE record, or never got it), or KeyReuse for another fingerprint (its
-// claim given back). When the database fails, every item's claim is given back.
+// beginBatch opens step's transaction with the items' markers and returns the items
+// to run. A found marker answers Duplicate (claim completed) or KeyReuse (claim given
+// back); if Begin fails, every claim is given back.
 func (h *Handler) beginBatch(ctx, fnCtx context.Context, c *completer, claimed []*batchItem, step runStep, out *batchOut) []*batchItem {
 	markers := make([]Marker, len(claimed))
 	for j, b := range claimed {
@@ -957,10 +900,9 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, c *completer, claimed [
 	return run
 }
 
-// commitBatch commits a transactional batch's transaction and settles the items it
-// held: completed (Processed, whatever the store says, since their markers are
-// committed) when it commits; claims kept (CommitUnknown) when its outcome is
-// unknown; claims given back (Failed) when it failed.
+// commitBatch commits step's transaction and settles the items it held: Processed
+// and completed when it commits, claims kept on an unknown outcome (CommitUnknown),
+// claims given back when it failed (Failed).
 func (h *Handler) commitBatch(ctx context.Context, c *completer, held []*batchItem, step runStep, out *batchOut) {
 	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	defer done()
@@ -971,8 +913,7 @@ func (h *Handler) commitBatch(ctx context.Context, c *completer, held []*batchIt
 	cerr := step.commit(bg)
 	for _, b := range held {
 		if cerr == nil {
-			// Processed now, whatever the completion answers: the marker answers a
-			// redelivery, so the ack need not wait for the round trip
+			// Processed now: the marker answers a redelivery, so the ack need not wait
 			res, err := h.committed(b.claimed(), nil)
 			b.f.processed.Store(true)
 			out.setAndLeave(b.i, ItemResult{Result: res, Err: err}, false) // left once its completion lands
@@ -992,12 +933,9 @@ func (h *Handler) commitBatch(ctx context.Context, c *completer, held []*batchIt
 	}
 }
 
-// completer completes the claims of one batch's items as their fns succeed, through
-// the handler's completions: each item's completion goes out as soon as its fn
-// returns, coalesced with the others out at once, never held for the rest of the
-// batch. The item's result, and so its ack, follows its own completion. A crash then
-// repeats at most the items whose completion is in flight, not every item that ran
-// earlier in the batch.
+// completer completes a batch's claims through the handler's completions, each as
+// soon as its fn returns: a crash repeats at most the items whose completion is in
+// flight. An item's result, and so its ack, follows its own completion.
 type completer struct {
 	h   *Handler
 	ctx context.Context
@@ -1009,23 +947,19 @@ type completer struct {
 type completionKind uint8
 
 const (
-	// fnSucceeded: the item's fn succeeded (Processed, or NotRecorded or LeaseLost as
-	// the store answers: completed)
+	// fnSucceeded: fn succeeded; the result follows the store's answer
 	fnSucceeded completionKind = iota
-	// committedNow: the item's transaction committed; its result is out already
-	// (commitBatch: Processed, whatever the store answers)
+	// committedNow: the transaction committed; the result (Processed) is out already
 	committedNow
-	// completedEarlier: the item's marker was found, committed by an earlier run; the
-	// completion repairs the store (Duplicate from the database: stepAnswered)
+	// completedEarlier: the marker was found; the completion repairs the store
 	completedEarlier
 )
 
-// add sends b's completion. The heartbeat stops extending b's claim first: a claim
-// stays its owner's for a lease after its last extension, long enough to complete,
-// as in Do.
+// add sends the completion of b, whose fn succeeded.
 func (c *completer) add(b *batchItem) { c.addAs(b, fnSucceeded) }
 
-// addAs is add for a completion of kind how.
+// addAs sends b's completion, of kind how. b leaves the lease table first: its claim
+// stays valid for a lease after its last extension, long enough to complete.
 func (c *completer) addAs(b *batchItem, how completionKind) {
 	c.h.leases.forget(b)
 	c.wg.Add(1)

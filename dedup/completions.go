@@ -8,33 +8,25 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
-// completionsInFlight is how many completion round trips (CompleteMany) a handler
-// has out at once; the completions that come meanwhile queue and go together in the
-// next. maxCompletions bounds one round trip.
+// completionsInFlight is how many completion round trips a handler has out at once;
+// maxCompletions bounds the entries of one.
 const (
 	completionsInFlight = 4
 	maxCompletions      = 128
 )
 
-// A lazy completion (a committed transactional run's: its marker answers a
-// redelivery, so nothing waits for it) waits up to lazyDelay for company, unless
-// lazyBatch are queued or an eager one comes: a handler's runs then share one round
-// trip, where each would cost Redis and the client a round trip of its own.
+// A lazy completion (a committed run's: its marker answers a redelivery, so nothing
+// waits for it) waits up to lazyDelay for company, unless lazyBatch are queued or an
+// eager one comes, so that a handler's runs share a round trip.
 const (
 	lazyDelay = 2 * time.Millisecond
 	lazyBatch = 32
 )
 
-// completions coalesces a handler's completions that need not hold their caller:
-// those of batch items (completer), and those of committed transactional runs
-// (completeCommitted). A completion goes out at once, on a goroutine that then sends
-// whatever has queued meanwhile, while fewer than completionsInFlight round trips
-// are out; otherwise it queues, and the next round trip to end takes it. So a
-// completion waits at most for a round trip to end, never for the rest of its batch,
-// and concurrent batches and runs share pipelines. No timer, and no goroutine
-// outlives the completions that need it (whoever adds one waits for its answer, or
-// counts it in the Deduper's running, which Close waits for). Lazy completions are
-// the exception to "no timer": see lazyDelay.
+// completions coalesces the completions of a handler's batch items (completer) and
+// committed runs (completeCommitted). While fewer than completionsInFlight round
+// trips are out, a completion goes out at once, with whatever has queued; otherwise it
+// queues for the next round trip to end. Only lazy completions use a timer.
 type completions struct {
 	h        *Handler
 	mu       sync.Mutex
@@ -44,8 +36,7 @@ type completions struct {
 	flushers int
 }
 
-// pendingCompletion is the completion of a claim: its entry (key, token, and reply
-// when it stores one; the flush sets the retention); to gets the store's answer.
+// pendingCompletion is a claim's completion; to gets the store's answer.
 type pendingCompletion struct {
 	ctx  context.Context // for its values (tracing): not its cancellation
 	e    driver.Entry
@@ -53,9 +44,8 @@ type pendingCompletion struct {
 	to   completionAnswer
 }
 
-// completionAnswer takes the store's answer to a pending completion: a batch item
-// (batchItem.completionAnswered), or a committed transactional run (committedRun). An
-// interface rather than a func, so that a batch item costs no closure.
+// completionAnswer takes the store's answer to a completion: a batchItem or a
+// committedRun. An interface, so that a batch item costs no closure.
 type completionAnswer interface{ completionAnswered(cerr error) }
 
 // pendingFor is the completion of c's claim, answered to to.
@@ -93,8 +83,7 @@ func (q *completions) add(p pendingCompletion) {
 	}
 }
 
-// kick sends the lazy completions that waited lazyDelay, unless a round trip has
-// taken them meanwhile.
+// kick sends the lazy completions that waited lazyDelay, unless a flush took them.
 func (q *completions) kick() {
 	q.mu.Lock()
 	q.timer = nil

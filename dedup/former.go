@@ -11,40 +11,15 @@ import (
 	"github.com/dedupkit/dedupkit/keys"
 )
 
-// WithFormerNames lists the names the handler had before a rename (docs/design.md §11).
-// Handler names are part of every record key, so without it a renamed handler runs
-// again every message still in retention under its old name. With it:
-//
-//   - New records are written under the handler's own name only.
-//   - When a key is new under the own name (a claim acquired, or a Mark's first
-//     sighting), the former names' records are read, all in one more round trip (a
-//     pipeline of lookup scripts): a DONE record there answers Duplicate (KeyReuse
-//     if its fingerprint differs), one IN PROGRESS answers InProgress for what is
-//     left of its lease (an instance still running the old name has the message in
-//     hand). Each miss costs that round trip; keys found under the own name, and
-//     local-tier hits, cost nothing more.
-//   - A claim that a former name's record answers is given back before the call
-//     returns (one more round trip, for such keys only): a DONE record with the same
-//     fingerprint is copied forward (the claim is completed with what is left of the
-//     former record's life), so that its next duplicates are found under the own
-//     name; otherwise the claim is released.
-//   - A Mark has written DONE under the own name before it can look: a former DONE
-//     record then makes it answer Duplicate, and its DONE record stays, as the copy
-//     forward, with the handler's retention counted from now. That record is true:
-//     the message did run, under the former name. A former record IN PROGRESS makes
-//     it answer InProgress (a filter drops it) and the DONE record stays too, so if
-//     that run fails, its redelivery is dropped as a filter drops a failed run. Should
-//     the lookup fail, the Mark answers First (it runs) rather than drop a message on
-//     account of a rename.
-//   - A former DONE record's stored reply (WithReplies) answers the reply forms'
-//     duplicates, and is copied forward with the record.
-//   - Lookup, LookupMany and Forget cover the former names' records too.
-//
-// Each name is validated as a handler name. Register refuses, wrapping
-// ErrInvalidOption, a former name that is the handler's own name, the name or a
-// former name of a handler registered before or after, a name given twice, and a
-// store that does not implement RecordStore. Default: none. Drop a former name once
-// its records have expired (the retention after the rename).
+// WithFormerNames lists the names the handler had before a rename, so that their
+// records still count (docs/design.md §11): a key new under the handler's name is
+// looked up under the former names in one more round trip, and a DONE record there
+// answers Duplicate (and is copied forward), one IN PROGRESS as such a record does. New
+// records are written under the current name only; Lookup and Forget cover the
+// former names too. Default: none. Register refuses, wrapping ErrInvalidOption, an
+// invalid or repeated name, the handler's own name, a name or former name of another
+// handler, and a store that does not implement RecordStore. Drop a former name once
+// a retention has passed since the rename. See docs/operating.md.
 func WithFormerNames(names ...string) HandlerOption {
 	return func(c *handlerConfig) error {
 		for i, n := range names {
@@ -60,8 +35,7 @@ func WithFormerNames(names ...string) HandlerOption {
 	}
 }
 
-// checkFormerNames refuses former names that are h's own name, or that another
-// registered handler has as its name or a former name. Called under d.mu.
+// checkFormerNames refuses names h shares with itself or another handler; d.mu held.
 func (d *Deduper) checkFormerNames(h *Handler) error {
 	for _, n := range h.cfg.formerNames {
 		if n == h.name {
@@ -81,10 +55,8 @@ func (d *Deduper) checkFormerNames(h *Handler) error {
 	return nil
 }
 
-// formerStore is the store as a handler with former names sees it: Claim, Mark,
-// ClaimMany and MarkMany answer for the former names' records too. It is the one
-// place the former names are checked; every path (Do, Mark, Handle, the batches, the
-// transactional runs) reaches the store through it.
+// formerStore is the store as a handler with former names sees it: Claim and Mark
+// answer for the former names' records too. Every path reaches the store through it.
 type formerStore struct {
 	driver.Store
 	h       *Handler
@@ -109,10 +81,8 @@ func (s *formerStore) Mark(ctx context.Context, entries []driver.Entry) ([]drive
 	return as, err
 }
 
-// settle reads, in one round trip, the former names' records of the entries the
-// store answered Acquired (claims, or marks), and changes those answers to what a
-// former record says; see WithFormerNames. Claims answered so are given back
-// (giveBack) before it returns.
+// settle looks up, in one round trip, the former names' records of the entries
+// answered Acquired and answers as they say; claims so answered are given back.
 func (s *formerStore) settle(ctx context.Context, entries []driver.Entry, answers []driver.Answer, claims bool) {
 	h := s.h
 	var acquired []int
@@ -174,11 +144,9 @@ func (s *formerStore) settle(ctx context.Context, entries []driver.Entry, answer
 	}
 }
 
-// giveBack completes (copies forward) the claims with a TTL, in one round trip, and
-// releases the others, side by side (so that auto-pipelining sends them together).
-// It waits for them: until then the key would answer InProgress for a whole lease
-// to a copy checked elsewhere, instead of Duplicate. That costs the caller a round
-// trip on a key found under a former name (a duplicate), never on a new key.
+// giveBack copies forward (completes) the claims with a TTL and releases the others,
+// side by side. It waits for them: meanwhile the key would answer InProgress for a
+// whole lease to copies checked elsewhere, instead of Duplicate.
 func (s *formerStore) giveBack(ctx context.Context, claims []driver.Entry) {
 	h := s.h
 	bg, done := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))

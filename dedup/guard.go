@@ -13,20 +13,11 @@ import (
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
-// guard is the store as the engine calls it (Deduper.store). It keeps two promises
-// the store below may not:
-//
-//   - A call returns by its context's deadline or cancellation, and within
-//     closeWait of Close, whatever the client does (go-redis without
-//     ContextTimeoutEnabled waits out its own timeouts and retries). Such a call goes
-//     on, on a goroutine of its own, until the store answers; a claim that then turns
-//     out to have landed is given back.
-//   - A breaker: once calls have failed breakerTrip times in a row, claims and marks
-//     fail at once (ErrStoreUnavailable, errBreakerOpen) instead of each waiting for
-//     the store, so that a handler that goes on without it (FailOpen, DatabaseOnly)
-//     runs at its own speed while the store is down; a goroutine probes the store and
-//     closes the breaker at its first answer. Completions, releases and extensions are
-//     always tried: they settle what has already run.
+// guard is the store as the engine calls it (docs/design.md §3). A call returns by
+// its context's deadline, or within closeWait of Close, whatever the client does; a
+// claim that lands after its caller gave up is given back. A breaker fails claims and
+// marks at once after breakerTrip failures in a row, until a probe gets an answer.
+// Completions, releases and extensions are always tried: they settle what has run.
 type guard struct {
 	s      driver.Store
 	d      *Deduper
@@ -35,21 +26,17 @@ type guard struct {
 	fails  atomic.Int32 // store failures in a row
 	open   atomic.Bool
 	probes sync.WaitGroup // the probe goroutine; Close waits for it
-	// opened is closed when the breaker opens: claims and marks still waiting for
-	// the store give up then, instead of each waiting out the client's retries
+	// opened is closed when the breaker opens: claims and marks still waiting give up
 	opened atomic.Pointer[chan struct{}]
 }
 
-// Breaker settings.
 const (
 	// breakerTrip is how many store failures in a row open the breaker.
 	breakerTrip = 3
-	// probeFirst and probeMax: the breaker's probe tries after probeFirst, then at
-	// doubling intervals up to probeMax, each try bounded by probeMax.
+	// The probe tries after probeFirst, then at doubling intervals up to probeMax.
 	probeFirst = 50 * time.Millisecond
 	probeMax   = time.Second
-	// closeWait is how long Close waits for store calls in flight before it gives
-	// up on their answers.
+	// closeWait is how long Close waits for the answers of store calls in flight.
 	closeWait = time.Second
 )
 
@@ -63,18 +50,16 @@ func newGuard(d *Deduper, s driver.Store) *guard {
 	return g
 }
 
-// detaches reports whether calls to s need a goroutine of their own to return by
-// their deadline: every store but memstore.Store, which never waits on a network.
+// detaches reports whether calls to s need a goroutine of their own: not in-process.
 func detaches(s driver.Store) bool {
 	return !storekit.IsInProcess(s)
 }
 
 type waitKey struct{}
 
-// settleCtx returns the context of the store calls that settle a run once fn has
-// returned (a completion, a release): not cancelled with ctx, so that they are sent
-// whatever ctx says, and ending after d; but the guard waits for them only until
-// ctx's deadline (and settleGrace), if it has one, so that the caller returns by it.
+// settleCtx returns the context of a call that settles a run after fn returned (a
+// completion, a release): sent whatever ctx says and ending after d, but waited for
+// only until ctx's deadline plus settleGrace, so that the caller returns by it.
 func (h *Handler) settleCtx(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
 	dl, ok := ctx.Deadline()
@@ -86,15 +71,10 @@ func (h *Handler) settleCtx(ctx context.Context, d time.Duration) (context.Conte
 }
 
 // settleGrace is how long past the caller's deadline a settling call is waited for:
-// a store that answers at all answers in far less, so that a call cut short by its
-// deadline has its claim given back when it returns (Cancelled), within the deadline's
-// tolerance.
+// a store that answers at all answers in far less.
 const settleGrace = 50 * time.Millisecond
 
-// waitBounded returns ctx, whose calls the guard waits for only as long as bound
-// allows: a call made after the caller's fn returned (a completion, a release) runs
-// with a context of its own, so that it is sent whatever the caller's context says,
-// but the caller must still return by its deadline.
+// waitBounded returns ctx, whose calls the guard waits for only while bound lasts.
 func waitBounded(ctx, bound context.Context) context.Context {
 	if bound.Done() == nil {
 		return ctx
@@ -110,10 +90,10 @@ func boundOf(ctx context.Context) context.Context {
 	return ctx
 }
 
-// call runs f(ctx) (the store's op) and returns its answer, or, once ctx (or its wait
-// bound) ends or Close has waited closeWait, an error wrapping ErrStoreUnavailable
-// and the cause. late, if not nil, gets the answer of a call given up on, when it
-// comes. Entry and refusal by the breaker are the caller's.
+// detached runs f, the store call op, and returns its answer, or an error wrapping
+// ErrStoreUnavailable once ctx (or its wait bound) ends, Close has waited closeWait,
+// or, for an entry call (claim, mark), the breaker opens. late, if not nil, gets the
+// answer of a call given up on.
 func detached[T any](g *guard, ctx context.Context, op string, entry bool, f func(context.Context) (T, error), late func(T, error)) (T, error) {
 	bound := boundOf(ctx)
 	if !g.detach {
@@ -181,8 +161,7 @@ type pending[T any] struct {
 	gaveUp bool
 }
 
-// note counts err for the breaker: a failed claim or mark (entry), unless the
-// caller's own context ended it; an answer to any call resets the count.
+// note counts a failed entry call for the breaker; any answer resets the count.
 func (g *guard) note(ctx context.Context, entry bool, err error) {
 	switch {
 	case err == nil || !errors.Is(err, ErrStoreUnavailable): // the store answered
@@ -205,8 +184,7 @@ func (g *guard) failed() {
 	}
 }
 
-// refused is the error of a claim or mark made while the breaker is open; nil when
-// it is closed.
+// refused is the error of a claim or mark while the breaker is open; nil otherwise.
 func (g *guard) refused(op string) error {
 	if !g.open.Load() {
 		return nil
@@ -214,8 +192,7 @@ func (g *guard) refused(op string) error {
 	return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, errBreakerOpen)
 }
 
-// probe asks the store, at growing intervals, until it answers (the breaker closes)
-// or the Deduper closes.
+// probe asks the store at growing intervals until it answers or the Deduper closes.
 func (g *guard) probe() {
 	defer g.probes.Done()
 	every := probeFirst
@@ -283,8 +260,7 @@ func (g *guard) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Ans
 	})
 }
 
-// Mark implements Store. A mark given up on may have written DONE: filter mode's
-// trade-off, as a crash.
+// Mark implements Store. A mark given up on may have written DONE, as in a crash.
 func (g *guard) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := g.refused("mark"); err != nil {
 		return nil, err
@@ -343,8 +319,7 @@ func (g *guard) CountRecords(ctx context.Context, prefix, handler string) (map[s
 	}, nil)
 }
 
-// giveBack releases claims whose answer came after their caller had given up on it
-// (the caller released them too, and may have done so before they landed).
+// giveBack releases claims that landed after their caller gave up on them.
 func (g *guard) giveBack(entries []driver.Entry) {
 	if len(entries) == 0 {
 		return

@@ -22,21 +22,15 @@ type Handler struct {
 	d    *Deduper
 	name string
 	cfg  handlerConfig
-	// store is the Deduper's store, as the handler sees it: behind formerStore when
-	// it has former names (former.go)
+	// store is the Deduper's, behind formerStore when the handler has former names
 	store driver.Store
 	local *lru.Cache // DONE keys only; nil when the tier is off
-	// listening says the local tier may take keys: forget notices reach it (its
-	// subscription is confirmed), or it needs none (notices.go)
+	// listening: the local tier may take keys (notices reach it, or it needs none)
 	listening atomic.Bool
-	// replies keeps the stored replies of DONE keys, by local key, for the reply
-	// forms, bounded by bytes (WithLocalReplies); nil without replies or without a
-	// local tier. A reply form's local hit needs its key here: the keys-only tier
-	// above cannot answer it.
+	// replies caches stored replies for reply-form local hits; may be nil
 	replies *lru.Bytes
 	flights *flights
-	// completions coalesces the completions that need not hold their caller: batch
-	// items' and committed transactional runs' (completions.go)
+	// completions coalesces batch items' and committed runs' completions
 	completions completions
 	leases      leases   // the claims its runs hold, extended by one goroutine (leases.go)
 	keyHead     string   // "<prefix>:<name>:", the head of every record key
@@ -97,13 +91,13 @@ func (h *Handler) RecordKey(key string) string {
 }
 
 // Do runs fn once for key: it claims key with a lease, runs fn while a heartbeat
-// extends the lease every lease/3, then records DONE. fn's context is cancelled, with
-// cause ErrLeaseLost, if the lease is lost, and with cause ErrClosed on Close.
-//
-// The Result says what happened (see Outcome). The error is nil for Processed,
-// Duplicate, InProgress, NoKey and KeyReuse; for Failed it is fn's error as is; for the
-// other outcomes it wraps ErrPanic, ErrStoreUnavailable, ErrNotRecorded, ErrLeaseLost,
-// ErrClosed or the context's error. An empty key follows the missing-key policy.
+// extends the lease, then records DONE. fn's context is cancelled with cause
+// ErrLeaseLost if the lease is lost, and ErrClosed on Close. An empty key follows the
+// missing-key policy. The error is nil for Processed, Duplicate, InProgress, NoKey
+// and KeyReuse, fn's own for Failed, and otherwise wraps ErrPanic,
+// ErrStoreUnavailable, ErrNotRecorded, ErrLeaseLost, ErrClosed or the context's
+// error; it wraps ErrInvalidOption for a nil fn or context, or on a handler
+// WithReplies (use Run).
 func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) error) (Result, error) {
 	if err := h.checkInput(ctx, fn == nil); err != nil {
 		return Result{}, err
@@ -117,12 +111,9 @@ func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) e
 	return h.do(ctx, key, "", fn, nil, nil)
 }
 
-// doReply is a run of one keyed item on a handler WithReplies (Run): fn's reply
-// (SetReply) is stored with the DONE record, and a duplicate is answered with the
-// stored one, from the local tier or the store.
+// doReply is runOne on a handler WithReplies: fn's reply is stored with DONE.
 func (h *Handler) doReply(ctx context.Context, key, fp string, fn func(context.Context) error) ItemResult {
 	if h.replies != nil {
-		// the local tier's answer, before anything is allocated for a run
 		if v, ok := h.replies.Get(localKey(keys.Normalize(key), fp)); ok {
 			return ItemResult{Result: h.countLocalHit(), Reply: v, HasReply: true}
 		}
@@ -132,8 +123,7 @@ func (h *Handler) doReply(ctx context.Context, key, fp string, fn func(context.C
 	return h.replied(res, err, r.reply, r.has)
 }
 
-// noReplies refuses Do, Handle and Mark on a handler WithReplies: only
-// Run's results carry the replies it stores.
+// noReplies refuses Do, Handle and Mark on a handler WithReplies.
 func (h *Handler) noReplies() error {
 	if h.cfg.replyLimit > 0 {
 		return fmt.Errorf("%w: handler %q stores replies (WithReplies): run it with Run, whose results carry them", ErrInvalidOption, h.name)
@@ -141,10 +131,8 @@ func (h *Handler) noReplies() error {
 	return nil
 }
 
-// replyRun is one call of a reply form: the reply its result carries, kept here
-// rather than in Result (see Result). It is fn's, from fn's return on, or, for a
-// Duplicate, the stored one as the lifecycle found it (dup): a call either runs fn
-// or is a duplicate, never both.
+// replyRun is a reply-form call's reply: fn's, from fn's return on, or a Duplicate's
+// stored one (dup); a call either runs fn or is a duplicate, never both.
 type replyRun struct {
 	fn    func(context.Context) error
 	reply string
@@ -157,8 +145,7 @@ type replyRun struct {
 
 type replyKey struct{}
 
-// call runs fn with r in its context, for SetReply; it is the fn the lifecycle runs.
-// A reply set by an fn that then fails is dropped.
+// call runs fn with r in ctx, for SetReply; an fn that fails drops its reply.
 func (r *replyRun) call(ctx context.Context) error {
 	err := r.fn(context.WithValue(ctx, replyKey{}, r))
 	r.mu.Lock()
@@ -172,12 +159,10 @@ func (r *replyRun) call(ctx context.Context) error {
 	return nil
 }
 
-// SetReply sets the reply of the run whose fn was given ctx, on a handler WithReplies
-// (Run): it is stored with the DONE record when fn returns nil, and every duplicate
-// gets it back (ItemResult.Reply). A later call replaces it; an fn that sets none
-// stores DONE without a reply. Call it before fn returns (from fn, or a goroutine fn
-// waits for). Otherwise, and in a transactional run (which stores no reply), it
-// does nothing and returns an error wrapping ErrInvalidOption.
+// SetReply sets the reply of the Run item whose fn was given ctx, on a handler
+// WithReplies: it is stored with DONE if fn returns nil, and duplicates get it back
+// (ItemResult.Reply); a later call replaces it. Outside such an fn, after it returned,
+// or in a transactional run, it returns an error wrapping ErrInvalidOption.
 func SetReply(ctx context.Context, reply []byte) error {
 	r, _ := ctx.Value(replyKey{}).(*replyRun)
 	if r == nil {
@@ -192,16 +177,14 @@ func SetReply(ctx context.Context, reply []byte) error {
 	return nil
 }
 
-// dup records what a duplicate answer says of the key's stored reply. Safe on nil
-// (a call that is not a reply form).
+// dup records a duplicate's stored reply. Safe on nil.
 func (r *replyRun) dup(reply string, has bool) {
 	if r != nil {
 		r.reply, r.has = reply, has
 	}
 }
 
-// replied is a reply form's result: res with the reply it carries, and a Duplicate
-// without a reply counted.
+// replied adds the reply to a reply form's result; it counts a Duplicate without one.
 func (h *Handler) replied(res Result, err error, reply string, has bool) ItemResult {
 	if res.Outcome == Duplicate && !has {
 		h.stats.repliesMissing.Add(1)
@@ -212,11 +195,11 @@ func (h *Handler) replied(res Result, err error, reply string, has bool) ItemRes
 	return ItemResult{Result: res, Err: err, Reply: reply, HasReply: true}
 }
 
-// Mark is filter mode: one round trip that records key as DONE and answers First the
-// first time, Duplicate afterwards (KeyReuse never, as Mark carries no payload). There
-// is no lease: run the side effect after First, accepting that a crash loses it. An
-// empty key answers NoKey, or First with Unguarded under ProcessMissingKey. A store
-// failure answers StoreUnavailable, or First with Unguarded under FailOpen.
+// Mark is filter mode: one round trip records key as DONE and answers First the
+// first time, Duplicate afterwards. There is no lease: run the side effect after
+// First, accepting that a crash loses it. An empty key answers NoKey, or First
+// Unguarded under ProcessMissingKey; a store failure answers StoreUnavailable (the
+// error wrapping ErrStoreUnavailable), or First Unguarded under FailOpen.
 func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 	if err := h.checkInput(ctx, false); err != nil {
 		return Result{}, err
@@ -260,8 +243,7 @@ func (h *Handler) Handle(ctx context.Context, msg keys.Message, fn func(context.
 	return h.handleKey(ctx, key, payload, fn)
 }
 
-// runOne is a run of one keyed item (Run): a single call, by the handler's mode, or
-// with its reply on a handler WithReplies.
+// runOne is Run for one keyed item: a single call.
 func (h *Handler) runOne(ctx context.Context, it Item, fn func(context.Context) error) ItemResult {
 	if h.cfg.replyLimit > 0 {
 		return h.doReply(ctx, it.Key, h.fingerprint(it.Payload), fn)
@@ -270,8 +252,7 @@ func (h *Handler) runOne(ctx context.Context, it Item, fn func(context.Context) 
 	return ItemResult{Result: res, Err: err}
 }
 
-// handleKey guards fn for key by the handler's mode: ModeDo as Do, ModeFilter as
-// Mark then fn on First; payload is fingerprinted when fingerprinting is on.
+// handleKey is Handle once the key is read: ModeDo as Do, ModeFilter as Mark then fn.
 func (h *Handler) handleKey(ctx context.Context, key string, payload []byte, fn func(context.Context) error) (Result, error) {
 	if key == "" {
 		return h.noKey(ctx, fn, nil)
@@ -298,9 +279,7 @@ func (h *Handler) handleKey(ctx context.Context, key string, payload []byte, fn 
 	return h.run(ctx, fn, res.Unguarded, true, nil)
 }
 
-// localReply answers a reply form (r) from the local tier: lk's stored reply, kept
-// in the local tier's replies. Without it (never kept, evicted, or its record has no
-// reply) the caller asks the store, which has it or says it has none.
+// localReply answers a reply form from the local tier's replies, if lk is there.
 func (h *Handler) localReply(lk string, r *replyRun) bool {
 	if h.replies == nil {
 		return false
@@ -312,10 +291,8 @@ func (h *Handler) localReply(lk string, r *replyRun) bool {
 	return ok
 }
 
-// localDone reports whether the local tier holds lk (localKey) as DONE. Mark and
-// a run of one ask it before enter, as Do's check does: a local answer makes no store
-// call, so there is nothing for Close to wait for, and the hottest path writes nothing
-// the Deduper shares (enter's lock and counter).
+// localDone reports whether the local tier holds lk as DONE. Callers ask it before
+// enter, so that a local hit writes nothing the Deduper shares.
 func (h *Handler) localDone(lk string) bool {
 	return h.local != nil && h.local.Contains(lk)
 }
@@ -334,9 +311,8 @@ func (h *Handler) fingerprint(payload []byte) string {
 	return Fingerprint(payload)
 }
 
-// localKey is what the local tier holds: the key, and the fingerprint when there is
-// one, so that a reused key with another payload misses locally and reaches the store.
-// '#' is in neither of keys.Normalize's forms, so the join is unambiguous.
+// localKey is the local tier's key: k, with fp when there is one, so that a reused
+// key with another payload misses locally. '#' is in neither of Normalize's forms.
 func localKey(k, fp string) string {
 	if fp == "" {
 		return k
@@ -344,12 +320,9 @@ func localKey(k, fp string) string {
 	return k + "#" + fp
 }
 
-// remember caches a DONE key, learnt by the leader of flight f. Should the key be
-// forgotten while f was out (f.stale: a forget notice, or a purge, came meanwhile),
-// the store's answer may predate the forget, so the entry is taken out again. The
-// order matters: Add, then look at f.stale; the forgetting side marks f stale, then
-// removes the key (dropLocal). Either this sees the mark, or the removal follows
-// the Add.
+// remember caches a DONE key learnt by flight f's leader; a forget during the flight
+// (f.stale) takes it out again. Order matters: this adds, then reads f.stale; the
+// forgetting side marks f stale, then drops the key.
 func (h *Handler) remember(f *flight, lk string) {
 	if h.local != nil && h.listening.Load() {
 		h.local.Add(lk)
@@ -357,8 +330,7 @@ func (h *Handler) remember(f *flight, lk string) {
 	}
 }
 
-// rememberFor caches a DONE key for no longer than its record has left in the store
-// (as remember for the rest).
+// rememberFor is remember for no longer than left, what the record has left.
 func (h *Handler) rememberFor(f *flight, lk string, left time.Duration) {
 	if h.local != nil && h.listening.Load() {
 		h.local.AddFor(lk, left)
@@ -372,10 +344,8 @@ func (h *Handler) unlessStale(f *flight, lk string) {
 	}
 }
 
-// rememberReply keeps the stored reply of a DONE key for the reply forms' local
-// hits, for no longer than left (what its record has left; nothing when the store
-// did not say), as rememberFor does for the key (with the same care for a forget
-// meanwhile).
+// rememberReply caches a DONE key's stored reply for no longer than left (not at all
+// when left is 0), with remember's care for a forget meanwhile.
 func (h *Handler) rememberReply(f *flight, lk, reply string, left time.Duration) {
 	if h.replies == nil || left <= 0 || !h.listening.Load() {
 		return
@@ -395,13 +365,10 @@ func (h *Handler) closeLocal() {
 	}
 }
 
-// check answers from the local tier or from a concurrent call for the same key. It
-// returns the flight the caller leads when neither could answer. A waiter takes the
-// leader's answer only where it is its own too; otherwise (another payload, or a
-// leader cancelled by its own context) it waits for the leader to leave and asks again.
-// A reply form (replies) takes a Duplicate only with what is known of its reply:
-// from the local tier's replies, or from a flight that knows it (its claim's answer,
-// or its run).
+// check answers from the local tier or from a concurrent call for the same key, or
+// returns the flight the caller then leads. A waiter takes the leader's answer only
+// where it is its own too (same fingerprint; a reply form needs the reply);
+// otherwise it waits for the leader to leave and asks again.
 func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*flight, Result, error) {
 	replies := r != nil
 	for {
@@ -443,10 +410,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 			if !waitsForRunning(ctx) {
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
-			// the caller asked to wait: once the run is over, the local tier or a
-			// claim of our own answers. A run that outlasts what is left of its lease
-			// (as this process knows it) is slow: answer InProgress then, so that
-			// waiters do not hold their callers (the adapter's slots) for long.
+			// wait up to the run's remaining lease; a slower run answers InProgress
 			done, err := waitUpTo(ctx, f.left.done(), f.retryAfter(h.cfg.lease))
 			if err != nil {
 				return nil, h.count(Result{Outcome: Cancelled}), err
@@ -455,18 +419,14 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
 			if f.processed.Load() && f.fp == fp && !f.stale.Load() {
-				// the run processed the key: a duplicate, whether or not its DONE
-				// record has landed yet (a committed run's completion is lazy) or the
-				// local tier kept it, with the reply the run stored (or none)
+				// a duplicate, though its DONE record may not have landed yet
 				return nil, h.count(f.duplicate(r)), nil
 			}
 			continue
 		}
 		switch f.res.Outcome {
 		case First, Duplicate:
-			// a reply form needs the reply, which a Mark's answer, or the local
-			// tier's to another call, does not bring: it asks the store itself once
-			// the leader has left
+			// a reply form needs the reply, which a Mark or a local hit does not bring
 			if f.fp == fp && (!replies || f.replyKnown) {
 				return nil, h.count(f.duplicate(r)), nil
 			}
@@ -490,14 +450,11 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 type waitForRunningKey struct{}
 
 // WaitForRunning returns a context under which Do and Handle, finding their key being
-// run by a concurrent call in this process, wait for that run to end instead of
-// answering InProgress at once: then the key is DONE (Duplicate, from the local tier
-// or the store) or free again (the caller claims it and runs). The wait ends with ctx,
-// and after what is left of the run's lease, with InProgress. It does not reach fn's
-// own context, so calls fn makes never wait (two runs could wait for each other).
-// A key held by another process still answers InProgress. The NATS adapter uses it,
-// since it runs several messages at once and a message's wait is cheaper than a
-// redelivery.
+// run by another call in this process, wait for that run to end instead of answering
+// InProgress at once; then the key is DONE (Duplicate) or free (they claim it). The
+// wait ends with ctx, or with InProgress after what is left of the run's lease. fn's
+// context does not carry it, so that two runs never wait for each other. A key held
+// by another process still answers InProgress.
 func WaitForRunning(ctx context.Context) context.Context {
 	return context.WithValue(ctx, waitForRunningKey{}, true)
 }
@@ -539,11 +496,9 @@ func wait(ctx context.Context, ch <-chan struct{}) error {
 	}
 }
 
-// do runs fn once for key (Do, a run of one in ModeDo, and the transactional runs: step
-// is their transaction around fn, nil for a plain run). r is a reply form's run (fn
-// is r.call), nil otherwise. Once the local tier and the in-flight table (check) have
-// not answered, the key is a batch of one: it takes the batch's lifecycle (claimBatch),
-// with its completion sent inline, since the caller waits for nothing else.
+// do runs fn once for key: Do, Handle in ModeDo, and the transactional runs (step;
+// nil for a plain run). r is a reply form's run (fn is r.call). Past check, the key
+// is a batch of one (claimBatch), completed inline.
 func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Context) error, step runStep, r *replyRun) (Result, error) {
 	k := keys.Normalize(key)
 	lk := localKey(k, fp)
@@ -576,11 +531,8 @@ func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Contex
 	return out.r[0].Result, out.r[0].Err
 }
 
-// claimed names a run's key in its forms (normalized, local-tier, record), with its
-// payload fingerprint, its owner token and the flight its caller leads for it. For a
-// reply form it also holds fn's reply, from fn's return to the completion that
-// stores it with DONE (setReply): that is where a reply lives meanwhile, on the
-// single path (runLeased) and on the batch's (batchItem, then the completions).
+// claimed is a claim: its key's forms, fingerprint, owner token and flight, and, for
+// a reply form, fn's reply until the completion stores it with DONE (setReply).
 type claimed struct {
 	k, lk, rk, fp, token string
 	f                    *flight
@@ -645,11 +597,9 @@ func (h *Handler) lead(f *flight, res Result, err error) (Result, error) {
 	return res, err
 }
 
-// releaseUnanswered gives back a claim whose reply never came (err): it may have
-// landed. Release deletes only an IN PROGRESS record under this token, so it is
-// always safe. It runs in the background (a down store would delay the answer); the
-// caller has entered, so Close waits for it. A claim the breaker refused was never
-// sent: nothing to give back.
+// releaseUnanswered gives back, in the background, a claim whose answer never came:
+// it may have landed (Release is token-checked, so always safe). The caller has
+// entered, so Close waits for it. A claim the breaker refused was never sent.
 func (h *Handler) releaseUnanswered(ctx context.Context, k, rk, token string, err error) {
 	if errors.Is(err, errBreakerOpen) {
 		return
@@ -663,9 +613,8 @@ func (h *Handler) releaseUnanswered(ctx context.Context, k, rk, token string, er
 	}()
 }
 
-// cutShort is the error of a call whose store call ended because the caller's ctx
-// did (a deadline, a shutdown) or the Deduper closed, not because the store failed:
-// the outcome is then Cancelled. nil otherwise.
+// cutShort returns the error of a store call cut short by ctx or Close rather than
+// failed by the store (the outcome is then Cancelled); nil otherwise.
 func cutShort(ctx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil:
@@ -676,9 +625,8 @@ func cutShort(ctx context.Context, err error) error {
 	return nil
 }
 
-// storeWarn logs a run's store failure: a warning, or, while the breaker is open (it
-// warned once when it opened), a debug line, so that an outage does not log a line
-// per message.
+// storeWarn logs a store failure: a warning, or a debug line while the breaker is
+// open (it warned when it opened), so that an outage does not log a line per message.
 func (h *Handler) storeWarn(err error, msg string, args ...any) {
 	if errors.Is(err, errBreakerOpen) {
 		h.log.Debug(msg, args...)
@@ -690,9 +638,8 @@ func (h *Handler) storeWarn(err error, msg string, args ...any) {
 // releaseTimeout bounds a best-effort release.
 const releaseTimeout = 2 * time.Second
 
-// markFailed is the result of a Mark the store did not answer (err), for the leader
-// of flight f: Cancelled when the caller's context or Close cut it, First unguarded
-// under FailOpen, StoreUnavailable otherwise.
+// markFailed is the result of a Mark the store did not answer: Cancelled, First
+// Unguarded under FailOpen, or StoreUnavailable.
 func (h *Handler) markFailed(ctx context.Context, f *flight, k string, err error) (Result, error) {
 	if cerr := cutShort(ctx, err); cerr != nil {
 		return h.lead(f, Result{Outcome: Cancelled}, cerr)
@@ -724,10 +671,8 @@ func (h *Handler) failed(k string, panicked bool, err, cause error) (Result, err
 	return h.count(Result{Outcome: Failed}), err
 }
 
-// completed turns the answer to Complete into the result of a successful fn. A
-// completion that wrote DONE tells the flight, and the local tier, what reply it
-// stored (or none); fn's own reply goes into the result where the caller adds it
-// (replied, batchOut).
+// completed turns Complete's answer into a successful fn's result. A completion that
+// wrote DONE tells the flight and the local tier which reply it stored, if any.
 func (h *Handler) completed(c claimed, cerr error) (Result, error) {
 	k := c.k
 	switch {
@@ -759,8 +704,7 @@ func (h *Handler) release(ctx context.Context, k, rk, token string) {
 	}
 }
 
-// mark is Mark after the caller has entered, for k normalized and lk its localKey
-// with fp.
+// mark is Mark once the caller has entered; k is normalized, lk its localKey.
 func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 	f, res, err := h.check(ctx, k, lk, fp, nil)
 	if f == nil {
@@ -774,8 +718,7 @@ func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 	return h.lead(f, h.marked(f, k, lk, ans), nil)
 }
 
-// marked turns a store's answer to Mark, for the leader of flight f, into a result,
-// caching only what is DONE.
+// marked turns Mark's answer into a result, caching only what is DONE.
 func (h *Handler) marked(f *flight, k, lk string, ans driver.Answer) Result {
 	switch ans.Status {
 	case driver.StatusAcquired:
@@ -786,20 +729,16 @@ func (h *Handler) marked(f *flight, k, lk string, ans driver.Answer) Result {
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
 		return Result{Outcome: KeyReuse}
 	case driver.StatusInProgress:
-		// another owner is running it: a duplicate for a filter, but not DONE, so
-		// not for the local tier (the owner may fail and release it)
+		// another owner runs it: a Duplicate for a filter, but not DONE, so not cached
 		return Result{Outcome: Duplicate, Tier: TierStore}
 	}
-	// DONE by another owner, earlier: cached for no longer than the record has left,
-	// and not at all when the store does not say (Mark's TTL is 0). A local entry that
-	// outlived the record would answer Duplicate once the key is claimed again.
+	// cached no longer than the record lives (not at all without a TTL): an entry that
+	// outlived it would answer Duplicate once the key is claimed again
 	h.rememberFor(f, lk, ans.TTL)
 	return Result{Outcome: Duplicate, Tier: TierStore}
 }
 
-// noKey follows the missing-key policy for a message without a key; step is a
-// transactional run's transaction (nil for a plain run), in which fn then runs with
-// no marker.
+// noKey follows the missing-key policy (with step: in a transaction, no marker).
 func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error, step runStep) (Result, error) {
 	h.met.keyMissing()
 	if h.cfg.missingKey == RejectMissingKey {
@@ -815,10 +754,9 @@ func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error, ste
 	return h.run(ctx, fn, true, false, step)
 }
 
-// run runs fn with no claim to keep: after a Mark, or unguarded. The caller has
-// entered. After a Mark (marked) the record is DONE already, so a cancelled fn is a
-// failure, not a message to leave for redelivery: a redelivery would be a duplicate.
-// An unguarded transactional run (step) runs fn in its transaction with no marker.
+// run runs fn with no claim, after a Mark or unguarded (with step, in a transaction
+// with no marker); the caller has entered. After a Mark the record is DONE, so a
+// cancelled fn is Failed, not Cancelled: its redelivery would be a duplicate.
 func (h *Handler) run(ctx context.Context, fn func(context.Context) error, unguarded, marked bool, step runStep) (Result, error) {
 	if step != nil {
 		return h.runOnMarker(ctx, claimed{}, fn, step)
@@ -828,9 +766,8 @@ func (h *Handler) run(ctx context.Context, fn func(context.Context) error, ungua
 	return h.runIn(fctx, fn, unguarded, marked)
 }
 
-// fnContext returns the context fns run in: ctx, cancelled with ErrClosed when the
-// Deduper closes, and marked as not waiting for running keys (noWait). end releases
-// it; the fns that ran in it are then cancelled.
+// fnContext returns the context fns run in: ctx, marked noWait and cancelled with
+// ErrClosed when the Deduper closes. end cancels it.
 func (h *Handler) fnContext(ctx context.Context) (fctx context.Context, end func()) {
 	fctx, cancel := context.WithCancelCause(noWait(ctx))
 	stop := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
@@ -840,8 +777,7 @@ func (h *Handler) fnContext(ctx context.Context) (fctx context.Context, end func
 	}
 }
 
-// runIn is run in fctx, a context from fnContext: a batch runs all its marked fns in
-// one, so that each costs no context of its own.
+// runIn is run in fctx from fnContext, which a batch's marked fns share.
 func (h *Handler) runIn(fctx context.Context, fn func(context.Context) error, unguarded, marked bool) (Result, error) {
 	panicked, err := h.invoke(fctx, fn)
 	res := Result{Outcome: Processed, Unguarded: unguarded}

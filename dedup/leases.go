@@ -11,11 +11,9 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
-// leases is a handler's lease table: the claims its runs hold, single calls' and
-// batch items' alike. One goroutine, running while the table is not empty, ticks
-// every lease/6 and extends the claims that have run a third of their lease since
-// they were taken or last extended, all at once (docs/design.md §5). A claim whose
-// lease is lost, or may be, cancels its fn with ErrLeaseLost.
+// leases is a handler's lease table: the claims its runs hold. One goroutine, running
+// while the table is not empty, extends the due claims in one call per tick
+// (docs/design.md §5); a claim whose lease is lost, or may be, cancels its fn.
 type leases struct {
 	h       *Handler
 	mu      sync.Mutex
@@ -56,8 +54,7 @@ func (l *leases) forget(b *batchItem) {
 func (l *leases) setRunning(b *batchItem, cancel context.CancelCauseFunc) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	// lost, or past the end of the lease as this process knows it (the goroutine may
-	// not have had its say yet): another owner may hold the key
+	// lost, or past its end as this process knows it: another owner may hold the key
 	if _, live := l.live[b]; !live || b.lost.Load() || time.Now().UnixNano() >= b.f.leaseEnd.Load() {
 		return false
 	}
@@ -72,12 +69,10 @@ func (l *leases) stopRunning(b *batchItem) {
 	l.mu.Unlock()
 }
 
-// renew extends the claim of an item that has not run yet, after the table lost
-// track of it (its lease ran out as far as this process knows). The store's Extend
-// succeeds only while the record still holds b's token: then no other owner has
-// claimed or completed the key, and b may run under a fresh lease. It reports
-// whether it did. Once a renewal fails for want of the store, noRenew is set, and a
-// batch tries no more: each would wait as long, one after the other.
+// renew extends the claim of an item not yet run whose lease ran out as far as this
+// process knows. Extend succeeds only while the record holds b's token, so b may then
+// run under a fresh lease. A failure for want of the store sets noRenew: the batch
+// tries no more, since each would wait as long.
 func (l *leases) renew(ctx context.Context, b *batchItem, noRenew *atomic.Bool) bool {
 	h := l.h
 	if noRenew.Load() || ctx.Err() != nil || h.d.ctx.Err() != nil {
@@ -142,12 +137,10 @@ func (l *leases) run(prev, stopped chan struct{}) {
 	}
 }
 
-// extendAll extends the claims in due in one call. validUntil, for each, is when its
-// lease ends as far as this process knows (the time the last successful claim or
-// extension was sent, plus the lease). A claim is lost when the store says so, or
-// when a failed extension leaves its lease to end (less a margin of lease/6) before
-// the next tick; no call runs into that margin: fn must stop before another owner
-// can take the key, not after.
+// extendAll extends the claims in due in one call. A claim is lost when the store
+// says so, or when a failed extension leaves its lease (as last known, less a margin
+// of lease/6) to end before the next tick: fn must stop before another owner can take
+// the key, not after.
 func (l *leases) extendAll(due []*batchItem) {
 	if len(due) == 0 {
 		return

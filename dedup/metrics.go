@@ -21,10 +21,10 @@ const (
 	attrHandler   = attribute.Key("dedup.handler.name")   // the handler's name
 	attrOutcome   = attribute.Key("dedup.outcome")        // Outcome, in snake_case: "store_unavailable"
 	attrTier      = attribute.Key("dedup.tier")           // Tier: "local" or "store"
-	attrOperation = attribute.Key("dedup.operation.name") // a driver.Store method in snake_case: "claim_many"
+	attrOperation = attribute.Key("dedup.operation.name") // a driver.Store method in snake_case: "claim"
 )
 
-// Store operations as AttrOperation values.
+// Store operations, named by opNames as dedup.operation.name values.
 const (
 	opClaim = iota
 	opComplete
@@ -46,59 +46,12 @@ var (
 	handlerBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
 )
 
-// WithMeterProvider turns on OpenTelemetry metrics, recorded through mp (default: none,
-// and then metrics cost nothing: no instrument exists, no clock is read, and a call
-// checks one pointer). Pass otel.GetMeterProvider() to use the global provider. A nil
-// mp is an error wrapping ErrInvalidOption.
-//
-// The instruments, under the scope "github.com/dedupkit/dedupkit/dedup":
-//
-//	name                    instrument           unit         attributes
-//	dedup.checks            async Counter        {check}      dedup.handler.name, dedup.outcome
-//	dedup.duplicates        async Counter        {duplicate}  dedup.handler.name, dedup.tier
-//	dedup.fail_open.runs    Counter              {run}        dedup.handler.name
-//	dedup.key.reused        async Counter        {message}    dedup.handler.name
-//	dedup.key.missing       Counter              {message}    dedup.handler.name
-//	dedup.lease.lost        Counter              {lease}      dedup.handler.name, dedup.operation.name
-//	dedup.handler.duration  Histogram            s            dedup.handler.name
-//	dedup.store.duration    Histogram            s            dedup.operation.name
-//	dedup.store.errors      Counter              {error}      dedup.operation.name
-//	dedup.local.usage       async UpDownCounter  {entry}      dedup.handler.name
-//	dedup.local.limit       async UpDownCounter  {entry}      dedup.handler.name
-//	dedup.replies.too_large async Counter        {reply}      dedup.handler.name
-//	dedup.replies.missing   async Counter        {duplicate}  dedup.handler.name
-//
-// dedup.checks counts every call (Do, Handle, Mark, and each item of
-// Run) once, by its final Outcome; dedup.outcome is Outcome.String() with '-'
-// turned into '_' ("in_progress", "store_unavailable"), every outcome reported, zero
-// or not. dedup.duplicates splits the duplicates by Tier; dedup.key.reused counts
-// KeyReuse answers. These three are the handler's Stats, read when the metrics are
-// collected, so a check costs the same with metrics on as off.
-//
-// dedup.fail_open.runs counts messages let through without dedup because the store
-// failed under FailOpen (fn ran, or Mark answered First). dedup.key.missing counts
-// messages without a key, under either missing-key policy. dedup.lease.lost counts
-// leases found lost by the heartbeat (operation "extend": the store said so, or
-// extensions failed until the lease could end) or by the completion (operation
-// "complete"); a lease the heartbeat lost whose fn ignores its context and returns nil
-// can be counted under both. dedup.handler.duration is how long fn ran.
-//
-// The store instruments time and count every Store call, by operation: claim,
-// complete, release, extend, mark, claim_many, mark_many, complete_many, and the
-// RecordStore calls lookup, forget and count. A lease-lost
-// answer is not an error, nor is a call whose context the caller cancelled (a passed
-// deadline is: the store was too slow). A batch call that fails whole counts one
-// error; otherwise each failed item counts one.
-//
-// dedup.replies.too_large and dedup.replies.missing are, for handlers WithReplies,
-// Stats.RepliesTooLarge (fn replies larger than the limit: processed, not stored)
-// and Stats.RepliesMissing (duplicates of the reply forms answered without a reply),
-// read as dedup.checks is.
-//
-// dedup.local.usage and dedup.local.limit are each local tier's Len and Cap (handlers
-// without one are left out), until Close. After Close the counters keep reporting
-// their final totals, so that a provider shut down after the Deduper still exports
-// them; the provider's Shutdown lets them go.
+// WithMeterProvider turns on OpenTelemetry metrics, recorded through mp under the
+// scope "github.com/dedupkit/dedupkit/dedup" (default: none, and metrics then cost
+// nothing). Pass otel.GetMeterProvider() for the global provider. The counts of
+// checks by outcome, duplicates and reused keys are read from the handlers' Stats
+// when collected, so a check costs the same with metrics on. A nil mp is an error
+// wrapping ErrInvalidOption. The instruments are listed in docs/operating.md.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) error {
 		if mp == nil {
@@ -113,8 +66,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 type metrics struct {
 	failOpen, keyMissing, leaseLost, storeErrors metric.Int64Counter
 	handlerDur, storeDur                         metric.Float64Histogram
-	// read from the handlers' own counters when collected, so that a check costs no
-	// more with metrics on than off
+	// read from the handlers' Stats when collected: a check costs no more with metrics
 	checks, duplicates, keyReused   metric.Int64ObservableCounter
 	repliesTooLarge, repliesMissing metric.Int64ObservableCounter
 	localUsage, localLimit          metric.Int64ObservableUpDownCounter
@@ -123,8 +75,7 @@ type metrics struct {
 	opAdd    [numOps][]metric.AddOption
 }
 
-// handlerMetrics is one handler's view of the instruments, with every attribute set
-// built once at Register; nil when metrics are off.
+// handlerMetrics is a handler's attribute sets, built once at Register; nil when off.
 type handlerMetrics struct {
 	m        *metrics
 	handler  []metric.AddOption
@@ -280,7 +231,7 @@ func (hm *handlerMetrics) leaseLost(op int) {
 	}
 }
 
-// invoke runs fn (see the function invoke), timing it when metrics are on.
+// invoke runs fn, recovering a panic, and times it when metrics are on.
 func (h *Handler) invoke(ctx context.Context, fn func(context.Context) error) (panicked bool, err error) {
 	if h.met == nil {
 		return invoke(ctx, fn)
@@ -313,9 +264,8 @@ func (s *meteredStore) done(ctx context.Context, op int, start time.Time, err er
 	}
 }
 
-// isStoreError tells a failure of the store from an answer (a lost lease) and from
-// a caller that gave up (its context cancelled; a deadline that passed is the store's
-// slowness and counts).
+// isStoreError tells a store failure from an answer (a lost lease) and from a caller
+// that gave up (context cancelled; a passed deadline is the store's slowness).
 func isStoreError(ctx context.Context, err error) bool {
 	switch {
 	case err == nil, errors.Is(err, ErrLeaseLost):

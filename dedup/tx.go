@@ -11,28 +11,16 @@ import (
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
-// Exactly-once effects on a SQL database (docs/design.md §9). A transactional run writes a
-// marker row in the transaction its fn runs in, so that the marker and fn's writes
-// commit or roll back together: the marker, not Redis, is the authority on
-// "committed". Redis stays in front: the local tier and the claim answer known
-// duplicates without a database round trip, and keep two consumers from running one
-// key at once. The step sits around fn inside the one claim → run → complete
-// lifecycle (handler.go, batch.go); "marker found" is one more answer of that step.
-//
-// The core imports no database driver: a Transactor does the database's part
-// (package sqltx for database/sql, pgxtx for pgx).
+// Transactional runs: a marker row written in fn's own transaction makes its effects
+// on a SQL database exactly once (docs/design.md §9).
 
 // ErrCommitUnknown reports a COMMIT whose outcome is unknown: it may have reached the
-// server (it was written, and the connection was lost before the answer), so it may
-// have committed or not. The claim is kept until its lease ends; the redelivery's
-// marker insert then decides (a committed run answers Duplicate from the database,
-// an uncommitted one runs again). A COMMIT the driver never sent is no such case.
+// server before the connection was lost. The claim is kept until its lease ends, and
+// the redelivery's marker decides.
 var ErrCommitUnknown = errors.New("dedup: commit outcome unknown")
 
-// Marker is the row a transactional run writes in its transaction: which handler and
-// which record (by digest: the key itself is never stored), with the payload
-// fingerprint and the run's owner token, expiring after the retention by the
-// database's clock.
+// Marker is the row a transactional run writes in its transaction. The key itself is
+// never stored, only its record key's digest.
 type Marker struct {
 	Handler     string        // the handler's name
 	Digest      [32]byte      // SHA-256 of the record key (prefix:handler:key)
@@ -43,8 +31,7 @@ type Marker struct {
 
 // MarkerState is what Transactor.Begin found where it wrote a marker.
 type MarkerState struct {
-	// Found: an unexpired marker was already committed there, by an earlier run; the
-	// message was processed, and this run must not repeat it.
+	// Found: an unexpired marker was already committed by an earlier run.
 	Found bool
 	// Fingerprint is the found marker's fingerprint.
 	Fingerprint string
@@ -54,49 +41,35 @@ type MarkerState struct {
 // each with its run's marker. T is the transaction fn receives (*sql.Tx, pgx.Tx).
 // Packages sqltx and pgxtx implement it; DoTx and RunTx use it.
 type Transactor[T any] interface {
-	// Begin opens a transaction and writes markers in it, with one statement: each
-	// marker is inserted, or takes the place of an expired one (by the database's
-	// clock); an unexpired one, committed by an earlier run, is left as it is and
-	// reported Found. A marker another transaction holds uncommitted makes Begin wait
-	// for that transaction to end. ctx bounds Begin's own statements; the transaction
-	// outlives it (Commit or Rollback ends it). On an error no transaction is left open.
+	// Begin opens a transaction and writes markers in one statement. An expired
+	// marker is replaced; an unexpired one, committed earlier, is kept and reported
+	// Found; one another transaction holds uncommitted makes Begin wait. ctx bounds
+	// Begin's statements only. On an error no transaction is left open.
 	Begin(ctx context.Context, markers []Marker) (tx T, found []MarkerState, err error)
-	// Savepoint marks the point the next RollbackTo returns to: before each item's fn
-	// in a batch of several.
+	// Savepoint marks where RollbackTo returns to: before each fn of a batch.
 	Savepoint(ctx context.Context, tx T) error
 	// RollbackTo undoes the work of tx since its last Savepoint and deletes m's
 	// marker, so that the commit leaves m's message unprocessed.
 	RollbackTo(ctx context.Context, tx T, m Marker) error
-	// Commit commits tx. An error wraps ErrCommitUnknown when the COMMIT may have
-	// reached the server (the connection was lost after it was written);
-	// otherwise, a COMMIT never sent included, an error means tx is rolled back.
+	// Commit commits tx. Its error wraps ErrCommitUnknown when the COMMIT may have
+	// reached the server; any other error means tx is rolled back.
 	Commit(ctx context.Context, tx T) error
-	// Rollback rolls tx back; it is called once for every transaction Begin opened
-	// that is not committed.
+	// Rollback rolls tx back; it is called once for each uncommitted transaction.
 	Rollback(ctx context.Context, tx T) error
 }
 
-// DoTx is Do for fn whose effects are writes to a database: fn runs inside a
-// transaction t opens, with the run's marker written in it, so that the marker and
-// fn's writes commit or roll back together. The local tier and the claim answer
-// first, as for Do (Duplicate, InProgress, KeyReuse); then:
-//
-//   - t.Begin writes the marker. One already committed (the store had no DONE record:
-//     a crash between COMMIT and completion, or a lost record) answers Duplicate with
-//     Tier TierDatabase, and the claim is completed to repair the store. A database
-//     failure answers StoreUnavailable (the error wraps ErrStoreUnavailable).
-//   - fn runs under the lease heartbeat. An error or a panic rolls the transaction
-//     back (the marker with it) and releases the claim: Failed or Panicked, as Do.
-//   - COMMIT. A failed commit releases the claim (Failed), a COMMIT the driver never
-//     sent included. A commit whose outcome is unknown (the COMMIT may have reached
-//     the server) keeps it: CommitUnknown, the error wrapping ErrCommitUnknown.
-//   - The claim is completed. Once committed the run is Processed, whatever the
-//     store answers: the marker answers a redelivery.
-//
-// With WithStoreFailure(DatabaseOnly) (or FailOpen), a store failure runs the
-// transaction on the marker alone. An empty key follows the missing-key policy: under
-// ProcessMissingKey fn runs in a transaction with no marker (Unguarded). Effects
-// outside the transaction (an HTTP call, a message) are not covered.
+// DoTx is Do for an fn whose effects are writes to a database: fn runs in a
+// transaction t opens, with the run's marker written in it, so that marker and writes
+// commit or roll back together; effects outside the transaction are not covered.
+// After the claim, a marker already committed answers Duplicate (TierDatabase) and
+// the claim is completed; a database failure answers StoreUnavailable. An error or
+// panic from fn rolls back and releases the claim. A failed COMMIT is Failed; one
+// whose outcome is unknown is CommitUnknown (the error wrapping ErrCommitUnknown)
+// and keeps the claim. Once committed the run is Processed, whatever the store
+// answers. Under WithStoreFailure(DatabaseOnly) or FailOpen, a store failure runs fn
+// on the marker alone; under ProcessMissingKey a keyless fn runs with no marker. A nil
+// t or fn, or a handler WithReplies, is an error wrapping ErrInvalidOption. See
+// docs/transactional.md.
 func DoTx[T any](ctx context.Context, h *Handler, key string, t Transactor[T], fn func(ctx context.Context, tx T) error) (Result, error) {
 	if err := checkTx(ctx, h, t, fn == nil); err != nil {
 		return Result{}, err
@@ -113,21 +86,17 @@ func doTx[T any](ctx context.Context, h *Handler, key, fp string, t Transactor[T
 	return h.do(ctx, key, fp, run, r, nil)
 }
 
-// MaxTxBatch is the most items RunTx runs in one transaction; a longer batch
-// runs as several transactions, one after the other. Each item of a transaction
-// runs behind a savepoint of its own, and PostgreSQL keeps the subtransactions of
-// one transaction in a per-connection cache of 64: beyond it every other session's
-// snapshots slow down while the transaction is open.
+// MaxTxBatch is the most items RunTx runs in one transaction; a longer batch runs as
+// several, one after the other. Each item runs behind a savepoint, and past 64
+// subtransactions PostgreSQL slows down every session's snapshots.
 const MaxTxBatch = 64
 
 // RunTx is Run for fns that write to a database through t: the claimed items' fns run
-// one after another in one transaction (at most MaxTxBatch items per transaction), each
-// behind a savepoint, with their markers; a failed item is rolled back to its savepoint
-// alone. An item whose marker is found answers Duplicate (TierDatabase). A failed
-// COMMIT fails the items it held (claims released); an unknown one answers
-// CommitUnknown (claims kept). Keyless items, and items whose claim failed under
-// DatabaseOnly or FailOpen, run each in a transaction of its own. It takes OnResult;
-// Parallel is an error.
+// in order in one transaction (MaxTxBatch items at most), each behind a savepoint
+// with its marker, so that a failed item is rolled back alone; items answer as in
+// DoTx. Keyless items, and items whose claim failed under DatabaseOnly or FailOpen,
+// run each in a transaction of their own. It takes OnResult; Parallel(n > 1) is an
+// error wrapping ErrInvalidOption.
 func RunTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T], fn func(ctx context.Context, tx T, i int) error, opts ...RunOption) []ItemResult {
 	rc, err := runOptions(opts)
 	if err == nil && rc.parallel != 1 {
@@ -141,7 +110,6 @@ func RunTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T]
 		return badBatch(items, done, err)
 	}
 	if len(items) == 1 && done == nil && !whenChecked(ctx) {
-		// one message: a single call
 		res, err := doTx(ctx, h, items[0].Key, h.fingerprint(items[0].Payload), t, func(ctx context.Context, tx T) error { return fn(ctx, tx, 0) })
 		return []ItemResult{{Result: res, Err: err}}
 	}
@@ -166,11 +134,9 @@ func RunTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T]
 // RecordDigest returns the digest a marker holds for a record key: its SHA-256.
 func RecordDigest(recordKey string) [32]byte { return sha256.Sum256([]byte(recordKey)) }
 
-// runStep is the step of a transactional run, or of a transactional batch's claimed
-// items: one transaction around their fns (a txRun); nil for a plain run.
+// runStep is the transaction around a transactional run's fns (txRun).
 type runStep interface {
-	// begin opens the transaction with the markers (none: an unguarded run). When
-	// every marker is Found, the transaction is rolled back already.
+	// begin opens the transaction with markers (maybe none); all Found rolls it back.
 	begin(ctx context.Context, markers []Marker) ([]MarkerState, error)
 	savepoint(ctx context.Context) error
 	rollbackTo(ctx context.Context, m Marker) error
@@ -189,8 +155,7 @@ type txRun[T any] struct {
 	open bool
 }
 
-// txKey carries the *txRun whose transaction a transactional fn runs in: the core
-// calls fn(ctx) and the caller's typed fn finds its transaction there (txOf).
+// txKey carries the *txRun whose transaction fn receives (txOf).
 type txKey struct{}
 
 func (r *txRun[T]) with(ctx context.Context) context.Context {
@@ -284,10 +249,8 @@ func (h *Handler) beginStep(ctx context.Context, step runStep, c claimed) (Marke
 }
 
 // stepAnswered is the result of a transactional run whose Begin answered before fn
-// ran: the database failed (err; cause is fn's context's cause, if it ended), or c's
-// marker was found (committed by an earlier run). hasClaim: c holds a claim in the
-// store, to give back or, for a found marker, to complete (the store lost the DONE
-// record, or never got it: repaired now).
+// ran: a database failure (err; cause is fn's context's cause), or a found marker. A
+// claim (hasClaim) is given back, or completed (a repair) for a found marker.
 func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState, err, cause error, hasClaim bool) (Result, error) {
 	bg, done := h.settleCtx(ctx, h.cfg.lease)
 	defer done()
@@ -318,9 +281,8 @@ func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState
 	return h.repaired(c, cerr)
 }
 
-// repaired is the result of a run whose marker was found, committed by an earlier
-// run, once its claim's completion has repaired the store's record (cerr is that
-// completion's error, logged): Duplicate, from the database.
+// repaired is the result of a run whose marker was found: Duplicate (TierDatabase).
+// cerr, logged, is the error of the completion that repaired the store.
 func (h *Handler) repaired(c claimed, cerr error) (Result, error) {
 	if cerr != nil {
 		h.log.Warn("dedup: committed earlier; DONE not repaired in the store", "key_hash", keyHash(c.k), "err", cerr)
@@ -329,10 +291,9 @@ func (h *Handler) repaired(c claimed, cerr error) (Result, error) {
 	return h.count(Result{Outcome: Duplicate, Tier: TierDatabase}), nil
 }
 
-// commitFailed is the result of a transactional run whose COMMIT failed. A commit
-// whose outcome is unknown keeps the claim, so that no other run starts before its
-// lease ends; the redelivery's marker then decides. A commit that failed for sure
-// gives the claim back: the message runs again.
+// commitFailed is the result of a failed COMMIT. An unknown outcome keeps the claim,
+// so that no other run starts before its lease ends and the redelivery's marker
+// decides; a sure failure gives it back.
 func (h *Handler) commitFailed(ctx context.Context, c claimed, cerr error, hasClaim bool) (Result, error) {
 	if errors.Is(cerr, ErrCommitUnknown) {
 		h.log.Warn("dedup: commit outcome unknown; the claim is kept until its lease ends", "key_hash", keyHash(c.k), "err", cerr)
@@ -344,9 +305,8 @@ func (h *Handler) commitFailed(ctx context.Context, c claimed, cerr error, hasCl
 	return h.count(Result{Outcome: Failed}), fmt.Errorf("dedup: commit: %w", cerr)
 }
 
-// committed is the result of a transactional run whose COMMIT succeeded: Processed,
-// whatever the store says to the completion (cerr, logged), since the marker answers
-// a redelivery.
+// committed is the result of a committed run: Processed, whatever the store answered
+// its completion (cerr, logged), since the marker answers a redelivery.
 func (h *Handler) committed(c claimed, cerr error) (Result, error) {
 	h.notCompleted(c, cerr)
 	h.remember(c.f, c.lk)
@@ -360,12 +320,9 @@ func (h *Handler) notCompleted(c claimed, cerr error) {
 	}
 }
 
-// completeCommitted completes a committed run's claim in the background, coalesced
-// with the handler's other completions: the run is Processed whatever the store
-// answers (the marker answers a redelivery), so its caller (the ack) need not wait a
-// round trip for it. Close waits for it.
-// The run's flight is left when the completion has landed, so that a call for the
-// key meanwhile waits for it, instead of finding the claim still IN PROGRESS.
+// completeCommitted completes a committed run's claim in the background, with the
+// handler's other completions; Close waits for it. The flight is left once it lands,
+// so that a call for the key meanwhile waits rather than find the claim IN PROGRESS.
 func (h *Handler) completeCommitted(ctx context.Context, c claimed) {
 	h.d.running.Add(1)
 	h.completions.add(pendingFor(ctx, &c, true, &committedRun{h: h, c: c}))
@@ -383,9 +340,8 @@ func (r *committedRun) completionAnswered(cerr error) {
 	r.h.flights.leave(r.c.k, r.c.f)
 }
 
-// runOnMarker runs fn in step's transaction with no claim: its marker alone guards
-// it (the store is down, under DatabaseOnly), or nothing does (c.k is "": a keyless
-// message under ProcessMissingKey, Unguarded). The caller has entered.
+// runOnMarker runs fn in step's transaction with no claim: guarded by its marker alone
+// (the store is down), or unguarded when c.k is "" (keyless). The caller has entered.
 func (h *Handler) runOnMarker(ctx context.Context, c claimed, fn func(context.Context) error, step runStep) (Result, error) {
 	fctx, end := h.fnContext(ctx)
 	defer end()
