@@ -51,11 +51,10 @@ func TestBatchGivesEachItemItsOutcome(t *testing.T) {
 	if fmt.Sprint(ran) != "[0 1 6 8]" {
 		t.Errorf("fn ran for items %v, want [0 1 6 8]", ran)
 	}
-	// one ClaimMany, and one CompleteMany per success or fewer (each success's
-	// completion goes out as its fn returns, with those queued meanwhile); no per-item
-	// claims or completions
-	if b := f.store.batches.Load(); b < 2 || b > 3 || f.store.claims.Load() != 0 || f.store.completes.Load() != 0 {
-		t.Errorf("batches %d claims %d completes %d", f.store.batches.Load(), f.store.claims.Load(), f.store.completes.Load())
+	// one Claim for the batch, and one Complete per success or fewer (each success's
+	// completion goes out as its fn returns, with those queued meanwhile)
+	if c, n := f.store.claims.Load(), f.store.completes.Load(); c != 1 || n < 1 || n > 2 {
+		t.Errorf("claims %d completes %d, want one Claim and one or two Completes", c, n)
 	}
 	// the failures were released: a retry runs them
 	for _, k := range []string{"fails", "panics"} {
@@ -78,8 +77,8 @@ func TestFilterBatchMarksInOneCallAndRunsEachKeyOnce(t *testing.T) {
 	if got[0].Outcome != Processed || got[1].Outcome != Processed || got[2].Outcome != Duplicate || runs != 2 {
 		t.Fatalf("%v %v %v, runs %d", got[0].Outcome, got[1].Outcome, got[2].Outcome, runs)
 	}
-	if f.store.batches.Load() != 1 || f.store.marks.Load() != 0 {
-		t.Fatalf("batches %d marks %d, want one MarkMany", f.store.batches.Load(), f.store.marks.Load())
+	if f.store.marks.Load() != 1 {
+		t.Fatalf("%d Mark calls, want one", f.store.marks.Load())
 	}
 	got = h.Run(ctx, items, func(context.Context, int) error { runs++; return nil })
 	for _, r := range got {

@@ -180,8 +180,8 @@ func TestBatchJoinerWaitsForTheRunOnly(t *testing.T) {
 
 type failExtend struct{ driver.Store }
 
-func (failExtend) Extend(context.Context, string, string, time.Duration) error {
-	return errors.New("extend down")
+func (failExtend) Extend(context.Context, []driver.Entry) ([]error, error) {
+	return nil, errors.New("extend down")
 }
 
 // Items of a parallel batch renew their claims on several goroutines at once (for
@@ -238,10 +238,10 @@ func TestBatchGoexitReleasesBeforeWaitersGoOn(t *testing.T) {
 	}
 }
 
-// claimDown fails every ClaimMany.
+// claimDown fails every Claim.
 type claimDown struct{ driver.Store }
 
-func (claimDown) ClaimMany(context.Context, []driver.Entry) ([]driver.Answer, error) {
+func (claimDown) Claim(context.Context, []driver.Entry) ([]driver.Answer, error) {
 	return nil, errors.New("down")
 }
 

@@ -93,7 +93,7 @@ func TestClaimManyInProgressTTLStaysWithinTheLease(t *testing.T) {
 	if a, err := claim1(ctx, other, key, "X", "", 30*time.Second); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatal(a, err)
 	}
-	got, err := mine.Claim(ctx, []driver.Entry{{Key: key, Token: "A", TTL: 30 * time.Second}})
+	got, err := mine.Claim(ctx, []driver.Entry{{Key: key, Token: "A", TTL: 30 * time.Second}, {Key: key + "-2", Token: "A", TTL: 30 * time.Second}}) // two: the batch path
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestClaimManyDuplicateOfAnEndedRecordIsNotCached(t *testing.T) {
 	if a, err := mark1(ctx, other, rk, "Y", "", 50*time.Millisecond); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatal(a, err)
 	}
-	res := h.Run(ctx, []Item{{Key: "m1"}}, func(context.Context, int) error { return nil }, asBatch)
+	res := h.Run(ctx, []Item{{Key: "m1"}, {Key: "m1-2"}}, func(context.Context, int) error { return nil }) // two: the batch path
 	if res[0].Outcome != Duplicate {
 		t.Fatalf("batch: %v, want Duplicate (DONE when the SET saw it)", res[0].Outcome)
 	}
@@ -160,7 +160,7 @@ func TestClaimManyOwnClaimThatLapsedIsClaimedAgain(t *testing.T) {
 	if a, err := claim1(ctx, mine, key, "A", "", 50*time.Millisecond); err != nil || a.Status != driver.StatusAcquired {
 		t.Fatal(a, err)
 	}
-	got, err := mine.Claim(ctx, []driver.Entry{{Key: key, Token: "A", TTL: 50 * time.Millisecond}})
+	got, err := mine.Claim(ctx, []driver.Entry{{Key: key, Token: "A", TTL: 50 * time.Millisecond}, {Key: key + "-2", Token: "A", TTL: 50 * time.Millisecond}}) // two: the batch path
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,24 +7,25 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
-// hookStore wraps a Store, counting calls per operation and letting a test inject an
-// error into any of them. A call of one entry is counted and hooked as "claim",
-// "mark", "complete" (or "complete-reply" with a reply), "release" or "extend"; a
-// call of several as "claim-many", "mark-many", "complete-many", "release-many" or
-// "extend-many", and in batches too.
+// hookStore wraps a Store, counting calls per operation (batches: the calls of more
+// than one entry; completeManys: such Completes) and letting a test inject an error
+// into any of them. A call of one entry is hooked as "claim", "mark", "complete" (or
+// "complete-reply" with a reply), "release" or "extend"; a call of several as
+// "claim-many", "mark-many", "complete-many", "release-many" or "extend-many".
 type hookStore struct {
 	driver.Store
 	claims, completes, releases, extends, marks, batches atomic.Int64
 	completeManys                                        atomic.Int64 // also counted in batches
+	extendEntries                                        atomic.Int64 // the entries of every Extend
 	// fail, when set, is asked before each call; a non-nil error is returned instead.
 	fail atomic.Pointer[func(op string) error]
 }
 
 func (s *hookStore) onFail(f func(op string) error) { s.fail.Store(&f) }
 
-func (s *hookStore) hook(op string, entries []driver.Entry, single *atomic.Int64) error {
+func (s *hookStore) hook(op string, entries []driver.Entry, calls *atomic.Int64) error {
+	calls.Add(1)
 	if len(entries) == 1 {
-		single.Add(1)
 		if op == "complete" && entries[0].HasReply {
 			op = "complete-reply"
 		}
@@ -70,6 +71,7 @@ func (s *hookStore) Release(ctx context.Context, entries []driver.Entry) ([]erro
 }
 
 func (s *hookStore) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	s.extendEntries.Add(int64(len(entries)))
 	if err := s.hook("extend", entries, &s.extends); err != nil {
 		return nil, err
 	}

@@ -151,8 +151,8 @@ func TestLogsHoldNoReply(t *testing.T) {
 			func(ctx context.Context, h *Handler, key string) { runReply(h, ctx, key, nil, reply(0)) }, "DONE not written"},
 		{"lease lost", map[string]error{"complete-reply": ErrLeaseLost}, nil,
 			func(ctx context.Context, h *Handler, key string) { runReply(h, ctx, key, nil, reply(0)) }, "lease lost before completion"},
-		{"not recorded (batch)", map[string]error{"complete-many": unavailable}, nil, func(ctx context.Context, h *Handler, key string) {
-			// two items: a batch of one is a single call, which completes with CompleteReply
+		{"not recorded (batch)", map[string]error{"complete-many": unavailable, "complete-reply": unavailable}, nil, func(ctx context.Context, h *Handler, key string) {
+			// two items, completed as their fns return: one or two calls
 			h.Run(ctx, []Item{{Key: key}, {Key: key + "-2"}}, replyingEach(func(ctx context.Context, _ int) ([]byte, error) { return reply(0)(ctx) }), Parallel(1))
 		}, "DONE not written"},
 		{"fail open", map[string]error{"claim": unavailable}, []HandlerOption{WithStoreFailure(FailOpen)},

@@ -178,7 +178,7 @@ func TestEveryInstrumentCountsWhatTheCallsDid(t *testing.T) {
 	res, err = orders.Do(ctx, "k3", run("orders"))
 	want(t, res, err, StoreUnavailable)
 
-	failOn(map[string]error{"claim-many": unavailable})
+	failOn(map[string]error{"claim": unavailable})
 	for _, r := range open.Run(ctx, []Item{{Key: "b1"}}, func(context.Context, int) error { runs["open"]++; return nil }, asBatch) {
 		if r.Outcome != Processed || !r.Unguarded {
 			t.Fatalf("fail open, batch: %+v %v", r.Result, r.Err)
@@ -245,8 +245,7 @@ func TestEveryInstrumentCountsWhatTheCallsDid(t *testing.T) {
 		{"dedup.lease.lost", []attribute.KeyValue{handlerIs("lease"), opIs("complete")}, 1},
 		{"dedup.lease.lost", nil, 3},
 		// the injected claim failures; lost leases are answers, not errors
-		{"dedup.store.errors", []attribute.KeyValue{opIs("claim")}, 2},
-		{"dedup.store.errors", []attribute.KeyValue{opIs("claim_many")}, 1},
+		{"dedup.store.errors", []attribute.KeyValue{opIs("claim")}, 3},
 		{"dedup.store.errors", nil, 3},
 	}
 	for _, c := range counts {
@@ -264,13 +263,6 @@ func TestEveryInstrumentCountsWhatTheCallsDid(t *testing.T) {
 			t.Fatalf("the test made no %s call", op)
 		}
 		if got := observations(t, ms, "dedup.store.duration", opIs(op)); got != uint64(n) {
-			t.Errorf("dedup.store.duration{%s} has %d recordings, want %d", op, got, n)
-		}
-	}
-	// a batch's successes are completed as their fns return: one or two CompleteMany
-	// for the two items of nolocal's batch
-	for op, n := range map[string]uint64{"claim_many": 3, "complete_many": uint64(m.store.completeManys.Load())} {
-		if got := observations(t, ms, "dedup.store.duration", opIs(op)); got != n {
 			t.Errorf("dedup.store.duration{%s} has %d recordings, want %d", op, got, n)
 		}
 	}
@@ -317,7 +309,7 @@ func TestMetricsCountAWholeBatchFailureOnceAndCancellationsNever(t *testing.T) {
 	items := &allItemsFailStore{Store: m.d.base}
 	ms := &meteredStore{s: items, m: m.d.met}
 	entries := []driver.Entry{{Key: "x:orders:1", Token: "t", TTL: time.Minute}, {Key: "x:orders:2", Token: "t", TTL: time.Minute}}
-	if _, err := ms.ClaimMany(ctx, entries); err != nil {
+	if _, err := ms.Claim(ctx, entries); err != nil {
 		t.Fatal(err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
@@ -328,15 +320,12 @@ func TestMetricsCountAWholeBatchFailureOnceAndCancellationsNever(t *testing.T) {
 	m.store.onFail(func(string) error { return nil })
 
 	got := m.collect()
-	if n := sum(t, got, "dedup.store.errors", opIs("claim_many")); n != 1+2 {
-		t.Errorf("dedup.store.errors{claim_many} = %d, want 1 (a failed batch) + 2 (failed items)", n)
-	}
-	if n := sum(t, got, "dedup.store.errors", opIs("claim")); n != 0 {
-		t.Errorf("a cancelled caller counted %d store errors", n)
+	if n := sum(t, got, "dedup.store.errors", opIs("claim")); n != 1+2 {
+		t.Errorf("dedup.store.errors{claim} = %d, want 1 (a failed batch) + 2 (failed items), and none for a cancelled caller", n)
 	}
 }
 
-// allItemsFailStore fails every item of ClaimMany on its own.
+// allItemsFailStore fails every item of a Claim on its own.
 type allItemsFailStore struct{ driver.Store }
 
 func (s *allItemsFailStore) Claim(_ context.Context, entries []driver.Entry) ([]driver.Answer, error) {

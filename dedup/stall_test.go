@@ -233,13 +233,13 @@ func testStalledEngine(t *testing.T, addr string, seed uint64) {
 func stallWarm(ctx context.Context, t *testing.T, store driver.Store, key string) {
 	t.Helper()
 	steps := []func() error{
-		func() error { _, err := store.Claim(ctx, key, "warm", "", time.Minute); return err },
-		func() error { _, err := store.Claim(ctx, key, "warm", "", time.Minute); return err }, // found: own claim
-		func() error { return store.Extend(ctx, key, "warm", time.Minute) },
-		func() error { return store.Complete(ctx, key, "warm", time.Minute) },
-		func() error { _, err := store.Claim(ctx, key, "other", "", time.Minute); return err }, // found: DONE
-		func() error { return store.Release(ctx, key, "warm") },
-		func() error { _, err := store.Mark(ctx, key+":m", "warm", "", time.Minute); return err },
+		func() error { _, err := claim1(ctx, store, key, "warm", "", time.Minute); return err },
+		func() error { _, err := claim1(ctx, store, key, "warm", "", time.Minute); return err }, // found: own claim
+		func() error { return extend1(ctx, store, key, "warm", time.Minute) },
+		func() error { return complete1(ctx, store, key, "warm", time.Minute) },
+		func() error { _, err := claim1(ctx, store, key, "other", "", time.Minute); return err }, // found: DONE
+		func() error { return release1(ctx, store, key, "warm") },
+		func() error { _, err := mark1(ctx, store, key+":m", "warm", "", time.Minute); return err },
 	}
 	for i, f := range steps {
 		if err := f(); err != nil {

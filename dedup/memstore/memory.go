@@ -63,6 +63,8 @@ func WithClock(now func() time.Time) Option {
 	}
 }
 
+func init() { storekit.RegisterInProcess((*Store)(nil)) }
+
 // New returns an empty Store. A bad option is an error wrapping
 // ErrInvalidOption.
 func New(opts ...Option) (*Store, error) {
