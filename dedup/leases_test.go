@@ -78,14 +78,20 @@ func TestOneGoroutineExtendsEveryClaimOfAHandler(t *testing.T) {
 		return n == 0, fmt.Sprintf("%d running", n)
 	})
 
-	// and Close stops it while claims are held: the runs end first
-	go h.Do(context.Background(), "late", slow)
+	// and Close stops it while a claim is held (its fn runs until Close cancels it;
+	// a lease of a second, so that a loaded machine cannot lose it meanwhile)
+	long := f.handler("long", WithLease(time.Second))
+	go long.Do(context.Background(), "late", func(ctx context.Context) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return context.Cause(ctx)
+	})
 	<-started
-	if n := leaseGoroutines(h); n != 1 {
+	if n := leaseGoroutines(long); n != 1 {
 		t.Errorf("%d lease goroutines for a running claim, want 1", n)
 	}
 	f.d.Close()
-	if n := leaseGoroutines(h); n != 0 {
+	if n := leaseGoroutines(long); n != 0 {
 		t.Errorf("%d lease goroutines after Close, want 0", n)
 	}
 }

@@ -233,7 +233,11 @@ func TestCountGivesTheRecordsPerHandler(t *testing.T) {
 		t.Fatalf("JSON %+v %v", doc, err)
 	}
 	// a handler that runs (subscribed) but has no record yet is known: 0
-	a.handler(t, "payments")
+	payments := a.handler(t, "payments")
+	testenv.Eventually(t, 5*time.Second, "the payments handler's subscription", func() bool {
+		n, err := payments.Subscribers(context.Background())
+		return err == nil && n >= 1
+	})
 	dedupctl(t, a.args("count", "-handler", "payments")...).want(t, exitOK, "payments", "")
 }
 

@@ -1,5 +1,5 @@
 // Package driver defines what a dedup store implements: the Store interface, the
-// optional RecordStore, ReplyStore and HealthChecker, and the values they exchange.
+// optional RecordStore, HealthChecker and Pinger, and the values they exchange.
 // Applications use a store package (redisstore, memstore) and dedup; a third-party
 // store implements these interfaces and proves itself with dedup/storetest.
 package driver
