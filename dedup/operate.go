@@ -36,8 +36,8 @@ func ForgetInProgress() ForgetOption {
 }
 
 // Lookup reports the record of key as Do would find it, former names included, in
-// one round trip; it writes nothing. An empty key wraps ErrInvalidOption, a store
-// without driver.RecordStore errors.ErrUnsupported, a store failure ErrStoreUnavailable.
+// one round trip, writing nothing. Errors wrap ErrInvalidOption for an empty key,
+// errors.ErrUnsupported for a store without driver.RecordStore, or ErrStoreUnavailable.
 func (h *Handler) Lookup(ctx context.Context, key string) (RecordInfo, error) {
 	if err := h.checkInput(ctx, false); err != nil {
 		return RecordInfo{}, err

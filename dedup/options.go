@@ -81,8 +81,8 @@ const (
 	FailClosed StoreFailurePolicy = iota
 	// FailOpen runs fn without dedup; the result is marked Unguarded.
 	FailOpen
-	// DatabaseOnly lets a transactional run (DoTx, RunTx) go on with its database
-	// marker alone, still exactly once; a run without a transaction fails closed.
+	// DatabaseOnly: when the store fails, a transactional run (DoTx, RunTx) goes on
+	// with its database marker alone, still exactly once; other runs fail closed.
 	DatabaseOnly
 )
 
