@@ -12,30 +12,25 @@ import (
 	"github.com/dedupkit/dedupkit/lru"
 )
 
-// Deduper guards message handlers with a Store. Register one Handler per (stable) name;
-// each has its own retention, lease, local tier and policies. Safe for concurrent use.
+// Deduper guards message handlers with a Store: one Handler per name. It is safe
+// for concurrent use.
 type Deduper struct {
-	store driver.Store
+	store driver.Store // base behind the guard, and metered when metrics are on
 	cfg   config
-	base  driver.Store // the store given to New; store wraps it when metrics are on
-	met   *metrics     // nil: metrics off (metrics.go)
+	base  driver.Store // the store given to New
+	met   *metrics     // nil: metrics off
 
-	// ctx is cancelled by Close, cancelling every running fn.
-	ctx    context.Context
+	ctx    context.Context // cancelled by Close, and with it every running fn
 	cancel context.CancelCauseFunc
 
 	mu       sync.RWMutex
 	closed   bool
 	running  sync.WaitGroup // calls that reached the store; Close waits for them
-	quiet    chan struct{}  // closed by Close once the calls have ended: the lease tables stop
+	quiet    chan struct{}  // closed once they have ended: the lease tables stop
 	handlers map[string]*Handler
-	// byName holds the handlers with a local tier under their names and former
-	// names, for forget notices (notices.go); notices is their subscription, nil
-	// until the first such handler registers
-	byName  map[string]*Handler
-	notices *noticeListener
-	// abandon is closed closeWait after Close began: store calls still out are then
-	// given up on (guard.go)
+	byName   map[string]*Handler // handlers with a local tier, by name and former names
+	notices  *noticeListener     // nil until such a handler registers
+	// abandon is closed closeWait after Close began: store calls still out are given up
 	abandon     chan struct{}
 	abandonOnce sync.Once
 }
@@ -67,16 +62,9 @@ func New(store driver.Store, opts ...Option) (*Deduper, error) {
 	return d, nil
 }
 
-// Register adds a handler named name. The name is part of every record key, so keep it
-// stable across deploys (to rename a handler, list its old name WithFormerNames);
-// 1 to 64 bytes of [A-Za-z0-9._-]. A bad name, a bad option, a name already
-// registered (as a name or a former name) or a closed Deduper is an error (the first
-// three wrap ErrInvalidOption, the last is ErrClosed).
-//
-// A handler with a local tier, on a store that carries forget notices (redisstore.Store,
-// memstore.Store), subscribes the Deduper to its notices (see WithForgetBound): on
-// Redis, the first one opens a subscription connection, and one goroutine, which
-// Close stops.
+// Register adds a handler. Its name, 1 to 64 bytes of [A-Za-z0-9._-], is part of
+// every record key: keep it stable across deploys, or rename with WithFormerNames.
+// A bad name or option, or a name taken, wraps ErrInvalidOption; after Close, ErrClosed.
 func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error) {
 	if d == nil {
 		return nil, fmt.Errorf("%w: nil *Deduper (did New fail?)", ErrInvalidOption)
@@ -138,7 +126,6 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 	return h, nil
 }
 
-// add registers h, unless the Deduper is closed or a name clashes.
 func (d *Deduper) add(h *Handler) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -183,14 +170,9 @@ func (d *Deduper) Store() driver.Store {
 	return d.base
 }
 
-// Close stops the Deduper: later calls answer Cancelled with ErrClosed (until its wait
-// is over, a key the local tier holds is still answered Duplicate), running handler
-// functions see their context cancelled with cause ErrClosed, and Close waits until
-// every call has released or completed its claim and the lease table has stopped. It
-// waits at most a second for the store: calls the store has not answered by then are
-// given up on (a completion is then NotRecorded, a claim left to its lease) and end
-// when the store's client gives up on them. A fn that ignores its context delays
-// Close. Close does not close the store. Idempotent.
+// Close cancels running fns (cause ErrClosed), answers later calls Cancelled with
+// ErrClosed, and waits for the calls to end, giving up on store calls after 1s. A fn
+// that ignores its context delays Close. It does not close the store. Idempotent.
 func (d *Deduper) Close() error {
 	if d == nil || d.handlers == nil {
 		return nil
@@ -205,7 +187,7 @@ func (d *Deduper) Close() error {
 	d.cancel(ErrClosed)
 	giveUp := time.AfterFunc(closeWait, d.giveUp)
 	notices := make(chan struct{})
-	go func() { // beside the wait: Close's whole bound is closeWait and a little
+	go func() { // beside the wait, so Close's bound stays closeWait
 		d.stopNotices()
 		close(notices)
 	}()
@@ -214,7 +196,7 @@ func (d *Deduper) Close() error {
 	close(d.quiet)
 	<-notices
 	if g, ok := d.store.(*guard); ok {
-		g.probes.Wait() // the breaker's probe, which ends with d.ctx
+		g.probes.Wait() // the breaker's probe ends with d.ctx
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -225,7 +207,6 @@ func (d *Deduper) Close() error {
 	return nil
 }
 
-// giveUp gives up on the store calls still out (Close).
 func (d *Deduper) giveUp() { d.abandonOnce.Do(func() { close(d.abandon) }) }
 
 // enter registers a call that will reach the store; false once Close has begun.

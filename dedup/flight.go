@@ -7,9 +7,8 @@ import (
 	"time"
 )
 
-// flights is the in-process table of keys being checked or run, so that concurrent
-// calls for one key make one store call: the first caller (the leader) asks the store,
-// the others wait for its answer, then answer from it without a network call.
+// flights is the in-process table of keys being checked or run: concurrent calls for
+// one key make one store call, by the first (the leader); the others use its answer.
 type flights struct {
 	seed   maphash.Seed
 	shards [flightShards]flightShard
@@ -23,29 +22,24 @@ type flightShard struct {
 }
 
 type flight struct {
-	ready signal // fired once the leader has the store's answer
-	left  signal // fired once the leader is done with the key
-	// set by the leader before ready fires
+	ready signal // the leader has the store's answer
+	left  signal // the leader is done with the key
+	// res, err and running are set before ready fires; fp before the flight is shared
 	res Result
 	err error
-	fp  string // the leader's fingerprint, set before the flight is shared
-	// running is true while the leader runs fn; leaseEnd (unix nanos) is when its lease
-	// ends as far as this process knows, for the RetryAfter of those that wait.
+	fp  string
+	// running: the leader runs fn; leaseEnd (unix nanos) is when its lease ends, for
+	// the RetryAfter of those that wait
 	running  bool
 	leaseEnd atomic.Int64
-	// processed is set by the leader, before it leaves, when its run of fn ended
-	// Processed: a call for the key then answers Duplicate
+	// processed: the leader's run ended Processed, so later calls answer Duplicate
 	processed atomic.Bool
-	// reply is what the flight knows of the key's stored reply (WithReplies), when
-	// replyKnown: set by the leader before ready fires (its claim's answer) or before
-	// processed is set (the reply its run stored, or none). A Mark's answer, or the
-	// local tier's to a call that is not a reply form, says nothing of it.
+	// the key's stored reply, when replyKnown; set before ready fires or processed is set
 	reply      string
 	hasReply   bool
 	replyKnown bool
-	// stale is set when the key was forgotten (or the local tier purged) while the
-	// flight was out: its store answer may predate the forget, so the leader must not
-	// leave it in the local tier (see Handler.remember).
+	// stale: the key was forgotten while the flight was out, so its answer may
+	// predate the forget and must not stay in the local tier
 	stale atomic.Bool
 }
 
@@ -74,7 +68,7 @@ func (fs *flights) join(key string) (*flight, bool) {
 	return f, true
 }
 
-// invalidate marks the flight out for key, if any, stale.
+// invalidate marks key's flight, if any, stale.
 func (fs *flights) invalidate(key string) {
 	s := fs.shard(key)
 	s.mu.Lock()
@@ -96,26 +90,25 @@ func (fs *flights) invalidateAll() {
 	}
 }
 
-// answer publishes the leader's answer to the waiting callers.
+// answer publishes the leader's answer to those waiting.
 func (f *flight) answer(res Result, err error, running bool) {
 	f.res, f.err, f.running = res, err, running
 	f.ready.fire()
 }
 
-// knowReply records what the leader knows of the key's stored reply; before it
-// publishes an answer (answer) or its run's processing (ran, processed).
+// knowReply records the key's stored reply, before answer or processed.
 func (f *flight) knowReply(reply string, has bool) {
 	f.reply, f.hasReply, f.replyKnown = reply, has, true
 }
 
-// duplicate is the answer a call gets from the flight of a key found or made DONE,
-// with what the flight knows of its reply for a reply form (r; nil otherwise).
+// duplicate answers from the flight of a key known DONE, with its reply for a reply
+// form (r; nil otherwise).
 func (f *flight) duplicate(r *replyRun) Result {
 	r.dup(f.reply, f.hasReply)
 	return Result{Outcome: Duplicate, Tier: TierLocal}
 }
 
-// leave removes the flight; the leader calls it once it is done with the key.
+// leave removes the flight, once the leader is done with the key.
 func (fs *flights) leave(key string, f *flight) {
 	s := fs.shard(key)
 	s.mu.Lock()
@@ -126,21 +119,19 @@ func (fs *flights) leave(key string, f *flight) {
 	f.left.fire()
 }
 
-// signal is a broadcast that fires once, as closing a channel does. Its channel is
-// made only when somebody waits before it fires: most flights have no waiter, and
-// so cost no channel.
+// signal is a broadcast that fires once, like closing a channel; the channel is made
+// only when somebody waits before it fires, which most flights never see.
 type signal struct{ p atomic.Pointer[chan struct{}] }
 
-// fired stands for a signal that has fired: its channel is closed.
+// fired is a fired signal's closed channel.
 var fired = func() *chan struct{} {
 	c := make(chan struct{})
 	close(c)
 	return &c
 }()
 
-// fire releases the waiters, those to come included. A second fire panics, as a
-// second close of a channel would: the flight's answer would change under waiters
-// that may have read it.
+// fire releases the waiters, those to come included. A second fire panics: the
+// answer would change under waiters that may have read it.
 func (s *signal) fire() {
 	switch old := s.p.Swap(fired); {
 	case old == fired:
@@ -150,7 +141,7 @@ func (s *signal) fire() {
 	}
 }
 
-// done returns a channel that is closed once the signal has fired.
+// done returns a channel closed once the signal has fired.
 func (s *signal) done() <-chan struct{} {
 	if p := s.p.Load(); p != nil {
 		return *p

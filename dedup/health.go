@@ -14,32 +14,25 @@ import (
 // LocalTierHealth is the fill of one handler's local tier.
 type LocalTierHealth struct {
 	Handler string `json:"handler"`
-	// Len is the number of keys held (expired ones not yet reclaimed included).
-	Len int `json:"len"`
-	// Cap is the most keys the tier holds; 0 when the handler has no local tier.
-	Cap int `json:"cap"`
+	Len     int    `json:"len"` // keys held, expired ones not yet reclaimed included
+	Cap     int    `json:"cap"` // 0: no local tier
 }
 
 // HealthReport is what Deduper.Health found.
 type HealthReport struct {
-	// Status is the worst of the checks' statuses: fail, else warn, else ok
-	// (unknown counts as ok).
+	// Status is the worst of the checks' statuses (unknown counts as ok).
 	Status driver.HealthStatus `json:"status"`
-	// Checks are the findings: the Deduper's own, then the store's.
+	// Checks are the Deduper's own findings, then the store's.
 	Checks []driver.HealthCheck `json:"checks"`
-	// Local is every handler's local tier, by handler name. A full tier is normal (it
-	// evicts the least recently used keys); Len well below Cap for long means the
-	// tier is larger than needed.
+	// Local is every handler's local tier, sorted by handler name.
 	Local []LocalTierHealth `json:"local"`
 }
 
-// defaultHealthTimeout bounds one request to HealthHandler.
 const defaultHealthTimeout = 2 * time.Second
 
-// Health checks the Deduper and its store: whether the Deduper is closed, the store's
-// own checks (when it implements HealthChecker; otherwise CheckStoreReachable is
-// HealthUnknown) and the fill of every local tier. It makes no call on the data path
-// and writes nothing. ctx bounds the store's checks.
+// Health reports whether the Deduper is closed, the store's own checks (when it
+// implements driver.HealthChecker) and the fill of every local tier. It writes
+// nothing; ctx bounds the store's checks.
 func (d *Deduper) Health(ctx context.Context) HealthReport {
 	var rep HealthReport
 	if d == nil || d.handlers == nil {
@@ -80,10 +73,8 @@ func (d *Deduper) Health(ctx context.Context) HealthReport {
 	return rep
 }
 
-// storeHealth is hc's checks, or, when they are not in shortly after ctx's deadline
-// (a store that does not answer, through a client that does not honour ctx),
-// CheckStoreReachable failed. The grace lets a store that honours ctx report its own
-// failed checks, which name the server.
+// storeHealth is hc's checks, or CheckStoreReachable failed when they are not in by
+// ctx's deadline plus a grace, which lets a store that honours ctx report its own.
 func (d *Deduper) storeHealth(ctx context.Context, hc driver.HealthChecker) []driver.HealthCheck {
 	wait := ctx
 	if dl, ok := ctx.Deadline(); ok {
@@ -100,7 +91,6 @@ func (d *Deduper) storeHealth(ctx context.Context, hc driver.HealthChecker) []dr
 	return checks
 }
 
-// healthGrace is how long after its deadline Health waits for a store's own checks.
 const healthGrace = 50 * time.Millisecond
 
 func worst(cs []driver.HealthCheck) driver.HealthStatus {
@@ -116,11 +106,8 @@ func worst(cs []driver.HealthCheck) driver.HealthStatus {
 	return s
 }
 
-// HealthHandler returns an http.Handler that runs Health, bounded by the request's
-// context and a 2s timeout, and writes the HealthReport as JSON: status 200
-// when the report's Status is ok or warn, 503 when it is fail. Mount it on a mux:
-//
-//	mux.Handle("/healthz/dedup", d.HealthHandler())
+// HealthHandler returns an http.Handler that writes Health's report as JSON, with
+// status 200 for ok or warn and 503 for fail. Each request is bounded to 2s.
 func (d *Deduper) HealthHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), defaultHealthTimeout)

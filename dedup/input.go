@@ -8,12 +8,9 @@ import (
 	"github.com/dedupkit/dedupkit/keys"
 )
 
-// Bad input to an entry point is an error wrapping ErrInvalidOption, never a panic:
-// a nil Handler (a Register whose error was dropped), a nil context, function,
-// message, transactor or option.
+// Bad input to an entry point is an error wrapping ErrInvalidOption, never a panic.
 
-// checkInput reports bad input to a call that runs a handler: h nil, ctx nil, or fn nil
-// (fnNil).
+// checkInput reports a nil h, ctx or (fnNil) fn.
 func (h *Handler) checkInput(ctx context.Context, fnNil bool) error {
 	switch {
 	case h == nil:
@@ -28,7 +25,7 @@ func (h *Handler) checkInput(ctx context.Context, fnNil bool) error {
 	return nil
 }
 
-// checkTx is checkInput for a transactional call, with its transactor.
+// checkTx is checkInput for a transactional call.
 func checkTx[T any](ctx context.Context, h *Handler, t Transactor[T], fnNil bool) error {
 	if err := h.checkInput(ctx, fnNil); err != nil {
 		return err
@@ -54,8 +51,8 @@ func isNil(v any) bool {
 	return false
 }
 
-// readMessage reads msg's key, with the handler's strategy, and payload. A nil
-// message, or one whose methods panic (a typed nil), is an error.
+// readMessage reads msg's key and payload. A nil message, or one whose methods
+// panic (a typed nil), is an error.
 func (h *Handler) readMessage(msg keys.Message) (key string, payload []byte, err error) {
 	if isNil(msg) {
 		return "", nil, fmt.Errorf("%w: nil message", ErrInvalidOption)
@@ -68,8 +65,7 @@ func (h *Handler) readMessage(msg keys.Message) (key string, payload []byte, err
 	return h.cfg.strategy.Key(msg), msg.Data(), nil
 }
 
-// badBatch is the result of a batch call with bad input: every item fails with err,
-// and done hears of each.
+// badBatch fails every item with err, and tells done of each.
 func badBatch(items []Item, done func(int, ItemResult), err error) []ItemResult {
 	out := make([]ItemResult, len(items))
 	for i := range out {

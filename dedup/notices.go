@@ -13,44 +13,20 @@ import (
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
-// Forget notices tell every Deduper that a record was forgotten, so that it drops the
-// key from its handlers' local tiers. A record key <prefix>:<handler>:<k> has its
-// notices on the channel <prefix>:<handler>, with k as the payload; the store sends
-// one for each record Forget deletes (redisstore.Store: from the script that deletes it).
-// Each Deduper subscribes to the channels of its handlers that have a local tier
-// (their names and former names), on one subscription, on one goroutine that Close
-// stops. A notice may be missed: the subscription's connection can break, and what
-// is published meanwhile is lost. The goroutine checks every tick (bound/4): it
-// PINGs a subscription it has not heard from (a notice, a confirmation, a PONG) for
-// half a tick, so a live one is never silent for long; it drops every local tier
-// when it has heard nothing for two ticks (and at every check while that lasts); it
-// drops the tiers of the handlers whose channels the server has not confirmed (a
-// refused or lost subscription); and a channel confirmed again (after a
-// reconnection) drops its handlers' tiers at once. A notice lost at time T was
-// published on a line last heard from before T, so the next check past two ticks of
-// silence, at most T + 3.5 ticks (a PING waits at most half a tick), drops the key:
-// within the bound.
+// Forget notices: for each record Forget deletes, the store publishes its normalized
+// key on the channel <prefix>:<handler>, and every Deduper subscribed drops it from
+// its local tiers. A notice can be lost, so a subscription that is silent for two
+// ticks (bound/2), or a channel not confirmed, drops whole tiers instead: a forgotten
+// key leaves every tier within the bound (docs/design.md §11).
 
-// defaultForgetBound is how long a local tier may at most go on answering Duplicate
-// for a key forgotten elsewhere, when its notice is lost; see WithForgetBound.
 const defaultForgetBound = 2 * time.Second
 
-// minForgetBound is the least bound WithForgetBound accepts.
 const minForgetBound = 40 * time.Millisecond
 
-// WithForgetBound sets how long at most a key forgotten by another process (Forget)
-// may go on answering Duplicate from this Deduper's local tiers if its forget notice
-// is lost (default 2s, at least 40ms). A notice heard drops
-// the key at once (about a millisecond after Forget returns, on one host:
-// TestForgetReachesEveryProcess). To keep the bound when notices are lost
-// (TestMissedForgetNoticesDropTheLocalTiersWithinTheBound), the Deduper PINGs its subscription every bound/4
-// while it hears nothing else, drops all its local tiers when it has heard nothing
-// for bound/2, and again every bound/4 until it hears again, and drops a handler's
-// tier while the subscription to its channel is not confirmed (a Redis ACL user
-// needs the channels &<prefix>:* and +subscribe +ping +publish). A shorter bound
-// costs more PINGs and, while Redis is unreachable, a local tier emptied more often.
-// Only stores that carry notices (redisstore.Store, memstore.Store) are subscribed to, and
-// only for handlers with a local tier.
+// WithForgetBound sets how long at most a key forgotten by another process may go on
+// answering Duplicate from this Deduper's local tiers when its forget notice is lost
+// (default 2s, at least 40ms). A shorter bound costs more PINGs, and local tiers
+// emptied more often while Redis is unreachable (docs/operating.md).
 func WithForgetBound(d time.Duration) Option {
 	return func(c *config) error {
 		if d < minForgetBound {
@@ -68,21 +44,15 @@ type noticeListener struct {
 	tick   time.Duration // bound/4: how often it checks, and how much silence earns a PING
 	cancel context.CancelFunc
 	done   chan struct{}
-	// state is what Health reports: nil while all is well
-	state atomic.Pointer[string]
-	// warned is when the last warning about lost notices was logged (unix nanos)
-	warned atomic.Int64
+	state  atomic.Pointer[string] // what Health reports; nil while all is well
+	warned atomic.Int64           // unix nanos of the last warning logged
 
 	adds sync.WaitGroup // subscriptions being sent (watchNotices)
 }
 
-// watchNotices subscribes the Deduper to the forget notices of h, its names and former
-// names, starting the subscription with the first handler. Called by Register for a
-// handler with a local tier, once h is registered and before it is returned. It does
-// not wait for the network: the subscription is sent on a goroutine of its own (which
-// Close waits for), and until the server confirms it, h's local tier is dropped at
-// every check, and once more at the confirmation (notices sent before it may have
-// been lost), as it is whenever a channel is confirmed again.
+// watchNotices subscribes the Deduper to the channels of h's names, without waiting
+// for the network: until the server confirms them, h's local tier is dropped at every
+// check, and once more at the confirmation.
 func (d *Deduper) watchNotices(h *Handler) {
 	n, ok := d.base.(storekit.Notifier)
 	if !ok || h.local == nil {
@@ -106,7 +76,7 @@ func (d *Deduper) watchNotices(h *Handler) {
 		channels = append(channels, d.cfg.prefix+":"+n)
 	}
 	if l.sub.InProcess() {
-		// subscribed at once, and no notice can be lost: h may take keys now
+		// subscribed at once, and no notice can be lost
 		d.mu.Unlock()
 		_ = l.sub.Add(context.Background(), channels...)
 		h.listening.Store(true)
@@ -119,17 +89,15 @@ func (d *Deduper) watchNotices(h *Handler) {
 		ctx, cancel := context.WithTimeout(context.Background(), l.tick)
 		defer cancel()
 		if err := l.sub.Add(ctx, channels...); err != nil {
-			// the subscription is made on the next connection; until it is confirmed,
-			// h's local tier is dropped at every check
+			// retried on the next connection
 			d.cfg.logger.Debug("dedup: subscribing to forget notices failed; retrying", "handler", h.name, "err", err)
 		}
 	}()
 }
 
-// stopNotices ends the subscription and waits for its goroutines, for at most
-// noticeStopWait: a subscription still being set up holds its connection's lock
-// until the client gives up on a server that does not answer, and its goroutines end
-// then. Called by Close.
+// stopNotices ends the subscription and waits for its goroutines, at most
+// noticeStopWait: one still being set up holds its connection until the client gives
+// up on a server that does not answer.
 func (d *Deduper) stopNotices() {
 	d.mu.Lock()
 	l := d.notices
@@ -140,7 +108,7 @@ func (d *Deduper) stopNotices() {
 	l.cancel()
 	stopped := make(chan struct{})
 	go func() {
-		_ = l.sub.Close() // ends a receive, or a subscription, that waits on the network
+		_ = l.sub.Close() // ends a receive or subscription waiting on the network
 		<-l.done
 		l.adds.Wait()
 		close(stopped)
@@ -154,7 +122,6 @@ func (d *Deduper) stopNotices() {
 	}
 }
 
-// noticeStopWait bounds Close's wait for the forget notices' subscription.
 const noticeStopWait = 250 * time.Millisecond
 
 func (l *noticeListener) run(ctx context.Context) {
@@ -163,7 +130,7 @@ func (l *noticeListener) run(ctx context.Context) {
 	last := time.Now()                 // when the subscription was last heard from
 	next := last.Add(l.tick)           // the next check
 	for ctx.Err() == nil {
-		// a deadline too, which bounds a redial (go-redis redials within receive)
+		// the deadline bounds a redial: go-redis redials within receive
 		wait := max(time.Until(next), time.Millisecond)
 		rctx, cancel := context.WithTimeout(ctx, wait+l.tick/2)
 		n, err := l.sub.Receive(rctx, wait)
@@ -177,12 +144,12 @@ func (l *noticeListener) run(ctx context.Context) {
 		case errors.Is(err, storekit.ErrNoNotice):
 		case ctx.Err() != nil:
 			return
-		case errors.As(err, &refused): // the server refused a SUBSCRIBE or PING (an ACL)
+		case errors.As(err, &refused): // a SUBSCRIBE or PING refused, by an ACL
 			l.warn("forget notices refused", refused.Err)
-		default: // the connection failed: the next receive dials again and subscribes again
+		default: // the connection failed; the next receive redials and resubscribes
 			clear(confirmed)
 			for _, h := range l.d.onChannel("") {
-				h.listening.Store(false) // until its channels are confirmed again
+				h.listening.Store(false)
 			}
 			l.warn("forget notices' connection failed", err)
 			_ = sleepCtx(ctx, time.Until(next))
@@ -195,12 +162,11 @@ func (l *noticeListener) run(ctx context.Context) {
 	}
 }
 
-// handle applies one notice.
 func (l *noticeListener) handle(n storekit.Notice, confirmed map[string]bool) {
 	d := l.d
 	switch n.Kind {
 	case storekit.Subscribed:
-		// notices sent before the server confirmed the channel were lost to it
+		// notices sent before the confirmation were lost to this subscriber
 		confirmed[n.Channel] = true
 		for _, h := range d.onChannel(n.Channel) {
 			if !n.Lossless {
@@ -211,7 +177,7 @@ func (l *noticeListener) handle(n storekit.Notice, confirmed map[string]bool) {
 				all = all && confirmed[d.cfg.prefix+":"+name]
 			}
 			if all {
-				h.listening.Store(true) // its notices are heard: it may take keys
+				h.listening.Store(true)
 			}
 		}
 	case storekit.Forgotten:
@@ -226,16 +192,14 @@ func (l *noticeListener) handle(n storekit.Notice, confirmed map[string]bool) {
 	}
 }
 
-// check runs every tick: a PING after half a tick of silence, every local tier
-// dropped after two ticks, and the tiers of the handlers whose channels are not
-// confirmed.
+// check runs every tick. A silent line gets a PING, whose reply comes before the
+// next check, so only a dead line is silent for two ticks: that drops every tier, as
+// a channel not confirmed drops its handlers' tiers.
 func (l *noticeListener) check(ctx context.Context, silent time.Duration, confirmed map[string]bool) {
 	d := l.d
-	// A PING at every check of a quiet line: its reply comes well before the next
-	// check, so a live line is never silent for two ticks.
 	if silent >= l.tick/2 {
 		pctx, cancel := context.WithTimeout(ctx, l.tick/2)
-		_ = l.sub.Ping(pctx) // its reply, or a failure, comes to receive
+		_ = l.sub.Ping(pctx) // its reply, or a failure, comes to run's receive
 		cancel()
 	}
 	if silent >= 2*l.tick {
@@ -265,7 +229,7 @@ func (l *noticeListener) check(ctx context.Context, silent time.Duration, confir
 	l.state.Store(&s)
 }
 
-// warn logs a lost or refused subscription at most once a minute (at Debug between).
+// warn logs at Warn at most once a minute, at Debug between.
 func (l *noticeListener) warn(msg string, err error) {
 	now := time.Now().UnixNano()
 	if w := l.warned.Load(); now-w < int64(time.Minute) || !l.warned.CompareAndSwap(w, now) {
@@ -275,9 +239,8 @@ func (l *noticeListener) warn(msg string, err error) {
 	l.d.cfg.logger.Warn("dedup: "+msg+"; local tiers are dropped until the subscription is back (a Redis ACL user needs &<prefix>:* +subscribe +ping)", "err", err)
 }
 
-// onChannel returns the handler with a local tier whose name or former name has the
-// channel <prefix>:<name> (names never collide: Register refuses it); all of those
-// handlers for "".
+// onChannel returns the handler with a local tier on the channel <prefix>:<name>
+// (by name or former name), or all of them for "".
 func (d *Deduper) onChannel(channel string) []*Handler {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -297,18 +260,16 @@ func (d *Deduper) onChannel(channel string) []*Handler {
 	return nil
 }
 
-// forgetLocal drops the normalized key k from the local tier of every handler of
-// this Deduper with the name or former name name.
+// forgetLocal drops the normalized key k from the local tier of handler name.
 func (d *Deduper) forgetLocal(name, k string) {
 	for _, h := range d.onChannel(d.cfg.prefix + ":" + name) {
 		h.dropLocal(k)
 	}
 }
 
-// dropLocal drops the normalized key k from the local tier, with every fingerprint
-// (a fingerprinted key is held as k#fingerprint: those are found by a visit of the
-// whole tier, see lru.Cache.RemovePrefix). A flight out for k is marked first, so
-// that its answer, which may predate the forget, is not cached after (remember).
+// dropLocal drops the normalized key k, under every fingerprint (k#fp), from the
+// local tier. k's flight is marked stale first, so that an answer that predates the
+// forget is not cached after it.
 func (h *Handler) dropLocal(k string) {
 	if h.local == nil {
 		return
@@ -339,11 +300,9 @@ func (h *Handler) purgeLocal() {
 	}
 }
 
-// Subscribers returns how many Dedupers subscribe to this handler's forget notices
-// right now: the processes that run a handler of this name (or with it as a former
-// name) with a local tier, on this store, this one included if it does. On a Redis
-// Cluster it sums PUBSUB NUMSUB over the masters. A store that carries no notices is
-// an error wrapping errors.ErrUnsupported; a failure wraps ErrStoreUnavailable.
+// Subscribers returns how many Dedupers now subscribe to the handler's forget
+// notices: those running it with a local tier. A store without notices is an error
+// wrapping errors.ErrUnsupported; a store failure wraps ErrStoreUnavailable.
 func (h *Handler) Subscribers(ctx context.Context) (int64, error) {
 	if err := h.checkInput(ctx, false); err != nil {
 		return 0, err
@@ -355,7 +314,7 @@ func (h *Handler) Subscribers(ctx context.Context) (int64, error) {
 	return n.ForgetNotices().Subscribers(ctx, h.d.cfg.prefix+":"+h.name)
 }
 
-// noticeHealth is the Deduper's forget-notice check, when it has a subscription.
+// noticeHealth is the forget-notice check, when the Deduper has a subscription.
 func (d *Deduper) noticeHealth() (driver.HealthCheck, bool) {
 	d.mu.RLock()
 	l := d.notices

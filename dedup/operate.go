@@ -9,8 +9,7 @@ import (
 	"github.com/dedupkit/dedupkit/keys"
 )
 
-// records returns the store's RecordStore (through the metered wrapper when metrics
-// are on), or an error wrapping errors.ErrUnsupported.
+// records returns d.store as a RecordStore, or an error wrapping errors.ErrUnsupported.
 func (d *Deduper) records() (driver.RecordStore, error) {
 	if _, ok := d.base.(driver.RecordStore); !ok {
 		return nil, fmt.Errorf("%w: the store (%T) cannot look up, forget or count records (it does not implement dedup.RecordStore)", errors.ErrUnsupported, d.base)
@@ -20,11 +19,8 @@ func (d *Deduper) records() (driver.RecordStore, error) {
 
 // RecordInfo is what Lookup and Forget report for one message key.
 type RecordInfo struct {
-	// Handler is the name the record is under: the handler's own, or one of its
-	// former names (WithFormerNames) when that record decides, as it does for Do.
-	Handler string
-	// RecordKey is the store key of that record, as Handler.RecordKey builds it.
-	RecordKey string
+	Handler   string // the name the record is under: the handler's or a former name
+	RecordKey string // the record's store key
 	driver.Record
 }
 
@@ -33,27 +29,15 @@ type ForgetOption func(*forgetConfig)
 
 type forgetConfig struct{ force bool }
 
-// ForgetInProgress makes Forget delete a record IN PROGRESS too. That is dangerous:
-// its owner is running the handler right now, and will find its lease lost (its fn's
-// context is cancelled at the next heartbeat, its completion refused, its message
-// neither completed nor acked), while the key is free for another copy to run at
-// the same time. Use it only for a claim whose owner is known to be gone and whose
-// lease you cannot wait out.
+// ForgetInProgress makes Forget delete a record IN PROGRESS too. Its owner then loses
+// its lease while another copy may run: use it only for an owner known to be gone.
 func ForgetInProgress() ForgetOption {
 	return func(c *forgetConfig) { c.force = true }
 }
 
-// Lookup reports the record of key: its state, owner token, remaining life,
-// fingerprint and stored reply size, as the handler would find it, the handler's
-// former names included (WithFormerNames): its own record when there is one, else
-// a former name's DONE record, else a former name's record IN PROGRESS, else
-// RecordAbsent. It costs one round trip and writes nothing. key is the message key as
-// the application passes it; Lookup normalizes it as Do does.
-//
-// An empty key is an error wrapping ErrInvalidOption (messages without a key have no
-// record); a store without RecordStore, one wrapping errors.ErrUnsupported; a closed
-// Deduper, ErrClosed; a store failure wraps ErrStoreUnavailable (ErrBadRecord for a
-// value dedup did not write).
+// Lookup reports the record of key as Do would find it, former names included, in
+// one round trip, writing nothing. Errors wrap ErrInvalidOption for an empty key,
+// errors.ErrUnsupported for a store without driver.RecordStore, or ErrStoreUnavailable.
 func (h *Handler) Lookup(ctx context.Context, key string) (RecordInfo, error) {
 	if err := h.checkInput(ctx, false); err != nil {
 		return RecordInfo{}, err
@@ -65,9 +49,8 @@ func (h *Handler) Lookup(ctx context.Context, key string) (RecordInfo, error) {
 	return infos[0], infos[0].Err
 }
 
-// LookupMany is Lookup for several keys in one round trip; the answers are in key
-// order, and an item that failed on its own has its Err set. The error is for the
-// call as a whole (as Lookup's).
+// LookupMany is Lookup for several keys in one round trip, answered in key order. An
+// item that failed on its own has its Err set; the error is for the whole call.
 func (h *Handler) LookupMany(ctx context.Context, keys []string) ([]RecordInfo, error) {
 	if err := h.checkInput(ctx, false); err != nil {
 		return nil, err
@@ -98,20 +81,12 @@ func (h *Handler) LookupMany(ctx context.Context, keys []string) ([]RecordInfo, 
 	return out, nil
 }
 
-// Forget deletes the record of key so that the message runs again when it comes,
-// under the handler's name and under each of its former names, and tells every
-// Deduper that runs the handler on the same store to drop key from its local tier:
-// this one at once, the others through the store's forget notices (see
-// WithForgetBound for how soon). It returns the record as Lookup would have reported
-// it just before; RecordAbsent is not an error (local tiers are told all the same,
-// which is what a record deleted by hand needs).
-//
-// A record IN PROGRESS is left alone unless ForgetInProgress is given: the error then
-// wraps ErrRecordInProgress, and the RecordInfo is that record. Each name's record is
-// forgotten on its own, so with former names a DONE record under one name is deleted
-// even when another name's is left IN PROGRESS. Errors are as Lookup's. A
-// transactional handler's database marker (docs/design.md §9) is not touched: it still
-// answers Duplicate.
+// Forget deletes the record of key, under the handler's name and former names, so the
+// message runs again, and drops key from the local tier of every Deduper running the
+// handler (see WithForgetBound). It returns the record as it was; an absent one is no
+// error. A record IN PROGRESS is kept, with an error wrapping ErrRecordInProgress,
+// unless ForgetInProgress is given. Other errors are Lookup's. A transactional marker
+// is not touched.
 func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) (RecordInfo, error) {
 	if err := h.checkInput(ctx, false); err != nil {
 		return RecordInfo{}, err
@@ -142,12 +117,10 @@ func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) 
 	j, refused := decide(recs), error(nil)
 	for i, r := range recs {
 		if r.Err == nil {
-			// this process at once; the store's notice tells the others, and this one
-			// again, maybe after Forget returned: a key cached again meanwhile is
-			// dropped once more (the next call asks the store, which still answers)
+			// this process at once; the store's notice tells the others
 			h.d.forgetLocal(names[i], k)
 		} else if refused == nil {
-			j, refused = i, r.Err // a refusal decides: the caller must see what was left
+			j, refused = i, r.Err // the caller must see what was left
 		}
 	}
 	info := RecordInfo{Handler: names[j], RecordKey: h.d.cfg.prefix + ":" + names[j] + ":" + k, Record: recs[j]}
@@ -158,11 +131,9 @@ func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) 
 	return info, refused
 }
 
-// CountRecords counts the records under the Deduper's prefix by handler name: every
-// handler's, registered here or not (an empty handler), or only handler's. It walks
-// the store's whole key space in bounded steps (SCAN with COUNT, never KEYS), so it
-// is for operators, not for a hot path. A store without RecordStore is an error
-// wrapping errors.ErrUnsupported; a bad handler name wraps ErrInvalidOption.
+// CountRecords counts the records under the prefix by handler name, for every handler
+// ("") or one. It scans the whole key space: for operators, not hot paths. A store
+// without driver.RecordStore is an error wrapping errors.ErrUnsupported.
 func (d *Deduper) CountRecords(ctx context.Context, handler string) (map[string]int64, error) {
 	if d == nil || d.handlers == nil || ctx == nil {
 		return nil, fmt.Errorf("%w: nil *Deduper or context", ErrInvalidOption)
@@ -179,13 +150,11 @@ func (d *Deduper) CountRecords(ctx context.Context, handler string) (map[string]
 	return rs.CountRecords(ctx, d.cfg.prefix, handler)
 }
 
-// names returns the handler's name, then its former names.
 func (h *Handler) names() []string {
 	return append([]string{h.name}, h.cfg.formerNames...)
 }
 
-// recordKeys returns, for each normalized key, its record keys under names(), in
-// that order.
+// recordKeys returns each key's record keys under names(), in that order.
 func (h *Handler) recordKeys(ks []string) []string {
 	names := h.names()
 	out := make([]string, 0, len(ks)*len(names))
@@ -197,10 +166,9 @@ func (h *Handler) recordKeys(ks []string) []string {
 	return out
 }
 
-// decide picks the record that answers for one message key among its records under
-// the handler's names (its own first): its own when present, else the first DONE one,
-// else the first IN PROGRESS one, else its own (absent). An item that failed decides
-// when nothing else is found, so that its error is not taken for an absence.
+// decide picks the record that answers among a key's records under names(): its own
+// if present, else the first DONE, else the first IN PROGRESS. Failing that, an item
+// that failed decides, so that its error is not taken for an absence.
 func decide(row []driver.Record) int {
 	if row[0].State != driver.RecordAbsent || row[0].Err != nil {
 		return 0

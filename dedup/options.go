@@ -11,27 +11,17 @@ import (
 	"github.com/dedupkit/dedupkit/lru"
 )
 
-// Defaults for handler settings.
 const (
-	// DefaultPrefix starts every record key unless WithPrefix says otherwise.
+	// DefaultPrefix is the first segment of every record key unless WithPrefix is given.
 	DefaultPrefix = "dedup"
-	// defaultRetention is how long a DONE record is kept.
-	defaultRetention = 24 * time.Hour
-	// defaultLease is how long an IN PROGRESS claim lives without a heartbeat.
-	defaultLease = 30 * time.Second
-	// defaultLocalSize is how many DONE keys the local tier holds per handler.
-	defaultLocalSize = 10_000
-	// minLease is the shortest lease accepted: the heartbeat runs every lease/3.
-	minLease = 30 * time.Millisecond
-	// maxLocalSize bounds the local tier per handler.
-	maxLocalSize = 1 << 24
-	// defaultReplyLimit is the largest reply a handler WithReplies(0) stores: 64 KiB.
-	defaultReplyLimit = 64 << 10
-	// maxReplyLimit bounds WithReplies: 1 MiB, NATS's default largest payload. Every
-	// stored reply lives in Redis for the retention: keep replies small.
-	maxReplyLimit = 1 << 20
-	// defaultLocalReplies is how many bytes of replies a handler's local tier keeps
-	// (WithLocalReplies): 4 MiB.
+
+	defaultRetention    = 24 * time.Hour
+	defaultLease        = 30 * time.Second
+	defaultLocalSize    = 10_000
+	minLease            = 30 * time.Millisecond
+	maxLocalSize        = 1 << 24
+	defaultReplyLimit   = 64 << 10
+	maxReplyLimit       = 1 << 20 // NATS's default largest payload
 	defaultLocalReplies = 4 << 20
 )
 
@@ -44,14 +34,13 @@ type Option func(*config) error
 type config struct {
 	prefix      string
 	logger      *slog.Logger
-	forgetBound time.Duration // WithForgetBound (notices.go)
+	forgetBound time.Duration
 
-	meterProvider metric.MeterProvider // nil: metrics off (metrics.go)
+	meterProvider metric.MeterProvider // nil: metrics off
 }
 
-// WithPrefix sets the first segment of every record key (default DefaultPrefix). It
-// isolates tenants sharing one Redis. 1 to 64 printable ASCII bytes, without spaces,
-// ':' or the glob characters * ? [ ] \ (see keys.ValidatePrefix).
+// WithPrefix sets the first segment of every record key (default DefaultPrefix), to
+// isolate tenants sharing one Redis. A prefix keys.ValidatePrefix refuses is an error.
 func WithPrefix(prefix string) Option {
 	return func(c *config) error {
 		if err := keys.ValidatePrefix(prefix); err != nil {
@@ -62,7 +51,7 @@ func WithPrefix(prefix string) Option {
 	}
 }
 
-// WithLogger sets the logger for events such as panics and lost leases (default
+// WithLogger sets the logger for panics, lost leases and the like (default
 // slog.Default()). Log lines carry a hash of the key, never the key or the payload.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
@@ -88,16 +77,12 @@ const (
 type StoreFailurePolicy uint8
 
 const (
-	// FailClosed answers StoreUnavailable and does not run fn (the default): the message
-	// waits for redelivery, and nothing runs twice.
+	// FailClosed answers StoreUnavailable and does not run fn (the default).
 	FailClosed StoreFailurePolicy = iota
-	// FailOpen runs fn without dedup; the result is marked Unguarded and counted.
+	// FailOpen runs fn without dedup; the result is marked Unguarded.
 	FailOpen
-	// DatabaseOnly is for transactional runs (DoTx, RunTx): when
-	// the store fails, the run goes on with its database marker alone, still exactly
-	// once (a concurrent copy waits on the marker's row, then finds it committed), but
-	// with no lease and no local-tier shortcut for its key. A run without a
-	// transaction fails closed.
+	// DatabaseOnly: when the store fails, a transactional run (DoTx, RunTx) goes on
+	// with its database marker alone, still exactly once; other runs fail closed.
 	DatabaseOnly
 )
 
@@ -105,11 +90,10 @@ const (
 type Mode uint8
 
 const (
-	// ModeDo claims the key with a lease, runs fn, then records DONE (the default). A
-	// failed fn releases the claim so a redelivery runs it again.
+	// ModeDo claims the key with a lease, runs fn, then records DONE (the default).
 	ModeDo Mode = iota
-	// ModeFilter records DONE first in one round trip and runs fn on first sight only.
-	// A crash or a failed fn is not retried: for side effects that are cheap to lose.
+	// ModeFilter records DONE first, in one round trip, and runs fn on first sight
+	// only: a crash or a failed fn is not retried.
 	ModeFilter
 )
 
@@ -122,15 +106,15 @@ type handlerConfig struct {
 	localSize    int
 	localTTL     time.Duration // 0: the retention
 	strategy     keys.Strategy
-	strategySet  bool // WithKeyStrategy was given: adapters keep it instead of their default
+	strategySet  bool // adapters keep a strategy given instead of their default
 	missingKey   MissingKeyPolicy
 	storeFailure StoreFailurePolicy
 	fingerprint  bool
 	mode         Mode
-	formerNames  []string     // WithFormerNames (former.go)
-	replyLimit   int          // WithReplies; 0: replies off
-	localReplies int          // WithLocalReplies: bytes of replies the local tier keeps
-	localOpts    []lru.Option // for tests: the local tier on a fake clock
+	formerNames  []string
+	replyLimit   int // 0: replies off
+	localReplies int
+	localOpts    []lru.Option // for tests
 }
 
 func defaultHandlerConfig() handlerConfig {
@@ -143,9 +127,8 @@ func defaultHandlerConfig() handlerConfig {
 	}
 }
 
-// WithRetention sets how long a DONE record lives (default 24h, at least
-// 1ms). Duplicates arriving later than this run again: make it longer than the broker
-// can redeliver.
+// WithRetention sets how long a DONE record lives (default 24h, at least 1ms). A
+// duplicate arriving later runs again: make it longer than the broker redelivers.
 func WithRetention(d time.Duration) HandlerOption {
 	return func(c *handlerConfig) error {
 		if d < time.Millisecond {
@@ -156,9 +139,8 @@ func WithRetention(d time.Duration) HandlerOption {
 	}
 }
 
-// WithLease sets how long a claim lives without a heartbeat (default 30s, at
-// least 30ms). The heartbeat extends it every lease/3 while fn runs; a consumer
-// that dies holds the key for at most this long.
+// WithLease sets how long a claim lives without a heartbeat (default 30s, at least
+// 30ms): a consumer that dies holds its key for at most this long.
 func WithLease(d time.Duration) HandlerOption {
 	return func(c *handlerConfig) error {
 		if d < minLease {
@@ -169,9 +151,9 @@ func WithLease(d time.Duration) HandlerOption {
 	}
 }
 
-// WithLocalCache sizes the local tier: up to size DONE keys, each kept for ttl (default
-// 10,000 keys for the retention). size 0 turns the tier off; ttl 0 means the
-// retention; a ttl above the retention is an error.
+// WithLocalCache sizes the local tier: up to size DONE keys, each kept for ttl
+// (default 10,000 keys for the retention). Size 0 turns it off; ttl 0 means the
+// retention, and a ttl above it is an error at Register.
 func WithLocalCache(size int, ttl time.Duration) HandlerOption {
 	return func(c *handlerConfig) error {
 		if size < 0 || size > maxLocalSize {
@@ -223,9 +205,8 @@ func WithStoreFailure(p StoreFailurePolicy) HandlerOption {
 	}
 }
 
-// WithFingerprint turns payload fingerprinting on or off (default off). When on, Handle
-// stores a SHA-256 fingerprint of the payload with the record, and a DONE key seen again
-// with a different payload answers KeyReuse instead of Duplicate.
+// WithFingerprint turns payload fingerprinting on or off (default off). When on, a
+// DONE key seen again with a different payload answers KeyReuse, not Duplicate.
 func WithFingerprint(on bool) HandlerOption {
 	return func(c *handlerConfig) error {
 		c.fingerprint = on
@@ -244,25 +225,13 @@ func WithMode(m Mode) HandlerOption {
 	}
 }
 
-// WithReplies turns on stored replies (docs/design.md §10): Run stores the reply its
-// fn sets (SetReply) with the DONE record, and a duplicate's ItemResult carries it
-// back (Reply), from the store or from the local tier; Run's items then claim
-// whatever the mode, and Do, Handle and Mark are ErrInvalidOption. That is what
-// request/reply needs: a client that retries after
-// a timeout gets the first run's answer, not silence (see the NATS package's
-// Replier).
+// WithReplies turns on stored replies (default off; docs/request-reply.md): Run
+// stores the reply its fn sets (SetReply) with the DONE record, and duplicates get
+// it back in ItemResult.Reply. Do, Handle, Mark, DoTx and RunTx are then refused.
 //
-// limit is the largest reply stored, in bytes: 0 means 64 KiB, at most
-// 1 MiB. A larger reply is not an error for fn: the message is processed,
-// its DONE record written without the reply, the result is Processed with fn's
-// reply in hand and an error wrapping ErrReplyTooLarge, and it is counted
-// (Stats.RepliesTooLarge, dedup.replies.too_large); its duplicates then answer
-// Duplicate without a reply (HasReply false). Replies are opaque bytes, never
-// logged.
-//
-// Default: off. A record with a reply has
-// a form that processes from before stored replies refuse (as a store failure:
-// fail closed), so upgrade every process before turning replies on.
+// limit is the largest reply stored, in bytes (0 means 64 KiB, at most 1 MiB); a
+// larger reply is not stored, and its result, still Processed, has an error wrapping
+// ErrReplyTooLarge. Default: off.
 func WithReplies(limit int) HandlerOption {
 	return func(c *handlerConfig) error {
 		if limit < 0 || limit > maxReplyLimit {
@@ -277,11 +246,8 @@ func WithReplies(limit int) HandlerOption {
 }
 
 // WithLocalReplies sets how many bytes of replies the local tier of a handler
-// WithReplies keeps (default 4 MiB): each entry counts its key, its
-// reply and an overhead (lru.BytesEntryOverhead), and the least recently used go
-// first. A duplicate whose reply is not kept locally is answered by the store, which
-// has it. 0 keeps none; so does a handler without a local tier (WithLocalCache(0, 0)).
-// The entries live as long as the local tier's (WithLocalCache's ttl).
+// WithReplies keeps (default 4 MiB; 0 keeps none). A reply not kept locally is read
+// from the store.
 func WithLocalReplies(bytes int) HandlerOption {
 	return func(c *handlerConfig) error {
 		if bytes < 0 {
@@ -292,7 +258,6 @@ func WithLocalReplies(bytes int) HandlerOption {
 	}
 }
 
-// validName checks a handler name, wrapping ErrInvalidOption.
 func validName(name string) error {
 	if err := keys.ValidateName(name); err != nil {
 		return fmt.Errorf("%w: handler name: %w", ErrInvalidOption, err)

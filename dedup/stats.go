@@ -6,18 +6,16 @@ import (
 )
 
 type counters struct {
-	outcomes  [numOutcomes]atomic.Uint64
-	local     atomic.Uint64
-	store     atomic.Uint64
-	database  atomic.Uint64
-	unguarded atomic.Uint64
-	leaseLost atomic.Uint64
-	// stored replies (WithReplies)
+	outcomes        [numOutcomes]atomic.Uint64
+	local           atomic.Uint64
+	store           atomic.Uint64
+	database        atomic.Uint64
+	unguarded       atomic.Uint64
+	leaseLost       atomic.Uint64
 	repliesTooLarge atomic.Uint64
 	repliesMissing  atomic.Uint64
-	// localHits counts the Duplicates the local tier answered (countLocalHit), on
-	// stripes a cache line each: the hottest path writes no line that other cores
-	// write too. Stats adds them to outcomes[Duplicate] and local.
+	// localHits is striped, a cache line each, so that the hottest path writes no
+	// line other cores write; Stats adds it to outcomes[Duplicate] and local.
 	localHits [localStripes]stripe
 }
 
@@ -28,9 +26,8 @@ type stripe struct {
 	_ [56]byte // the rest of a 64-byte cache line
 }
 
-// countLocalHit counts a Duplicate answered by the local tier and returns it. The
-// stripe is picked at random: math/rand/v2's global source is per thread, so the
-// pick costs no shared write either.
+// countLocalHit counts a local-tier Duplicate on a random stripe: math/rand/v2's
+// global source is per thread, so the pick writes nothing shared either.
 func (h *Handler) countLocalHit() Result {
 	h.stats.localHits[rand.Uint32()%localStripes].n.Add(1)
 	return Result{Outcome: Duplicate, Tier: TierLocal}
@@ -56,24 +53,14 @@ func (h *Handler) count(res Result) Result {
 
 // Stats is a snapshot of a handler's counters since Register.
 type Stats struct {
-	outcomes [numOutcomes]uint64
-	// LocalDuplicates counts duplicates answered in process (local tier or a
-	// concurrent call), with no store call.
-	LocalDuplicates uint64
-	// StoreDuplicates counts duplicates answered by the store.
-	StoreDuplicates uint64
-	// DatabaseDuplicates counts duplicates answered by a transactional run's marker.
-	DatabaseDuplicates uint64
-	// Unguarded counts fn runs without dedup (fail-open, or a processed missing key).
-	Unguarded uint64
-	// HeartbeatLeaseLost counts heartbeats that found the lease gone.
-	HeartbeatLeaseLost uint64
-	// RepliesTooLarge counts fn replies larger than the handler's WithReplies limit:
-	// processed, and not stored (ErrReplyTooLarge).
-	RepliesTooLarge uint64
-	// RepliesMissing counts the Duplicates of reply forms answered without a reply:
-	// their DONE record holds none (see ItemResult.HasReply).
-	RepliesMissing uint64
+	outcomes           [numOutcomes]uint64
+	LocalDuplicates    uint64 // Duplicates answered in process (TierLocal)
+	StoreDuplicates    uint64 // Duplicates answered by the store (TierStore)
+	DatabaseDuplicates uint64 // Duplicates answered by a transactional marker (TierDatabase)
+	Unguarded          uint64 // fn runs without dedup
+	HeartbeatLeaseLost uint64 // heartbeats that found the lease gone
+	RepliesTooLarge    uint64 // replies over the WithReplies limit, not stored
+	RepliesMissing     uint64 // reply-form Duplicates whose record holds no reply
 }
 
 // Count returns how many calls ended with outcome o.
