@@ -216,9 +216,20 @@ func startJetStream(consumers []string, orders ...string) (js jetstream.JetStrea
 	return js, stop, nil
 }
 
-// drained waits until every consumer named has acked every message of the stream.
+// drained waits until every consumer named has acked every message of the stream:
+// its ack floor has reached the stream's last message (pending counts alone can read
+// zero before the consumer has caught up with the stream).
 func drained(js jetstream.JetStream, consumers ...string) error {
 	ctx := context.Background()
+	stream, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		return err
+	}
+	sinfo, err := stream.Info(ctx)
+	if err != nil {
+		return err
+	}
+	last := sinfo.State.LastSeq
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		done := true
 		for _, name := range consumers {
@@ -230,7 +241,7 @@ func drained(js jetstream.JetStream, consumers ...string) error {
 			if err != nil {
 				return err
 			}
-			done = done && info.NumPending == 0 && info.NumAckPending == 0
+			done = done && info.AckFloor.Stream >= last && info.NumAckPending == 0
 		}
 		if done {
 			return nil

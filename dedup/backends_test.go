@@ -65,7 +65,7 @@ func storeBackends() []backendFactory {
 // Durations are short so that the real server, which can only sleep, stays fast; the
 // margins are wide so that a loaded machine does not flake.
 const (
-	cLease     = 400 * time.Millisecond
-	cRetention = 1200 * time.Millisecond
-	cMargin    = 150 * time.Millisecond
+	cLease     = time.Second
+	cRetention = 3 * time.Second
+	cMargin    = 400 * time.Millisecond
 )

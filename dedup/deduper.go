@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/lru"
 )
 
@@ -38,7 +39,7 @@ type Deduper struct {
 // New returns a Deduper over store. A nil store or a bad option is an error wrapping
 // ErrInvalidOption.
 func New(store driver.Store, opts ...Option) (*Deduper, error) {
-	if store == nil {
+	if storekit.IsNil(store) { // a nil interface, or a nil *Store from a failed constructor
 		return nil, fmt.Errorf("%w: store is nil", ErrInvalidOption)
 	}
 	cfg := config{prefix: DefaultPrefix, logger: slog.Default(), forgetBound: defaultForgetBound}

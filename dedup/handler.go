@@ -164,7 +164,10 @@ func (r *replyRun) call(ctx context.Context) error {
 // (ItemResult.Reply); a later call replaces it. Outside such an fn, after it returned,
 // or in a transactional run, it returns an error wrapping ErrInvalidOption.
 func SetReply(ctx context.Context, reply []byte) error {
-	r, _ := ctx.Value(replyKey{}).(*replyRun)
+	var r *replyRun
+	if ctx != nil {
+		r, _ = ctx.Value(replyKey{}).(*replyRun)
+	}
 	if r == nil {
 		return fmt.Errorf("%w: SetReply outside the fn of a Run on a handler WithReplies (DoTx and RunTx store no reply)", ErrInvalidOption)
 	}

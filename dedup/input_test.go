@@ -48,6 +48,7 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 		"Do, nil handler":        func() error { _, err := none.Do(ctx, "k", fn); return err },
 		"Run on replies, nil fn": func() error { return batchErr(replies.Run(ctx, items[:1], nil)) },
 		"SetReply outside a run": func() error { return SetReply(ctx, []byte("x")) },
+		"SetReply, nil ctx":      func() error { return SetReply(nilCtx, []byte("x")) },
 		"Do on replies":          func() error { _, err := replies.Do(ctx, "k", fn); return err },
 		"HandleReply, nil msg":   func() error { _, err := runReplyMsg(replies, ctx, nil, rfn); return err },
 		"HandleKeyReply, nil ctx": func() error {
@@ -79,6 +80,7 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 		"Register, nil Deduper":      func() error { _, err := (*Deduper)(nil).Register("x"); return err },
 		"New, nil option":            func() error { _, err := New(mem, nil); return err },
 		"New, nil store":             func() error { _, err := New(nil); return err },
+		"New, typed nil store":       func() error { var s *memstore.Store; _, err := New(s); return err },
 		"NewRedisStore, nil client":  func() error { _, err := redisstore.New(nil); return err },
 		"NewMemoryStore, nil option": func() error { _, err := memstore.New(nil); return err },
 		"redisstore.New, typed nil client": func() error {

@@ -15,7 +15,7 @@ import (
 func ExampleNew() {
 	srv, _ := miniredis.Run()
 	defer srv.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 
 	store, _ := redisstore.New(rdb)

@@ -1,19 +1,24 @@
 // Package storetest checks a dedup store against the contract of driver.Store: a
 // conformance suite of the table in docs/design.md §3 (Run) and seeded random
 // sequences against a reference model (RunModel). redisstore and memstore run both;
-// a third-party store proves itself the same way:
+// a third-party store proves itself the same way, best on a fake clock:
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) storetest.Backend {
-//			return storetest.Backend{Store: newStore(t), Prefix: "test", Advance: time.Sleep}
+//			clk := storetest.NewClock()
+//			return storetest.Backend{Store: newStore(clk.Now), Prefix: "test", Advance: clk.Add, Now: clk.Now}
 //		})
 //	}
+//
+// A store on a real server passes Advance: time.Sleep (and a Prefix unique to the
+// test); its cases then sleep a few seconds each, in parallel.
 package storetest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,9 +54,9 @@ type Raw interface {
 // Durations are short so that the real server, which can only sleep, stays fast; the
 // margins are wide so that a loaded machine does not flake.
 const (
-	cLease     = 400 * time.Millisecond
-	cRetention = 1200 * time.Millisecond
-	cMargin    = 150 * time.Millisecond
+	cLease     = time.Second
+	cRetention = 3 * time.Second
+	cMargin    = 400 * time.Millisecond
 )
 
 // maxReply is the largest reply a handler stores (the most WithReplies takes).
@@ -66,10 +71,24 @@ func Run(t *testing.T, newBackend func(t *testing.T) Backend) {
 	for _, c := range append(append(conformanceCases, replyCases...), foreignCase) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			b := newBackend(t)
+			b := checked(t, newBackend(t))
 			c.run(t, &suite{t: t, b: b, ctx: context.Background()})
 		})
 	}
+}
+
+// checked fails t for a Backend the suites cannot use.
+func checked(t *testing.T, b Backend) Backend {
+	t.Helper()
+	switch {
+	case b.Store == nil || reflect.ValueOf(b.Store).Kind() == reflect.Pointer && reflect.ValueOf(b.Store).IsNil():
+		t.Fatal("storetest: Backend.Store is nil")
+	case b.Advance == nil:
+		t.Fatal("storetest: Backend.Advance is nil (time.Sleep for a real server, a Clock's Add for a fake one)")
+	case b.Prefix == "":
+		t.Fatal("storetest: Backend.Prefix is empty (give each Backend a prefix of its own)")
+	}
+	return b
 }
 
 type suite struct {
@@ -770,7 +789,7 @@ var replyCases = []conformanceCase{
 		})
 		s.must(err)
 		if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], driver.ErrLeaseLost) || !errors.Is(errs[3], driver.ErrLeaseLost) {
-			t.Fatalf("CompleteMany: %v", errs)
+			t.Fatalf("Complete of two: %v", errs)
 		}
 		s.checkTTL(withReply)
 		got, err := s.b.Store.Claim(s.ctx, []driver.Entry{
@@ -783,7 +802,7 @@ var replyCases = []conformanceCase{
 		if got[0].Status != driver.StatusDuplicate || !got[0].HasReply || got[0].Reply != "one" || got[0].TTL <= 0 ||
 			got[1].Status != driver.StatusDuplicate || got[1].HasReply || got[2].Status != driver.StatusInProgress || got[2].HasReply ||
 			got[3].Status != driver.StatusAcquired {
-			t.Fatalf("ClaimMany: %+v", got)
+			t.Fatalf("Claim of two: %+v", got)
 		}
 		// a batch that names a key twice goes as claim scripts
 		got, err = s.b.Store.Claim(s.ctx, []driver.Entry{{Key: withReply, Token: "C", TTL: cLease}, {Key: withReply, Token: "D", TTL: cLease}})

@@ -443,7 +443,7 @@ type ModelConfig struct {
 // docs/design.md §3: every answer must be one the model allows.
 func RunModel(t *testing.T, newBackend func(t *testing.T) Backend, cfg ModelConfig) {
 	t.Helper()
-	probe := newBackend(t)
+	probe := checked(t, newBackend(t))
 	real := probe.Now == nil
 	if cfg.Seeds == 0 {
 		cfg.Seeds = map[bool]int{false: fakeSeeds, true: modelReal}[real]
@@ -454,7 +454,7 @@ func RunModel(t *testing.T, newBackend func(t *testing.T) Backend, cfg ModelConf
 	for i, seed := range modelSeeds(cfg.Seeds) {
 		b := probe
 		if i > 0 {
-			b = newBackend(t)
+			b = checked(t, newBackend(t))
 		}
 		runModel(t, b, seed, cfg)
 		if t.Failed() {
