@@ -58,8 +58,8 @@ type Entry struct {
 }
 
 // Store holds dedup records. Every call takes a batch of entries and answers each
-// entry on its own, in entry order; each entry is atomic on the server and follows
-// this table (docs/design.md §3):
+// entry on its own, in entry order, atomically on the server, by this table
+// (docs/design.md §3):
 //
 //	op        | absent            | IN PROGRESS, mine | IN PROGRESS, other | DONE
 //	Claim     | IN PROGRESS, Acq. | Acquired          | InProgress(PTTL)   | Duplicate (Conflict if fingerprints differ)
@@ -68,17 +68,15 @@ type Entry struct {
 //	Extend    | ErrLeaseLost      | PEXPIRE lease     | ErrLeaseLost       | ErrLeaseLost
 //	Mark      | DONE, Acquired    | -                 | InProgress         | Duplicate (Conflict if fingerprints differ), Acquired if mine
 //
-// Entry.TTL is the lease for Claim and Extend, the retention for Mark and Complete;
-// Complete writes Entry.Reply into the DONE record when HasReply, and a Claim that
-// answers StatusDuplicate carries the stored reply back. Tokens are 1 to 64 bytes
-// without ':'; an empty fingerprint is not compared. Every record expires on the
-// server.
+// Entry.TTL is the lease for Claim and Extend, the retention for Mark and Complete.
+// Complete stores Entry.Reply when HasReply; a Claim that answers StatusDuplicate
+// returns it. Tokens are 1 to 64 bytes without ':'; an empty fingerprint is not
+// compared. Every record expires on the server.
 //
-// An entry that failed on its own has its error in Answer.Err (or its slot of the
-// []error); the call's error is for a failure of the whole call, with no answers. A
-// bad entry (token, TTL) refuses the whole call with ErrInvalidOption and writes
-// nothing. Errors other than ErrLeaseLost and ErrInvalidOption wrap
-// ErrStoreUnavailable.
+// An entry's own failure is in Answer.Err (or its slot of the []error); the call's
+// error is a failure of the whole call, with no answers. A bad entry (token, TTL)
+// refuses the whole call with ErrInvalidOption and writes nothing. Errors other than
+// ErrLeaseLost and ErrInvalidOption wrap ErrStoreUnavailable.
 type Store interface {
 	Claim(ctx context.Context, entries []Entry) ([]Answer, error)
 	Mark(ctx context.Context, entries []Entry) ([]Answer, error)
