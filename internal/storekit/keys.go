@@ -12,9 +12,8 @@ import (
 	"github.com/dedupkit/dedupkit/keys"
 )
 
-// SplitRecordKey splits a record key into the channel of its handler's forget
-// notices ("<prefix>:<handler>") and its normalized message key. Prefixes and
-// handler names hold no ':', so the second ':' ends the channel.
+// SplitRecordKey splits a record key into its handler's notice channel
+// ("<prefix>:<handler>") and its message key; the second ':' ends the channel.
 func SplitRecordKey(rk string) (channel, k string, ok bool) {
 	i := strings.IndexByte(rk, ':')
 	if i <= 0 {

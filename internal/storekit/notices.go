@@ -6,13 +6,9 @@ import (
 	"time"
 )
 
-// The transport of forget notices: a store that deletes a record (Forget) sends a
-// notice on the channel "<prefix>:<handler>" with the message key as payload, and
-// the Dedupers on the store subscribe to the channels of their handlers.
-
-// Notifier is a store that carries forget notices between the Dedupers on it. Only
-// redisstore and memstore do: a notice must be sent by the store's Forget in the
-// same step that deletes the record.
+// Notifier is a store that carries forget notices between the Dedupers on it: its
+// Forget publishes the message key on "<prefix>:<handler>" in the step that deletes
+// the record. redisstore and memstore implement it.
 type Notifier interface {
 	ForgetNotices() Bus
 }

@@ -15,20 +15,12 @@ import (
 //
 //	p:<token>:<fingerprint>                             IN PROGRESS
 //	d:<token>:<fingerprint>                             DONE
-//	r:<token>:<len(fingerprint)>:<fingerprint><reply>   DONE, with a stored reply (docs/design.md §10)
+//	r:<token>:<len(fingerprint)>:<fingerprint><reply>   DONE, with a stored reply
 //
-// Tokens hold no ':', so the first two separators split the first two forms
-// unambiguously (a fingerprint may hold anything). The third carries the
-// fingerprint's length in decimal, so that the reply, binary and of any content,
-// is the rest. The Lua scripts parse records with the same rules.
-//
-// The third form has its own state letter so that a process from before stored
-// replies, which knows only 'p' and 'd', cannot misread one: its scripts and its
-// decoder refuse the value as a record dedup did not write (ErrBadRecord), which it
-// answers as a store failure (fail closed: the message is redelivered, never run
-// and never dropped; under FailOpen it runs). New processes read all three forms.
-// Only handlers WithReplies write the third, so upgrade every process first, then
-// turn replies on.
+// Tokens hold no ':', so the first two separators split the first two forms; the
+// third gives the fingerprint's length, so the reply (any bytes) is the rest. The Lua
+// scripts parse by the same rules. The third form has a letter of its own so that a
+// process without stored replies refuses it (ErrBadRecord) rather than misreads it.
 const (
 	StateInProgress = 'p'
 	StateDone       = 'd'
@@ -41,7 +33,7 @@ type Rec struct {
 	State    byte // StateInProgress or StateDone (with a reply or not)
 	Token    string
 	FP       string
-	Reply    string // the stored reply, when hasReply (a DONE record of the third form)
+	Reply    string // the stored reply, when HasReply (the third form)
 	HasReply bool
 }
 
@@ -136,9 +128,8 @@ func CheckEntry(e driver.Entry, what string) error {
 	return CheckTTL(what, e.TTL)
 }
 
-// CheckEntries checks every entry of a batch, so that a bad one refuses the whole
-// call before anything is written. what names the TTL ("lease", "retention"); ""
-// checks the tokens alone (Release, which takes no TTL).
+// CheckEntries checks every entry of a batch before anything is written. what names
+// the TTL ("lease", "retention"); "" checks the tokens alone (Release).
 func CheckEntries(entries []driver.Entry, what string) error {
 	for _, e := range entries {
 		var err error
