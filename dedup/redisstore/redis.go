@@ -1,3 +1,8 @@
+// Package redisstore is a dedup store on Redis 7 or later, through go-redis: a single
+// server, a failover client, Redis Cluster or a Ring.
+//
+//	store, err := redisstore.New(rdb)
+//	d, err := dedup.New(store)
 package redisstore
 
 import (
@@ -37,28 +42,18 @@ var (
 	completeManyScript = redis.NewScript(completeManyLua)
 )
 
-// Store is the Store backed by Redis 7 or later. Every command and script has
-// one key, so it runs unchanged on Redis Cluster.
-//
-// Every method takes a batch of entries. A batch of one entry is a single command or
-// script: Mark is one SET NX PX GET; Claim is one SET NX PX GET too when the key is
-// free, and when another record is there, the claim script reads it and its TTL
-// atomically; Complete, Release and Extend are Lua scripts that compare the owner
-// token. Concurrent batches of one are coalesced into pipelines (see
-// WithAutoPipeline). A batch of several entries is one round trip (two for a Claim's
-// entries that found a record): on a single server (a *redis.Client that a first INFO
-// shows to be a Redis server, not a sharding proxy), Claim and Complete are one
-// script call per batch (of up to maxScriptKeys keys each, Claim's for the keys that
-// held a record); on a cluster, a ring or a proxy, and for Mark, Release and Extend,
-// one pipeline of a command or script per key.
+// Store is a dedup store on Redis: a driver.Store, RecordStore, HealthChecker and
+// Pinger. A call of one entry names one key, so it runs on Redis Cluster; concurrent
+// ones share round trips (WithAutoPipeline). A call of several entries is one round
+// trip, two for a Claim's entries that found a record. docs/design.md §3 says what
+// each call sends.
 type Store struct {
 	c    redis.UniversalClient
 	pipe *autoPipe    // nil: every single call is sent on its own
-	wait *replicaWait // WithWaitReplicas (redis_wait.go); nil: DONE writes do not wait
-	// scripts is how the batch calls go: scriptsOn (batch scripts), scriptsOff (a
-	// command or script per key: a cluster or ring, WithoutBatchScripts, or what the
-	// probe found behind a *redis.Client), or not known yet; probedAt is when a probe
-	// that could not tell (a network failure) ran, 0 when the answer is settled
+	wait *replicaWait // WithWaitReplicas; nil: DONE writes do not wait
+	// scripts says how a call of several entries goes: scriptsOn (batch scripts),
+	// scriptsOff (per key) or scriptsUnknown; probedAt is when a probe failed on the
+	// network, 0 once the answer is settled
 	scripts  atomic.Int32
 	probedAt atomic.Int64
 	probing  atomic.Bool // one probe at a time; calls meanwhile go per key
@@ -71,17 +66,13 @@ const (
 	scriptsOff
 )
 
-// reprobeAfter is how long a store whose probe failed on the network sends batch
-// calls per key before it probes again.
+// reprobeAfter is how long calls go per key after a probe failed on the network.
 const reprobeAfter = time.Minute
 
-// WithoutBatchScripts sends Claim and Complete of several entries (and the
-// auto-pipeliner's Completes of one) as a command or script per key, as on a cluster,
-// also through a *redis.Client. The store finds a proxy by itself (see Store); this
-// option is for one it cannot tell from a server: a proxy in front of several servers
-// that routes each command by its key, answers INFO, and would run a script on the
-// server of its first key whatever its other keys. It costs Redis about a quarter
-// more CPU per claim and per completion.
+// WithoutBatchScripts sends a Claim or Complete of several entries as a command or
+// script per key, as on a cluster, through a *redis.Client too. The store finds most
+// proxies by itself; this is for one that answers INFO and routes each command by its
+// key. It costs Redis more CPU per claim and per completion (docs/operating.md).
 func WithoutBatchScripts() Option {
 	return func(s *Store) error {
 		s.scripts.Store(scriptsOff)
@@ -89,18 +80,14 @@ func WithoutBatchScripts() Option {
 	}
 }
 
-// maxScriptKeys is the most keys one call of a batch script names; a longer batch is
-// several calls, in the same round trip. Redis runs a script to its end before any
-// other command, so a call is kept short.
+// maxScriptKeys is the most keys one batch script call names: Redis runs a script to
+// its end before any other command, so calls stay short.
 const maxScriptKeys = 128
 
-// batchScripts reports whether a Claim or Complete of several entries runs as one
-// script call per batch: through a *redis.Client to a Redis server, whose scripts may
-// name keys of any slot, unless WithoutBatchScripts says otherwise. A cluster needs
-// the keys of a call in one slot, and a batch's keys rarely share one. A sharding proxy (twemproxy,
-// Envoy) would run a script on the server of its first key, whatever its other keys:
-// so the first batch call probes what answers (probeScripts), and until the answer is
-// known, and where it says proxy or cluster, the calls go per key.
+// batchScripts reports whether a Claim or Complete of several entries goes as batch
+// scripts, whose keys span slots: only through a *redis.Client to a Redis server (a
+// sharding proxy would run them on their first key's server). The first call probes
+// (probeScripts); until the answer is known, calls go per key.
 func (s *Store) batchScripts(ctx context.Context) bool {
 	switch s.scripts.Load() {
 	case scriptsOn:
@@ -113,14 +100,12 @@ func (s *Store) batchScripts(ctx context.Context) bool {
 	return s.probeScripts(ctx)
 }
 
-// batchScriptsKnown is batchScripts without a probe: for the auto-pipeliner's merge,
-// which follows what the batch calls found.
+// batchScriptsKnown is batchScripts without a probe, for the auto-pipeliner's merge.
 func (s *Store) batchScriptsKnown() bool { return s.scripts.Load() == scriptsOn }
 
-// probeScripts asks the server for INFO. A Redis server answers it, and says
-// redis_mode:cluster when it is a cluster node; twemproxy and Envoy's Redis proxy do
-// not implement INFO. An error reply settles it (per key, for good); a network failure
-// leaves the calls per key and the question open for reprobeAfter.
+// probeScripts asks for INFO. A Redis server that is not a cluster node turns the
+// batch scripts on; a cluster node or an error reply (twemproxy and Envoy lack INFO)
+// turns them off for good; a network failure, for reprobeAfter.
 func (s *Store) probeScripts(ctx context.Context) bool {
 	if !s.probing.CompareAndSwap(false, true) {
 		return false
@@ -156,8 +141,7 @@ func (s *Store) probeScripts(ctx context.Context) bool {
 // proxy in front of a cluster): nothing ran, and the store goes per key for good.
 var errCrossSlot = errors.New("dedup: batch script refused (CROSSSLOT)")
 
-// crossSlot reports a reply that refuses a script over keys of several slots, and
-// turns the batch scripts off.
+// crossSlot reports a CROSSSLOT refusal, and turns the batch scripts off for good.
 func (s *Store) crossSlot(err error) bool {
 	if err != nil && redis.HasErrorPrefix(err, "CROSSSLOT") {
 		s.probedAt.Store(0)
@@ -172,9 +156,9 @@ var _ driver.Store = (*Store)(nil)
 // Option configures a Store.
 type Option func(*Store) error
 
-// New returns a store over c: a *redis.Client, *redis.ClusterClient,
-// *redis.Ring or failover client. The caller owns c and closes it. A nil client or a
-// bad option is an error wrapping ErrInvalidOption.
+// New returns a Store over c: a *redis.Client, *redis.ClusterClient, *redis.Ring or
+// failover client, which the caller owns and closes. A nil client or a bad option is
+// an error wrapping ErrInvalidOption.
 func New(c redis.UniversalClient, opts ...Option) (*Store, error) {
 	if storekit.IsNil(c) {
 		return nil, fmt.Errorf("%w: redis client is nil", driver.ErrInvalidOption)
@@ -199,9 +183,8 @@ func ms(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// send runs one command, coalesced with concurrent ones unless auto-pipelining is
-// off. On an error the command's reply must not be read: the call may have returned
-// early on ctx while the command was still queued.
+// send runs one command through the auto-pipeliner, if on. On an error cmd must not
+// be read: a call that left the queue on ctx leaves it unsent.
 func (s *Store) send(ctx context.Context, cmd redis.Cmder) error {
 	if s.pipe != nil {
 		return s.pipe.do(ctx, cmd)
@@ -209,15 +192,13 @@ func (s *Store) send(ctx context.Context, cmd redis.Cmder) error {
 	return s.process(ctx, cmd)
 }
 
-// process sends one command on its own through the client. It returns the command's
-// error.
+// process sends cmd on its own and returns its error.
 func (s *Store) process(ctx context.Context, cmd redis.Cmder) error {
 	_ = s.c.Process(ctx, cmd)
 	return cmd.Err()
 }
 
-// exec sends cmds in one round trip, a go-redis pipeline. Its error is the round
-// trip's, as failedRoundTrip tells it from a command's reply.
+// exec sends cmds in one pipeline; failedRoundTrip reads its error.
 func (s *Store) exec(ctx context.Context, cmds ...redis.Cmder) error {
 	pipe := s.c.Pipeline()
 	for _, c := range cmds {
@@ -227,8 +208,8 @@ func (s *Store) exec(ctx context.Context, cmds ...redis.Cmder) error {
 	return err
 }
 
-// eval runs a script by its SHA, and by its source should the server not have it
-// (after a restart or SCRIPT FLUSH). An error reply from the script is returned as err.
+// eval runs a script by its SHA, and by its source on NOSCRIPT (a restarted or
+// flushed server).
 func (s *Store) eval(ctx context.Context, sc *redis.Script, src, key string, args ...any) (*redis.Cmd, error) {
 	cmd := scriptCmd(ctx, "evalsha", sc.Hash(), key, args...)
 	err := s.send(ctx, cmd)
@@ -245,9 +226,8 @@ func scriptCmd(ctx context.Context, op, body, key string, args ...any) *redis.Cm
 	return redis.NewCmd(ctx, append([]any{op, body, 1, key}, args...)...)
 }
 
-// Claim implements Store. A batch of one entry is the single claim (claimOne):
-// one SET NX PX GET through the auto-pipeliner when the key is free. Several go as
-// claimMany: in one round trip, two for the entries that found a record.
+// Claim implements driver.Store. A free key costs one SET NX PX GET; a key that holds
+// a record costs a second round trip, to the claim script.
 func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := storekit.CheckEntries(entries, "lease"); err != nil {
 		return nil, err
@@ -261,10 +241,8 @@ func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Ans
 	return s.claimMany(ctx, entries)
 }
 
-// claimOne claims one entry. The common case, a free key, costs one SET NX PX GET.
-// When a record is there, the claim script reads it with its TTL atomically and
-// answers (a second round trip, for duplicates and rivals only). Its error is the
-// call's (see failedOne); the entry's own failure is in the answer.
+// claimOne claims one entry: SET NX PX GET, then, if a record was there, the claim
+// script, which reads it and its TTL atomically. Its error is the call's (failedOne).
 func (s *Store) claimOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
 	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateInProgress, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 	err := s.send(ctx, cmd)
@@ -283,10 +261,8 @@ func (s *Store) claimOne(ctx context.Context, e driver.Entry) (driver.Answer, er
 	return a, nil
 }
 
-// failedOne places the failure err of a batch of one's command (op names it): a
-// failed round trip, or a call that left the auto-pipeliner's queue when its context
-// ended, is the call's error (callErr), with no answer; an error reply is the
-// entry's (entryErr), as in a batch of several.
+// failedOne places a batch of one's failure: a failed round trip, or a call that
+// left the auto-pipeliner's queue on ctx, is the call's; an error reply is the entry's.
 func failedOne(op string, err error) (entryErr, callErr error) {
 	if failedRoundTrip(err) {
 		return nil, storekit.StoreErr(op, err)
@@ -316,9 +292,8 @@ func oneErr(entryErr, callErr error) ([]error, error) {
 	return []error{entryErr}, nil
 }
 
-// setNXGet is the command behind the fast claim (state IN PROGRESS, ttl the lease) and
-// Mark (DONE, the retention): SET the record if the key is free, and return what was
-// there.
+// setNXGet is the SET NX PX GET of a fast claim (IN PROGRESS, the lease) or a Mark
+// (DONE, the retention): it writes a free key and returns what was there.
 func setNXGet(state byte, key, token, fingerprint string, ttl time.Duration) []any {
 	return appendSetNXGet(make([]any, 0, 7), key, storekit.Encode(state, token, fingerprint), ms(ttl))
 }
@@ -327,10 +302,8 @@ func appendSetNXGet(dst []any, key, record, ttlMillis any) []any {
 	return append(dst, "set", key, record, "px", ttlMillis, "nx", "get")
 }
 
-// batchArgs builds the arguments of a batch's commands with fewer allocations than
-// one []any per command: all of them in one backing array, each key boxed once for
-// the commands that name it, and a TTL boxed once while the entries repeat it (a
-// batch's entries usually share their handler's).
+// batchArgs holds a batch's command arguments in one backing array, each key and
+// each run of equal TTLs boxed once, to save allocations.
 type batchArgs struct {
 	args  []any
 	ttl   time.Duration
@@ -367,9 +340,8 @@ func (b *batchArgs) setNXGet(state byte, key any, e driver.Entry) []any {
 	return b.since(i)
 }
 
-// claimSetAnswer settles a fast claim from its reply (err is nil or redis.Nil): a free
-// key is now ours. Anything else, our own claim found again included (its first
-// attempt landed, the reply was lost; the script renews its lease), is not settled.
+// claimSetAnswer settles a fast claim that found the key free (err is redis.Nil).
+// Anything else, our own claim whose reply was lost included, goes to the claim script.
 func claimSetAnswer(err error) (driver.Answer, bool) {
 	if errors.Is(err, redis.Nil) {
 		return driver.Answer{Status: driver.StatusAcquired}, true
@@ -402,12 +374,9 @@ func claimAnswer(v any) (driver.Answer, error) {
 	return ans, nil
 }
 
-// Complete implements Store: the complete script compares the owner token and
-// writes DONE, with the entry's reply when it has one
-// (r:<token>:<len(fingerprint)>:<fingerprint><reply>). A batch of one entry is the
-// complete script alone, through the auto-pipeliner (completeOne); several go as
-// completeMany, in one round trip. WithWaitReplicas sends WAIT after the writes, in
-// the same pipeline.
+// Complete implements driver.Store: the complete script compares the owner token and
+// writes DONE, with the entry's reply when it has one. With WithWaitReplicas a WAIT
+// follows the writes, in the same pipeline.
 func (s *Store) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	if err := storekit.CheckEntries(entries, "retention"); err != nil {
 		return nil, err
@@ -423,17 +392,14 @@ func (s *Store) Complete(ctx context.Context, entries []driver.Entry) ([]error, 
 	return s.completeMany(ctx, entries)
 }
 
-// completeOne completes one entry with the complete script. On a single server it
-// goes through the auto-pipeliner as a completion, which a flush that takes several
-// merges into one complete_many call.
+// completeOne completes one entry. On a single server it is queued as a completion,
+// which a flush of several merges into one complete_many call.
 func (s *Store) completeOne(ctx context.Context, e driver.Entry) (entryErr, callErr error) {
 	if s.pipe != nil && s.batchScripts(ctx) {
-		// queued with others, it may go out merged into one complete_many call
 		cmd := scriptCmd(ctx, "evalsha", completeScript.Hash(), e.Key, completeArgs(e)...)
 		err := s.pipe.doComplete(ctx, cmd, &e)
 		if err != nil && (redis.HasErrorPrefix(err, "NOSCRIPT") || s.crossSlot(err)) {
-			// the server lost its scripts, or the merged call was refused: nothing
-			// ran; the complete script, on its own
+			// NOSCRIPT, or the merged call refused: nothing ran
 			cmd, err = s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
 		}
 		return ownedOne("complete", cmd, err)
@@ -442,8 +408,7 @@ func (s *Store) completeOne(ctx context.Context, e driver.Entry) (entryErr, call
 	return ownedOne("complete", cmd, err)
 }
 
-// completeArgs are the complete script's arguments for e: its token, its retention,
-// and its reply when it has one.
+// completeArgs are the complete script's arguments: token, retention, reply if any.
 func completeArgs(e driver.Entry) []any {
 	if e.HasReply {
 		return []any{e.Token, ms(e.TTL), e.Reply}
@@ -463,8 +428,7 @@ func ownedReply(op string, cmd *redis.Cmd, err error) error {
 	return nil
 }
 
-// ownedOne is ownedReply for a batch of one: a failure of its round trip is the
-// call's (failedOne).
+// ownedOne is ownedReply for a batch of one (failedOne places a failure).
 func ownedOne(op string, cmd *redis.Cmd, err error) (entryErr, callErr error) {
 	if err != nil {
 		return failedOne(op, err)
@@ -472,10 +436,8 @@ func ownedOne(op string, cmd *redis.Cmd, err error) (entryErr, callErr error) {
 	return ownedReply(op, cmd, nil), nil
 }
 
-// Release implements Store: the release script deletes a record IN PROGRESS under
-// the entry's token. A batch of one is one script call through the auto-pipeliner;
-// several are one script call per entry, in one round trip. An entry's TTL is not
-// read.
+// Release implements driver.Store: the release script deletes a record IN PROGRESS
+// under the entry's token. Entry.TTL is not read.
 func (s *Store) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	if err := storekit.CheckEntries(entries, ""); err != nil {
 		return nil, err
@@ -505,9 +467,8 @@ func (s *Store) Release(ctx context.Context, entries []driver.Entry) ([]error, e
 	return out, nil
 }
 
-// Extend implements Store: the extend script renews the lease of a record IN
-// PROGRESS under the entry's token. A batch of one is one script call through the
-// auto-pipeliner; several are one script call per entry, in one round trip.
+// Extend implements driver.Store: the extend script renews the lease of a record IN
+// PROGRESS under the entry's token.
 func (s *Store) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	if err := storekit.CheckEntries(entries, "lease"); err != nil {
 		return nil, err
@@ -534,11 +495,8 @@ func (s *Store) Extend(ctx context.Context, entries []driver.Entry) ([]error, er
 // extendArgs are the extend script's arguments for e: its token and its lease.
 func extendArgs(e driver.Entry) []any { return []any{e.Token, ms(e.TTL)} }
 
-// Mark implements Store with SET NX PX GET: the reply is the previous value, so one
-// command both writes the DONE record and says what was there. A batch of one is
-// that command through the auto-pipeliner (markOne); several are one pipeline of
-// them (markMany). WithWaitReplicas sends WAIT after the writes, in the same
-// pipeline.
+// Mark implements driver.Store with SET NX PX GET: one command writes the DONE record
+// and returns what was there. With WithWaitReplicas a WAIT follows the writes.
 func (s *Store) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := storekit.CheckEntries(entries, "retention"); err != nil {
 		return nil, err
@@ -566,8 +524,7 @@ func (s *Store) markOne(ctx context.Context, e driver.Entry) (driver.Answer, err
 	return a, nil
 }
 
-// markAnswer reads a Mark's reply: err is nil (old is the previous value) or redis.Nil
-// (the key was free).
+// markAnswer reads a Mark's reply: old, the previous value, or err redis.Nil (free).
 func markAnswer(old string, err error, token, fingerprint string) (driver.Answer, error) {
 	if errors.Is(err, redis.Nil) {
 		return driver.Answer{Status: driver.StatusAcquired}, nil
@@ -587,25 +544,12 @@ func markAnswer(old string, err error, token, fingerprint string) (driver.Answer
 	}
 }
 
-// claimMany is Claim of several entries. On a single server (a *redis.Client) it is
-// a SET NX PX GET per entry, then, for the entries that found a record, a second
-// round trip to the claim_many script (see claimManySingle): a free key costs the
-// server what a Mark costs. In a probe of 64-key batches of fresh keys on this
-// project's test machine, Redis spent 2.0–2.2 µs per claim, against 2.3–2.9 for the
-// cluster form below and 2.8–3.3 for the script on every key.
-//
-// On a cluster or ring it is one round trip with no script: per entry a SET NX PX GET,
-// which is the claim (atomic on its own), then a PTTL and a GET of the key, which say
-// how long a record found there has left. Those two are not atomic with the SET (a
-// pipeline is not a transaction: another client's commands may run between), so the
-// TTL is trusted only when the GET still finds the value the SET found; values carry
-// a random owner token. Otherwise a Duplicate has no TTL (the local tier does not
-// keep it) and an InProgress's is capped at the lease asked for. An entry that finds
-// its own claim (a retried claim whose first attempt landed, its reply lost) has its
-// lease renewed by the extend script, in a second round trip for those entries only;
-// one whose claim ran out meanwhile is claimed again with the claim script. A batch
-// that names a key twice is one pipeline of claim scripts instead, so that each entry
-// sees the ones before it as the table in docs/design.md §3 says.
+// claimMany is Claim of several entries: claimManySingle on a single server, else one
+// pipeline of SET NX PX GET, PTTL and GET per entry. A pipeline is not a transaction,
+// so the PTTL is trusted only when the GET still finds the value the SET found (values
+// carry random tokens). Entries that found their own claim are renewed
+// (renewOwnClaims). A batch that names a key twice goes as claim scripts, so that each
+// entry sees the ones before it.
 func (s *Store) claimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if s.batchScripts(ctx) {
 		return s.claimManySingle(ctx, entries)
@@ -643,9 +587,8 @@ func (s *Store) claimMany(ctx context.Context, entries []driver.Entry) ([]driver
 	return out, nil
 }
 
-// foundAnswer is the answer to e's claim, which found the record old, whose PTTL was
-// pttl; same says that PTTL is old's (read atomically with it, or found unchanged
-// since). mine reports e's own claim found again, to renew, with no answer yet.
+// foundAnswer answers e's claim, which found old with PTTL pttl; same says the PTTL is
+// old's. mine reports e's own claim found again, to renew, with no answer yet.
 func foundAnswer(e driver.Entry, old string, pttl int64, same bool) (a driver.Answer, mine bool) {
 	r, ok := storekit.Parse(old)
 	ttl := time.Duration(max(pttl, 0)) * time.Millisecond // -2 gone, -1 no expiry
@@ -671,14 +614,9 @@ func foundAnswer(e driver.Entry, old string, pttl int64, same bool) (a driver.An
 	return a, false
 }
 
-// claimManySingle is claimMany on a single server. The first round trip is one
-// pipeline of SET NX PX GET, the single Claim's command: a free key is claimed, and
-// costs the server what a Mark costs. The entries that found a record there (a
-// duplicate, a rival's claim, our own claim whose reply was lost) go again, in a
-// second round trip, to the claim_many script: the claim script's answer for each in
-// turn, the record and its TTL read atomically, our own claim renewed, in one call per
-// maxScriptKeys entries. A key named twice sees its first claim, as docs/design.md §3's table
-// says: its second SET finds the first's record.
+// claimManySingle is claimMany on a single server: one pipeline of SET NX PX GET,
+// then, for the entries that found a record, the claim_many script, which answers each
+// as the claim script would. A key named twice sees its first claim.
 func (s *Store) claimManySingle(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	cmds, sent := setNXGetCmds(ctx, storekit.StateInProgress, entries)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
@@ -714,8 +652,7 @@ func (s *Store) claimManySingle(ctx context.Context, entries []driver.Entry) ([]
 	return out, nil
 }
 
-// claimManyScript runs the claim_many script for entries: for each in turn, what the
-// claim script does.
+// claimManyScript runs the claim_many script for entries.
 func (s *Store) claimManyScript(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	vals, err := s.runBatchScript(ctx, claimManyScript, claimManyLua, entries, 2, func(args *batchArgs, e driver.Entry) {
 		args.args = append(args.args, storekit.Encode(storekit.StateInProgress, e.Token, e.Fingerprint), args.ms(e.TTL))
@@ -757,8 +694,7 @@ func (s *Store) claimManyScript(ctx context.Context, entries []driver.Entry) ([]
 }
 
 // completeManyScript is completeMany on a single server: the complete_many script,
-// which completes each key in turn as the complete script would. One call per
-// maxScriptKeys entries, all in one round trip.
+// which completes each key as the complete script would.
 func (s *Store) completeManyScript(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	vals, err := s.runBatchScript(ctx, completeManyScript, completeManyLua, entries, 4, completeManyArgs)
 	if errors.Is(err, errCrossSlot) {
@@ -787,8 +723,7 @@ func (s *Store) completeManyScript(ctx context.Context, entries []driver.Entry) 
 	return out, nil
 }
 
-// completeManyCmds is the complete_many calls for entries, as completeManyScript
-// sends them (by SHA).
+// completeManyCmds builds the complete_many calls for entries (by SHA).
 func completeManyCmds(ctx context.Context, entries []driver.Entry) []*redis.Cmd {
 	return batchScriptCmds(ctx, completeManyScript, entries, 4, completeManyArgs)
 }
@@ -801,9 +736,8 @@ func completeManyArgs(args *batchArgs, e driver.Entry) {
 	}
 }
 
-// spreadCompletes gives each of the auto-pipeliner's single completions calls (sent
-// as the complete_many calls merged) the reply the complete script would have given
-// it: its element of its call's reply, or its call's error.
+// spreadCompletes gives each merged single completion its element of the
+// complete_many reply, or its call's error, as the complete script would answer.
 func spreadCompletes(merged []*redis.Cmd, calls []*pcall) {
 	for i, v := range spreadBatchReplies(merged, len(calls)) {
 		cmd := calls[i].cmd.(*redis.Cmd)
@@ -836,9 +770,8 @@ func batchScriptCmds(ctx context.Context, sc *redis.Script, entries []driver.Ent
 	return cmds
 }
 
-// spreadBatchReplies returns one value per entry of a batch script's calls cmds (n
-// entries, maxScriptKeys a call): the element of its call's reply, or, where a call
-// failed as a whole, its error.
+// spreadBatchReplies returns one value per entry of the batch script calls cmds (n
+// entries): its element of its call's reply, or its call's error.
 func spreadBatchReplies(cmds []*redis.Cmd, n int) []any {
 	out := make([]any, 0, n)
 	for c, cmd := range cmds {
@@ -859,11 +792,9 @@ func spreadBatchReplies(cmds []*redis.Cmd, n int) []any {
 	return out
 }
 
-// runBatchScript calls the batch script sc for entries, maxScriptKeys keys a call, in
-// one round trip; argv appends an entry's arguments (at most perEntry of them). It
-// returns one value per entry: the element of its call's reply, or, where a call
-// failed as a whole, its error. Calls answered NOSCRIPT (the server lost its script
-// cache) go again, as EVAL, in a second round trip. err is a failed round trip.
+// runBatchScript calls the batch script sc for entries in one round trip (NOSCRIPT
+// calls again as EVAL) and returns spreadBatchReplies' values. err is a failed round
+// trip or errCrossSlot.
 func (s *Store) runBatchScript(ctx context.Context, sc *redis.Script, src string, entries []driver.Entry, perEntry int, argv func(*batchArgs, driver.Entry)) ([]any, error) {
 	cmds := batchScriptCmds(ctx, sc, entries, perEntry, argv)
 	sent := make([]redis.Cmder, len(cmds))
@@ -878,15 +809,14 @@ func (s *Store) runBatchScript(ctx context.Context, sc *redis.Script, src string
 			return nil, errCrossSlot
 		}
 	}
-	// A failure of the round trip that sends the NOSCRIPT calls again is on each of
-	// them; the others keep their answers (a claim that landed is reported so).
+	// a failure of the EVAL round trip is on each call it resent; the others keep
+	// their answers
 	_ = evalAgain(ctx, s.exec, cmds, src)
 	return spreadBatchReplies(cmds, len(entries)), nil
 }
 
-// evalAgain sends the calls of cmds answered NOSCRIPT (the server lost its script
-// cache) again, as EVAL of src, in one round trip by send, and puts them in their
-// places. Its error is that round trip's, which each of them holds too.
+// evalAgain resends the calls of cmds answered NOSCRIPT as EVAL of src, in one round
+// trip, in their places. Its error is that round trip's, which each of them holds.
 func evalAgain(ctx context.Context, send func(context.Context, ...redis.Cmder) error, cmds []*redis.Cmd, src string) error {
 	var again []redis.Cmder
 	for c, cmd := range cmds {
@@ -906,9 +836,8 @@ func evalAgain(ctx context.Context, send func(context.Context, ...redis.Cmder) e
 	return nil
 }
 
-// renewOwnClaims settles the entries own of claimMany, which found their own claim:
-// its lease is renewed (the extend script), or, where it ran out meanwhile, the key
-// is claimed again (the claim script), in one round trip each.
+// renewOwnClaims renews the leases of the entries own, which found their own claim,
+// and claims again those whose claim ran out meanwhile.
 func (s *Store) renewOwnClaims(ctx context.Context, entries []driver.Entry, own []int, out []driver.Answer) {
 	cmds, err := s.runScripts(ctx, extendScript, extendLua, entriesAt(entries, own), extendArgs)
 	var lapsed []int
@@ -960,8 +889,7 @@ func repeatsAKey(entries []driver.Entry) bool {
 	return false
 }
 
-// claimManyScripts is claimMany as one pipeline of claim scripts. Should the server
-// have lost its script cache (a restart), the affected claims are sent again as EVAL.
+// claimManyScripts is claimMany as one pipeline of claim scripts.
 func (s *Store) claimManyScripts(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	cmds, err := s.runScripts(ctx, claimScript, claimLua, entries, func(e driver.Entry) []any {
 		return []any{e.Token, e.Fingerprint, ms(e.TTL)}
@@ -983,10 +911,8 @@ func (s *Store) claimManyScripts(ctx context.Context, entries []driver.Entry) ([
 	return out, nil
 }
 
-// completeMany is Complete of several entries (each written with its reply when it
-// has one) in one round trip: on a single server, the complete_many script (one call
-// per maxScriptKeys entries); on a cluster or ring, the complete script per entry, in
-// one pipeline.
+// completeMany is Complete of several entries in one round trip: the complete_many
+// script on a single server, else the complete script per entry.
 func (s *Store) completeMany(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	if s.batchScripts(ctx) {
 		out, err := s.completeManyScript(ctx, entries)
@@ -1025,8 +951,8 @@ func (s *Store) markMany(ctx context.Context, entries []driver.Entry) ([]driver.
 	return out, nil
 }
 
-// claimCmds builds claimMany's commands: per entry a SET NX PX GET, a PTTL and a GET
-// to read, and all of them, in that order, to send.
+// claimCmds builds claimMany's SET NX PX GET, PTTL and GET per entry, and all of
+// them in that order to send.
 func claimCmds(ctx context.Context, entries []driver.Entry) (sets []*redis.StatusCmd, ttls, gets []*redis.Cmd, sent []redis.Cmder) {
 	sets = make([]*redis.StatusCmd, len(entries))
 	ttls = make([]*redis.Cmd, len(entries))
@@ -1048,8 +974,8 @@ func markCmds(ctx context.Context, entries []driver.Entry) (cmds []*redis.Status
 	return setNXGetCmds(ctx, storekit.StateDone, entries)
 }
 
-// setNXGetCmds builds a SET NX PX GET of a record in state for each entry (markMany's
-// and a single server's claimMany's commands): cmds to read, sent (the same) to send.
+// setNXGetCmds builds a SET NX PX GET of a record in state per entry: cmds to read,
+// sent (the same) to send.
 func setNXGetCmds(ctx context.Context, state byte, entries []driver.Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
 	cmds = make([]*redis.StatusCmd, len(entries))
 	sent = make([]redis.Cmder, len(entries))
@@ -1061,8 +987,8 @@ func setNXGetCmds(ctx context.Context, state byte, entries []driver.Entry) (cmds
 	return cmds, sent
 }
 
-// runScripts sends one EVALSHA per entry in a single round trip. Entries answered
-// NOSCRIPT (the server lost its script cache) go again, as EVAL, in a second one.
+// runScripts sends one EVALSHA per entry in one round trip, and NOSCRIPT ones again
+// as EVAL.
 func (s *Store) runScripts(ctx context.Context, sc *redis.Script, src string, entries []driver.Entry, args func(driver.Entry) []any) ([]*redis.Cmd, error) {
 	return s.runScriptsVia(ctx, s.exec, sc, src, entries, args)
 }
@@ -1082,8 +1008,7 @@ func (s *Store) runScriptsVia(ctx context.Context, send func(context.Context, ..
 	if err := send(ctx, sent...); failedRoundTrip(err) {
 		return nil, storekit.StoreErr("pipeline", err)
 	}
-	// A failure here is already on each re-sent command; the others have their
-	// answers and keep them (a claim that was acquired is reported as acquired).
+	// a failure is on each resent command; the others keep their answers
 	_ = evalAgain(ctx, send, cmds, src)
 	return cmds, nil
 }
@@ -1095,8 +1020,7 @@ func failedRoundTrip(err error) bool {
 	return err != nil && !errors.As(err, &re)
 }
 
-// Ping implements Pinger: one PING, which the breaker sends while the store is known
-// down (see Deduper.Breaker).
+// Ping implements driver.Pinger with one PING, which dedup's breaker probes with.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.process(ctx, redis.NewStatusCmd(ctx, "ping")); err != nil {
 		return storekit.StoreErr("ping", err)
