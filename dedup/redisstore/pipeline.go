@@ -16,18 +16,15 @@ import (
 const (
 	// DefaultPipelineBatch is the most commands one coalesced pipeline carries.
 	DefaultPipelineBatch = 128
-	// DefaultPipelinesInFlight is how many round trips (single commands or pipelines)
-	// the store keeps in flight at once before further calls queue up.
+	// DefaultPipelinesInFlight is how many round trips go at once before calls queue.
 	DefaultPipelinesInFlight = 4
 )
 
-// WithAutoPipeline sets how concurrent calls of one entry (Claim, Complete, Release,
-// Extend, Mark) are coalesced. While fewer than inFlight round trips are outstanding a call
-// goes out at once, on its own, so a lone caller pays no wait. Once inFlight are
-// outstanding, further calls queue; as soon as a round trip ends, everything queued
-// (up to batch commands) goes out as one pipeline. There is no timer: nothing ever
-// waits for more work to arrive. Defaults: DefaultPipelineBatch and
-// DefaultPipelinesInFlight. batch must be 1 to 10000 and inFlight 1 to 1024.
+// WithAutoPipeline sets how concurrent calls of one entry share round trips: up to
+// inFlight round trips go at once; calls beyond that queue, and go as one pipeline of
+// up to batch commands when a round trip ends (no timer). The defaults are
+// DefaultPipelineBatch and DefaultPipelinesInFlight; batch must be 1..10000 and
+// inFlight 1..1024.
 func WithAutoPipeline(batch, inFlight int) Option {
 	return func(s *Store) error {
 		if batch < 1 || batch > 10000 {
@@ -41,8 +38,8 @@ func WithAutoPipeline(batch, inFlight int) Option {
 	}
 }
 
-// WithoutAutoPipeline sends every call of one entry as its own command: each concurrent
-// caller then holds a pooled connection for a full round trip.
+// WithoutAutoPipeline sends every call of one entry as its own command: each
+// concurrent caller holds a pooled connection for a round trip.
 func WithoutAutoPipeline() Option {
 	return func(s *Store) error {
 		s.pipe = nil
@@ -50,11 +47,10 @@ func WithoutAutoPipeline() Option {
 	}
 }
 
-// autoPipe coalesces commands from concurrent callers into pipelines. A caller that
-// finds a free round-trip slot and nothing queued sends its command itself; otherwise
-// it queues, and a flusher goroutine (started on demand, one per busy slot) sends the
-// queue in pipelines of at most batch commands until the queue is empty, then exits.
-// No goroutine outlives the calls that need it, so there is nothing to close.
+// autoPipe coalesces the commands of concurrent callers into pipelines. A caller that
+// finds a free slot and an empty queue sends its command itself; otherwise it queues,
+// and a flusher (one per busy slot) sends the queue until it is empty, then exits: no
+// goroutine outlives the calls, so there is nothing to close.
 type autoPipe struct {
 	s        *Store // sends each round trip (process, exec)
 	batch    int
@@ -66,16 +62,15 @@ type autoPipe struct {
 	flushers int      // round trips outstanding: inline senders and flushers
 }
 
-// pcall is one queued command. done receives once, when cmd holds its reply (or the
-// call was skipped because its context ended first). sent, under autoPipe.mu, says a
-// flusher has taken it into a round trip: from then on its caller waits for the reply.
+// pcall is one queued command. done receives once, when cmd holds its reply or was
+// skipped (its ctx ended). sent, under autoPipe.mu, says a flusher took it: its
+// caller then waits for the reply.
 type pcall struct {
 	ctx  context.Context
 	cmd  redis.Cmder
 	done chan struct{}
 	sent bool
-	// comp, for a Complete of one entry (doComplete), is its entry: a flush that takes
-	// several sends them as one complete_many call instead of a script each
+	// comp is a Complete's entry (doComplete): a flush may merge it into complete_many
 	comp *driver.Entry
 }
 
@@ -85,19 +80,16 @@ func newAutoPipe(s *Store, batch, inFlight int) *autoPipe {
 	return &autoPipe{s: s, batch: batch, inFlight: inFlight}
 }
 
-// do sends cmd and returns its reply. A call still queued when ctx ends returns at
-// once with ctx's cause, and its command is never sent (cmd must not be read then).
-// A call already in a round trip waits for its reply, whatever ctx says, as a direct
-// call would: returning early would report a failure for a command that may still
-// land (a Mark that lands after its caller reported StoreUnavailable would turn the
-// redelivery into a duplicate). The client's own timeouts bound that wait.
+// do sends cmd and returns its error. A call still queued when ctx ends returns ctx's
+// cause and is never sent. One already sent waits for its reply whatever ctx says: a
+// Mark that lands after its caller reported a failure would turn the redelivery into
+// a duplicate. The client's timeouts bound that wait.
 func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
 	return p.doComplete(ctx, cmd, nil)
 }
 
-// doComplete is do for a command that is the complete script of comp's entry when
-// comp is not nil: queued with others, it may go out as part of one complete_many
-// call (see send), and its command then gets its own element of that call's reply.
+// doComplete is do for the complete script of comp's entry (comp not nil): queued
+// with others, it may go out merged into one complete_many call.
 func (p *autoPipe) doComplete(ctx context.Context, cmd redis.Cmder, comp *driver.Entry) error {
 	p.mu.Lock()
 	if len(p.queue) == 0 && p.flushers < p.inFlight {
@@ -113,11 +105,9 @@ func (p *autoPipe) doComplete(ctx context.Context, cmd redis.Cmder, comp *driver
 	return p.await(ctx, c)
 }
 
-// doAll sends cmds as do sends one: at once as one pipeline while a round trip is
-// free and nothing is queued, otherwise queued together, to go out with the next
-// flush (in one pipeline unless the batch limit splits them). Each command holds its
-// reply or error; it returns the round trip's error when it sent them itself, else
-// nil. A command still queued when ctx ends is never sent and holds ctx's cause.
+// doAll is do for several commands, sent or queued together. Each holds its reply or
+// error (ctx's cause if it was never sent); the error is the round trip's when doAll
+// sent them itself, else nil.
 func (p *autoPipe) doAll(ctx context.Context, cmds ...redis.Cmder) error {
 	p.mu.Lock()
 	if len(p.queue) == 0 && p.flushers < p.inFlight {
@@ -266,9 +256,8 @@ func (p *autoPipe) send(batch []*pcall) {
 	case 1:
 		_ = p.s.process(batch[0].ctx, batch[0].cmd)
 	default:
-		// One caller's deadline or cancellation must not fail the others' commands:
-		// the pipeline runs until the last deadline among them, or the client's own
-		// timeouts when one has none.
+		// one caller's ctx must not fail the others' commands: the pipeline runs to the
+		// last deadline among them, or the client's timeouts if one has none
 		ctx := context.Background()
 		if bounded {
 			var cancel context.CancelFunc
@@ -301,8 +290,7 @@ func (p *autoPipe) send(batch []*pcall) {
 		}
 		_ = p.s.exec(ctx, cmds...)
 		if len(comps) > 0 {
-			// a server that lost its script cache gets complete_many's source (a
-			// failure of that round trip is on each call it sent again)
+			// NOSCRIPT calls go again as EVAL
 			_ = evalAgain(ctx, p.s.exec, merged, completeManyLua)
 			spreadCompletes(merged, comps)
 		}

@@ -14,8 +14,7 @@ import (
 )
 
 // ErrNotReplicated reports a DONE record that fewer replicas acknowledged than
-// WithWaitReplicas asks for, within its timeout. It always comes wrapped together with
-// ErrStoreUnavailable.
+// WithWaitReplicas asks for; it comes wrapped with ErrStoreUnavailable.
 var ErrNotReplicated = errors.New("dedup: DONE not acknowledged by enough replicas")
 
 // replicaWait is the WithWaitReplicas setting of a Store.
@@ -25,26 +24,15 @@ type replicaWait struct {
 	shortfalls atomic.Uint64
 }
 
-// WithWaitReplicas makes every write of a DONE record (Complete, Mark) wait until n
-// replicas have acknowledged it, or until timeout has passed. The store sends WAIT n
-// timeout in the same pipeline as the writes of the call, so on the connection that
-// wrote (WAIT counts that connection's writes). Off by default: replication is
-// asynchronous, and a failover to a replica that had not received a DONE record loses
-// it, which lets one duplicate through.
+// WithWaitReplicas makes every DONE write (Complete, Mark) wait until n replicas have
+// it or timeout passes, by a WAIT in the same pipeline. Off by default: replication is
+// asynchronous, and a failover that loses a DONE record lets one duplicate through.
 //
-// A Complete entry that fewer than n replicas acknowledged has an error wrapping
-// ErrStoreUnavailable and ErrNotReplicated: the record is DONE on the primary but not
-// known to survive a failover, so Do reports NotRecorded (fn ran; the message is
-// acknowledged, and the result is counted). A Mark entry keeps its answer, and a First
-// still runs the handler: refusing it would lose the message, since its redelivery
-// would find the record on the primary and be dropped as a duplicate. Every shortfall
-// is counted (ReplicaShortfalls). Claims, releases and extensions do not wait.
-//
-// n must be at least 1 and timeout positive (WAIT 0 blocks forever), and, since a
-// pipeline's reply is read under the client's ReadTimeout, below that ReadTimeout;
-// keep it well below the lease too. The client must run a pipeline on one connection:
-// a *redis.Client (a failover client is one); a ClusterClient or a Ring is refused.
-// Errors wrap ErrInvalidOption.
+// A Complete entry that fewer replicas acknowledged fails with ErrNotReplicated (Do
+// reports NotRecorded: fn ran). A Mark keeps its answer, since refusing it would lose
+// the message; its shortfall is only counted (ReplicaShortfalls). n must be at least
+// 1, timeout at least 1ms and below the client's ReadTimeout, and the client not a
+// ClusterClient or Ring (WAIT needs the connection that wrote).
 func WithWaitReplicas(n int, timeout time.Duration) Option {
 	return func(s *Store) error {
 		if n < 1 {
@@ -67,8 +55,7 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 }
 
 // ReplicaShortfalls returns how many DONE writes fewer replicas acknowledged than
-// WithWaitReplicas asks for (0 without that option): the Complete ones were reported
-// as errors, the Mark ones only here.
+// WithWaitReplicas asks for; 0 without it.
 func (s *Store) ReplicaShortfalls() uint64 {
 	if s.wait == nil {
 		return 0
@@ -98,9 +85,8 @@ func (w *replicaWait) acked(cmd *redis.IntCmd, op string) error {
 	return nil
 }
 
-// completeManyWaiting is Complete (of one entry or several) with a WAIT after the writes, in the same
-// pipeline. Entries answered NOSCRIPT (the server lost its script cache) go again as
-// EVAL, with a WAIT of their own after them.
+// completeManyWaiting is Complete with a WAIT after the writes; NOSCRIPT entries go
+// again as EVAL, with a WAIT of their own.
 func (s *Store) completeManyWaiting(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	out := make([]error, len(entries))
 	todo := make([]int, len(entries))
@@ -138,9 +124,8 @@ func (s *Store) completeManyWaiting(ctx context.Context, entries []driver.Entry)
 	return out, nil
 }
 
-// markManyWaiting is Mark (of one entry or several) with a WAIT after the writes, in the same pipeline. A
-// shortfall is counted for every mark that wrote (or had written) DONE; the answers
-// stand (see WithWaitReplicas).
+// markManyWaiting is Mark with a WAIT after the writes. A shortfall is counted for
+// every Acquired mark; the answers stand.
 func (s *Store) markManyWaiting(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(entries))
