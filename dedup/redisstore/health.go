@@ -18,30 +18,12 @@ import (
 // memoryWarnFill is the fill of maxmemory from which CheckRedisMemory warns.
 const memoryWarnFill = 0.9
 
-// CheckHealth implements HealthChecker. On a *redis.Client it checks that server, on
-// a *redis.ClusterClient every master (ForEachMaster), on a *redis.Ring every live
-// shard; any other client is checked through its own commands. For each server:
-//
-//   - CheckStoreReachable: a PING, timed. A PING refused by the ACL (NOPERM: a user
-//     without the forget notices' +ping) still proves the server up and the
-//     credentials valid, so it is ok too. Anything else fails the check, and the
-//     other checks of that server are skipped.
-//   - CheckRedisVersion: from INFO, else from HELLO (open to every user). Older than
-//     7.0 fails: Claim and Mark send SET with both NX and GET, which Redis accepts
-//     only from 7.0 (6.2 added GET but refuses it with NX), so every call would fail.
-//   - CheckRedisEviction: maxmemory-policy from INFO, else CONFIG GET. noeviction is
-//     ok (a full Redis refuses writes: StoreUnavailable, nothing lost); an allkeys-*
-//     or volatile-* policy warns, since every record has a TTL and so is evictable,
-//     and each evicted record can let one duplicate through.
-//   - CheckRedisMemory: used_memory against maxmemory, from INFO; warns from 90%.
-//
-// A least-privilege user (the README's ACL line) may run neither INFO nor CONFIG GET:
-// then the checks that need them are HealthUnknown, never HealthFail, and the report
-// still says whether the store is reachable and which version it runs. CheckHealth
-// returns by ctx's deadline even if a server never answers (go-redis honours context
-// deadlines on the socket only with ContextTimeoutEnabled): a server that has not
-// answered by then fails CheckStoreReachable, and its probe is left to end with the
-// client's own timeouts.
+// CheckHealth implements driver.HealthChecker. On each server (every master of a
+// cluster, every shard of a ring) it checks CheckStoreReachable (PING; a NOPERM
+// answer is up too; down skips the other checks), CheckRedisVersion (7.0 or later, for
+// SET NX GET), CheckRedisEviction (noeviction, or a warning) and CheckRedisMemory (a
+// warning from 90% of maxmemory). A check the ACL forbids is HealthUnknown. It returns
+// by ctx's deadline: a server that has not answered fails CheckStoreReachable.
 func (s *Store) CheckHealth(ctx context.Context) []driver.HealthCheck {
 	r := &nodeChecks{pending: make(map[string]bool)}
 	each := func(ctx context.Context, c *redis.Client) error {

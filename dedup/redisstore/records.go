@@ -25,14 +25,11 @@ var (
 	forgetScript = redis.NewScript(forgetLua)
 )
 
-// scanCount is the COUNT of each SCAN step of CountRecords: the most keys Redis
-// looks at per call, so that no call holds the server for long.
+// scanCount is the COUNT of CountRecords' SCAN steps: no step holds the server long.
 const scanCount = 1000
 
-// Lookup implements RecordStore: one lookup script per key (GET and PTTL, read
-// together; one key each, so it runs on Redis Cluster), all in one round trip,
-// coalesced with concurrent calls by the auto-pipeliner (a handler's former names on
-// a miss share round trips as its claims do), or a pipeline of its own without it.
+// Lookup implements driver.RecordStore: one lookup script (GET and PTTL, atomically)
+// per key, in one round trip shared with concurrent calls (WithAutoPipeline).
 func (s *Store) Lookup(ctx context.Context, keys []string) ([]driver.Record, error) {
 	switch len(keys) {
 	case 0:
@@ -62,7 +59,7 @@ func (s *Store) Lookup(ctx context.Context, keys []string) ([]driver.Record, err
 	return out, nil
 }
 
-// lookupOne looks up one key through send (the auto-pipeliner).
+// lookupOne looks up one key, through the auto-pipeliner.
 func (s *Store) lookupOne(ctx context.Context, key string) driver.Record {
 	cmd, err := s.eval(ctx, lookupScript, lookupLua, key)
 	switch {
@@ -92,11 +89,9 @@ func lookupReply(v any) driver.Record {
 	return r
 }
 
-// Forget implements RecordStore: one forget script per key, all in one pipeline.
-// The script deletes the record and publishes the forget notice (PUBLISH to
-// "<prefix>:<handler>", the message key as payload) in one atomic step, so a record
-// is never deleted without its notice going out; it publishes for an absent record
-// too, and not for one it leaves alone.
+// Forget implements driver.RecordStore: per key, in one pipeline, the forget script
+// deletes the record and publishes its forget notice in one atomic step. It publishes
+// for an absent record too, not for one it leaves alone.
 func (s *Store) Forget(ctx context.Context, keys []string, force bool) ([]driver.Record, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -156,10 +151,8 @@ func forgetReply(v any) driver.Record {
 	return r
 }
 
-// CountRecords implements RecordStore with SCAN (MATCH <prefix>:* or
-// <prefix>:<handler>:*, COUNT scanCount) on the server, on every master of a Redis
-// Cluster, and on every shard of a Ring. It counts the keys of the form
-// <prefix>:<handler>:<key> with a valid handler name.
+// CountRecords implements driver.RecordStore with SCAN on the server, every master of
+// a cluster or every shard of a ring.
 func (s *Store) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
 	if err := keys.ValidatePrefix(prefix); err != nil {
 		return nil, fmt.Errorf("%w: %w", driver.ErrInvalidOption, err)
@@ -203,16 +196,13 @@ func (s *Store) CountRecords(ctx context.Context, prefix, handler string) (map[s
 	return counts, nil
 }
 
-// subscribeNotices implements noticeBus with a go-redis PubSub: SUBSCRIBE on a
-// connection of its own (on a Cluster, to the master that owns the slot of the
-// first channel; a notice published on any node reaches it over the cluster bus).
-// go-redis redials and subscribes again after a failure.
+// subscribeNotices returns a subscription on a PubSub connection of its own, which
+// go-redis redials after a failure; on a cluster it hears notices from every node.
 func (s *Store) subscribeNotices() storekit.Sub {
 	return &redisNotices{ps: s.c.Subscribe(context.Background())}
 }
 
-// noticeSubscribers implements noticeBus: PUBSUB NUMSUB, summed over every master
-// of a Cluster (or shard of a Ring), where each subscriber is connected to one.
+// noticeSubscribers is PUBSUB NUMSUB, summed over every master or shard.
 func (s *Store) noticeSubscribers(ctx context.Context, channel string) (int64, error) {
 	var mu sync.Mutex
 	var total int64
@@ -238,14 +228,12 @@ func (s *Store) noticeSubscribers(ctx context.Context, channel string) (int64, e
 	return total, nil
 }
 
-// redisNotices is a noticeSub over a go-redis PubSub. receive runs on the listener's
-// goroutine; add (from Register) and close may run while it waits, which PubSub
-// allows (its reads do not hold its lock).
+// redisNotices is a storekit.Sub over a go-redis PubSub, whose reads do not hold its
+// lock: Add and Close may run while Receive waits.
 type redisNotices struct{ ps *redis.PubSub }
 
 func (r *redisNotices) Add(ctx context.Context, channels ...string) error {
-	// go-redis keeps the channels even when this fails, and subscribes to them again
-	// on its next connection
+	// on a failure go-redis keeps the channels, for its next connection
 	return r.ps.Subscribe(ctx, channels...)
 }
 
@@ -278,8 +266,7 @@ func (r *redisNotices) InProcess() bool                { return false }
 
 func (r *redisNotices) Close() error { return r.ps.Close() }
 
-// ForgetNotices returns the store's transport of forget notices, which the Dedupers
-// on the store share (dedup uses it; applications need not).
+// ForgetNotices returns the store's forget-notice transport, for dedup's use.
 func (s *Store) ForgetNotices() storekit.Bus { return notices{s} }
 
 type notices struct{ s *Store }
