@@ -1,3 +1,5 @@
+// Package memstore is an in-process dedup store, with redisstore's semantics and its
+// records in a map: for tests, and for an application that runs as one process.
 package memstore
 
 import (
@@ -10,21 +12,20 @@ import (
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
-// DefaultLimit is the number of records a Store holds unless WithLimit
-// says otherwise.
+// DefaultLimit is the number of live records a Store holds unless WithLimit says
+// otherwise.
 const DefaultLimit = 1 << 20
 
-// Store is a Store for one process: the same semantics as redisstore.Store, with
-// records in a map. It is bounded: when it holds its limit of live records it refuses
-// new ones with ErrStoreUnavailable rather than forget a record early (forgetting would
-// let a duplicate through). Expired records are reclaimed lazily.
+// Store is an in-process dedup store: a driver.Store, RecordStore and HealthChecker.
+// At its limit of live records it refuses new ones with ErrStoreUnavailable rather
+// than forget one early, which would let a duplicate through.
 type Store struct {
 	mu      sync.Mutex
 	now     func() time.Time
 	limit   int
 	recs    map[string]memRecord
 	nextExp time.Time // no record expires before this; a sweep before it frees nothing
-	bus     memBus    // forget notices to the Dedupers on this store (memory_records.go)
+	bus     memBus    // forget notices to the Dedupers on this store
 }
 
 type memRecord struct {
@@ -65,8 +66,7 @@ func WithClock(now func() time.Time) Option {
 
 func init() { storekit.RegisterInProcess((*Store)(nil)) }
 
-// New returns an empty Store. A bad option is an error wrapping
-// ErrInvalidOption.
+// New returns an empty Store; a bad option is an error wrapping ErrInvalidOption.
 func New(opts ...Option) (*Store, error) {
 	s := &Store{now: time.Now, limit: DefaultLimit, recs: make(map[string]memRecord)}
 	for _, o := range opts {
@@ -155,8 +155,7 @@ func (s *Store) claim(e driver.Entry) driver.Answer {
 	}
 }
 
-// complete completes e's claim, with e's reply when it has one. Callers hold mu and
-// have checked e.
+// complete completes e's claim, with its reply if any. Callers hold mu and checked e.
 func (s *Store) complete(e driver.Entry) error {
 	now := s.now()
 	r, ok := s.get(e.Key, now)
@@ -215,34 +214,32 @@ func (s *Store) extend(e driver.Entry) error {
 	return nil
 }
 
-// Claim implements Store under one lock.
+// Claim implements driver.Store, under one lock.
 func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	return s.answers(entries, "lease", s.claim)
 }
 
-// Mark implements Store under one lock.
+// Mark implements driver.Store, under one lock.
 func (s *Store) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	return s.answers(entries, "retention", s.mark)
 }
 
-// Complete implements Store under one lock: an entry's reply, when it has one, is
-// stored with its DONE record.
+// Complete implements driver.Store, under one lock.
 func (s *Store) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	return s.errs(entries, "retention", s.complete)
 }
 
-// Release implements Store under one lock. An entry's TTL is not read.
+// Release implements driver.Store, under one lock. Entry.TTL is not read.
 func (s *Store) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	return s.errs(entries, "", s.release)
 }
 
-// Extend implements Store under one lock.
+// Extend implements driver.Store, under one lock.
 func (s *Store) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	return s.errs(entries, "lease", s.extend)
 }
 
-// answers checks every entry (what names their TTL, see storekit.CheckEntries), then
-// runs op on each in turn under the lock.
+// answers checks every entry (storekit.CheckEntries), then runs op on each under mu.
 func (s *Store) answers(entries []driver.Entry, what string, op func(driver.Entry) driver.Answer) ([]driver.Answer, error) {
 	if err := storekit.CheckEntries(entries, what); err != nil {
 		return nil, err
@@ -276,8 +273,8 @@ func (s *Store) errs(entries []driver.Entry, what string, op func(driver.Entry) 
 	return out, nil
 }
 
-// CheckHealth implements driver.HealthChecker: a memory store is always reachable;
-// the detail says how many records it holds of its limit.
+// CheckHealth implements driver.HealthChecker: always reachable, with how many
+// records it holds of its limit.
 func (s *Store) CheckHealth(context.Context) []driver.HealthCheck {
 	return []driver.HealthCheck{{Name: driver.CheckStoreReachable, Status: driver.HealthOK, Value: "memory",
 		Detail: fmt.Sprintf("in process: %d of %d records", s.Len(), s.limit)}}

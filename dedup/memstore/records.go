@@ -12,7 +12,7 @@ import (
 	"github.com/dedupkit/dedupkit/keys"
 )
 
-// Lookup implements RecordStore.
+// Lookup implements driver.RecordStore.
 func (s *Store) Lookup(ctx context.Context, keys []string) ([]driver.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -40,10 +40,8 @@ func (s *Store) record(key string, now time.Time) driver.Record {
 	return rec
 }
 
-// Forget implements RecordStore. The forget notices reach the Dedupers subscribed
-// to this store (every Deduper built on it that runs the record's handler with a
-// local tier) before Forget returns, unless a subscriber's queue of notices is full:
-// that one drops its handlers' local tiers instead.
+// Forget implements driver.RecordStore. Its forget notices reach the subscribed
+// Dedupers before it returns; one whose queue is full drops its local tiers instead.
 func (s *Store) Forget(ctx context.Context, keys []string, force bool) ([]driver.Record, error) {
 	for _, k := range keys {
 		if _, _, ok := storekit.SplitRecordKey(k); !ok {
@@ -71,7 +69,7 @@ func (s *Store) Forget(ctx context.Context, keys []string, force bool) ([]driver
 	return out, nil
 }
 
-// CountRecords implements RecordStore: the live records under prefix, by handler.
+// CountRecords implements driver.RecordStore: the live records under prefix, by handler.
 func (s *Store) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
 	if err := keys.ValidatePrefix(prefix); err != nil {
 		return nil, fmt.Errorf("%w: %w", driver.ErrInvalidOption, err)
@@ -96,7 +94,7 @@ func (s *Store) CountRecords(ctx context.Context, prefix, handler string) (map[s
 	return counts, nil
 }
 
-// subscribeNotices implements noticeBus: a subscription in this process.
+// subscribeNotices returns a subscription in this process.
 func (s *Store) subscribeNotices() storekit.Sub {
 	sub := &memNotices{bus: &s.bus, events: make(chan storekit.Notice, memNoticeQueue), done: make(chan struct{}), channels: make(map[string]bool)}
 	s.bus.mu.Lock()
@@ -108,7 +106,7 @@ func (s *Store) subscribeNotices() storekit.Sub {
 	return sub
 }
 
-// noticeSubscribers implements noticeBus.
+// noticeSubscribers counts the subscriptions that hold channel.
 func (s *Store) noticeSubscribers(_ context.Context, channel string) (int64, error) {
 	s.bus.mu.Lock()
 	defer s.bus.mu.Unlock()
@@ -144,9 +142,8 @@ func (b *memBus) publish(channel, k string) int {
 	return n
 }
 
-// memNotices is a subscription to a Store's notices: a bounded queue. A
-// subscriber that falls a whole queue behind loses notices, and is told so
-// (noticeMissed) by its next receive.
+// memNotices is a subscription to a Store's notices: a bounded queue. One that falls
+// a whole queue behind loses notices, and its next Receive says so (Missed).
 type memNotices struct {
 	bus    *memBus
 	events chan storekit.Notice
@@ -225,8 +222,7 @@ func (m *memNotices) Close() error {
 	return nil
 }
 
-// ForgetNotices returns the store's transport of forget notices, which the Dedupers
-// on the store share (dedup uses it; applications need not).
+// ForgetNotices returns the store's forget-notice transport, for dedup's use.
 func (s *Store) ForgetNotices() storekit.Bus { return notices{s} }
 
 type notices struct{ s *Store }
