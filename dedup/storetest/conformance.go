@@ -62,10 +62,9 @@ const (
 // maxReply is the largest reply a handler stores (the most WithReplies takes).
 const maxReply = 1 << 20
 
-// Run runs the conformance suite, each case in parallel on a Backend of its own:
-// the cases of Store, stored replies included, then those of RecordStore when the
-// store implements it. The single operations of the table are calls of one entry;
-// the batch cases call with several.
+// Run runs the conformance suite, each case in parallel on a Backend of its own: the
+// cases of driver.Store, stored replies and batches included, then those of
+// RecordStore when the store implements it.
 func Run(t *testing.T, newBackend func(t *testing.T) Backend) {
 	t.Helper()
 	for _, c := range append(append(conformanceCases, replyCases...), foreignCase) {
@@ -261,7 +260,8 @@ func (s *suite) wantLeaseLost(err error) {
 	}
 }
 
-// A case that needs what the store lacks (RecordStore, Raw) skips.
+// conformanceCase is one case; one that needs what the store lacks (RecordStore,
+// Raw) skips.
 type conformanceCase struct {
 	name string
 	run  func(t *testing.T, s *suite)
@@ -804,7 +804,7 @@ var replyCases = []conformanceCase{
 			got[3].Status != driver.StatusAcquired {
 			t.Fatalf("Claim of two: %+v", got)
 		}
-		// a batch that names a key twice goes as claim scripts
+		// a batch that names a key twice
 		got, err = s.b.Store.Claim(s.ctx, []driver.Entry{{Key: withReply, Token: "C", TTL: cLease}, {Key: withReply, Token: "D", TTL: cLease}})
 		s.must(err)
 		for _, a := range got {

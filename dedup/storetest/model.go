@@ -16,29 +16,10 @@ import (
 	"github.com/dedupkit/dedupkit/keys"
 )
 
-// The model-based test: seeded random sequences of store operations (Claim, Complete,
-// Release, Extend, Mark, each as a batch of one entry and as a batch of several,
-// invalid arguments) and time advances run
-// against a reference model of docs/design.md §3's table (a map and explicit time) and against
-// memstore.Store (fake clock), miniredis (FastForward) and a real redis-server. Every
-// answer must be one the model allows: status, error class and TTL (exact on fake
-// clocks, within modelEps on the real server).
-//
-// On the fake clocks the sequence also drives the engine (Handler.Do, Mark, a failing
-// Do, a Do whose fn calls Do and Mark for its own key) with a local tier on the same
-// clock, and checks each result against the model: above all, the local tier answers
-// Duplicate only for a record that is DONE in the model, never for one that is IN
-// PROGRESS or gone.
-//
-// The real server can only sleep, so its time advances are real sleeps on the same
-// short scale (leases of 30..200ms, advances of 10..130ms) and it runs fewer steps. The
-// model then knows each expiry only to within the round trip of the operation that
-// set it, so it keeps every state the record may be in (alive or expired) and prunes
-// those the server's answers rule out: an operation that lands at an expiry passes
-// whichever way it falls, and no time margin decides a result. The engine is not run
-// there (its local tier and heartbeats would need the same bookkeeping).
-//
-// DEDUP_MODEL_SEED=n runs the one seed n (as a failure reports it).
+// The model keeps, per key, every state the record may be in. On a fake clock that
+// is one state. On the real server an expiry is known only to within the round trip
+// that set it, so the model keeps the record both alive and expired and prunes what
+// the server's answers rule out: no time margin decides a result.
 
 // Outcomes of an Engine, as dedup names them.
 const (
