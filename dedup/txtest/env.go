@@ -1,6 +1,5 @@
-// Package txtest is the conformance suite of dedup.Transactor implementations
-// (packages sqltx and pgxtx): one body of tests run against every dialect, through
-// an Env each package's tests build for it.
+// Package txtest is the conformance suite of dedup.Transactor implementations (sqltx,
+// pgxtx): one body of tests, run on every dialect through a Harness.
 package txtest
 
 import (
@@ -51,8 +50,8 @@ type Env[T any] struct {
 	Close     func() error
 	// InUse returns how many connections are out of the pool (in transactions).
 	InUse func() int
-	// Proxy is the proxy the Transactor's connections go through (Opts.Proxied),
-	// nil for SQLite, which runs in-process.
+	// Proxy is what the Transactor's connections go through (Opts.Proxied); nil for
+	// SQLite.
 	Proxy *testenv.SQLProxy
 }
 

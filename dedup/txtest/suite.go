@@ -86,9 +86,8 @@ func begin[T any](t *testing.T, e *Env[T], ms ...dedup.Marker) (T, []dedup.Marke
 	if err != nil {
 		t.Fatalf("Begin: %v", err)
 	}
-	// A test that fails with tx open must not leave it holding locks: the table's
-	// DROP at cleanup would wait for it (MySQL's metadata lock). Registered after
-	// the DROP, it runs before; after a Commit it is a no-op.
+	// a test that fails with tx open must not hold the locks the table's DROP would
+	// wait for (MySQL); registered after the DROP, this runs before it
 	t.Cleanup(func() { _ = e.Tr.Rollback(context.Background(), tx) })
 	if len(found) != len(ms) {
 		t.Fatalf("Begin: %d states for %d markers", len(found), len(ms))
@@ -449,8 +448,7 @@ func (s suite[T]) commitUnknown(t *testing.T, fault testenv.CommitFault) {
 	if !errors.Is(err, dedup.ErrCommitUnknown) {
 		t.Fatalf("Commit with the connection cut: %v, want an error wrapping ErrCommitUnknown", err)
 	}
-	// Why unknown is the only honest answer: the client saw the same thing either
-	// way, and the outcomes differ.
+	// unknown is the only honest answer: the client saw the same either way
 	committed := fault == testenv.CutAfterCommit
 	testenv.Eventually(t, 10*time.Second, "the server to settle the cut transaction", func() bool {
 		_, ok := lookup(t, e, m)
@@ -477,12 +475,9 @@ func redeliver[T any](t *testing.T, e *Env[T], m dedup.Marker, committed bool) {
 	}
 }
 
-// commitNotSent: the connection is lost before the COMMIT leaves the client, so
-// the driver sends none: cut while a statement of the handler runs (the driver
-// knows the connection is closed when Commit starts), or reset just before the
-// COMMIT (the driver's write of it fails with nothing written). Commit fails
-// without ErrCommitUnknown: the transaction was rolled back, and the message can
-// run again at once.
+// commitNotSent: the connection is lost before the COMMIT leaves the client (cut
+// during a statement, or reset just before the COMMIT). Commit fails without
+// ErrCommitUnknown: the transaction rolled back, and the message can run again.
 func (s suite[T]) commitNotSent(t *testing.T, reset bool) {
 	if s.h.Dialect == SQLite {
 		t.Skip("SQLite runs in-process: no connection to lose")
