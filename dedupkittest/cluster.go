@@ -19,21 +19,13 @@ import (
 // clusterSlots is the number of hash slots of a Redis Cluster.
 const clusterSlots = 16384
 
-// StartRedisCluster starts a Redis Cluster for tests: masters redis-server
-// processes (1 to 16, no replicas) on free loopback ports, each with its share of
-// the 16384 slots, working in dir ("" for a temp dir that stop removes). It returns
-// the nodes' addresses once every node reports cluster_state:ok; any one of them
-// serves as a cluster client's seed.
-//
-// It needs a redis-server binary of Redis 7 or later on PATH (the nodes' cluster bus
-// ports are set with --cluster-port), and no redis-cli. It does not skip by itself:
-// when redis-server is not on PATH the error wraps exec.ErrNotFound, which a test
-// can turn into a skip with SkipNoServer. Any other error says why: a node that did
-// not start (with its log), or a cluster not ok within 30 s. On an error, nothing it
-// started is left running.
-//
-// stop kills the processes, by their own PIDs (never by name), and is idempotent.
-// On Linux the kernel kills them should the calling process die first.
+// StartRedisCluster starts a Redis Cluster of masters redis-server processes (1 to
+// 16, no replicas) on free loopback ports, working in dir ("" for a temp dir that stop
+// removes), and returns their addresses, each a seed, once the cluster is ok (at most
+// 30 s). It needs redis-server 7 or later on PATH; without it the error wraps
+// exec.ErrNotFound (see SkipNoServer). On an error nothing it started is left
+// running. stop kills the processes by PID and may be called again; on Linux they
+// also die with the caller.
 func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), err error) {
 	if masters < 1 || masters > 16 {
 		return nil, nil, fmt.Errorf("dedupkittest: redis cluster: %d masters, want 1..16", masters)
@@ -101,11 +93,9 @@ func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), er
 	return addrs, stopAll, nil
 }
 
-// startClusterNode starts one cluster-enabled node in dir. The cluster bus port is
-// chosen here (--cluster-port) rather than left at port+10000, which may be past
-// 65535 or taken; *bus receives it. The node timeout is short enough that the
-// cluster turns ok in about 2.5 s (5 s takes twice that) and long enough that a
-// loaded test machine does not get a node marked failing.
+// startClusterNode starts one cluster node in dir, with a free bus port (*bus) rather
+// than port+10000, which may be past 65535 or taken. The node timeout is short for a
+// quick start, long enough that a loaded machine gets no node marked failing.
 func startClusterNode(dir string, bus *int) (*proc.Proc, error) {
 	return proc.Spawn("redis-server", dir, proc.RedisReady, func(dir string) (int, []string, error) {
 		port, err := proc.FreePort()

@@ -1,10 +1,7 @@
-// Package dedupkittest starts the servers dedupkit needs, in process, for trying
-// it without any: a NATS server with JetStream and an embedded Redis (miniredis)
-// whose keys expire on the wall clock. Servers takes the addresses of real servers
-// and starts an embedded one for each that is empty; DeleteKeys removes a run's keys
-// from a shared Redis. For tests, StartRedisCluster spawns a Redis Cluster of
-// redis-server processes, and SkipNoServer skips a test that lacks a server. The
-// examples and their tests use it; it is not for production.
+// Package dedupkittest starts the servers dedupkit needs, for trying it and for
+// tests: an in-process NATS server with JetStream, an embedded Redis (miniredis) whose
+// keys expire on the wall clock, and a Redis Cluster of redis-server processes. It is
+// not for production.
 //
 //	srv, err := dedupkittest.StartServers(os.Getenv("NATS_URL"), os.Getenv("REDIS_ADDR"))
 //	if err != nil { ... }

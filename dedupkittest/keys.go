@@ -7,10 +7,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DeleteKeys unlinks every key under prefix+":" with SCAN and UNLINK, never FLUSHDB:
-// the server may be shared. On a Redis Cluster it scans every master. Keys go key by
-// key in pipelines of 1000, since a multi-key UNLINK is refused on a cluster node when
-// the keys' slots differ. ctx bounds the whole clean-up.
+// DeleteKeys unlinks every key under prefix+":" with SCAN and UNLINK, never FLUSHDB
+// (the server may be shared), on every master of a cluster. ctx bounds the clean-up.
 func DeleteKeys(ctx context.Context, c redis.UniversalClient, prefix string) error {
 	if cc, ok := c.(*redis.ClusterClient); ok {
 		return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
@@ -20,6 +18,8 @@ func DeleteKeys(ctx context.Context, c redis.UniversalClient, prefix string) err
 	return unlinkScanned(ctx, c, prefix)
 }
 
+// unlinkScanned unlinks key by key: a cluster node refuses a multi-key UNLINK across
+// slots.
 func unlinkScanned(ctx context.Context, c redis.Cmdable, prefix string) error {
 	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 	var batch []string

@@ -9,8 +9,7 @@ import (
 )
 
 // Redis is miniredis on a free loopback port whose TTLs run on the wall clock, as a
-// real Redis's do. (Left to itself miniredis never expires a key, so a lease whose
-// owner died would hold its message for ever.) Its methods are miniredis's.
+// real Redis's do (miniredis alone never expires a key). Its methods are miniredis's.
 type Redis struct {
 	*miniredis.Miniredis
 	stop chan struct{}
@@ -67,9 +66,8 @@ func (r *Redis) tick() {
 const movesTimed = 5
 
 // interval is the time to the next move: ten times the least of the last moves'
-// times, and at least ttlTick. The least, because one move stretched by a stall (a
-// preempted goroutine, a GC pause) would otherwise let keys go that much early; a
-// real cost, many keys, shows in every move.
+// times, at least ttlTick. The least, because one move stretched by a stall would let
+// keys go early; a real cost, many keys, shows in every move.
 func interval(took []time.Duration) time.Duration {
 	return max(ttlTick, 10*slices.Min(took))
 }
