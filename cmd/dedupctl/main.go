@@ -1,8 +1,7 @@
 // Command dedupctl operates on dedupkit's records in Redis: it looks records up,
 // forgets them (so that a message runs again, every process's local tier included),
 // counts them per handler, and prints a Deduper's health report. It normalizes and
-// hashes a message key exactly as the library does (it is the library doing it), so
-// an operator never needs redis-cli or the hashing rule.
+// hashes a message key with the library's own code.
 //
 // Usage:
 //
@@ -11,50 +10,11 @@
 //	dedupctl count  -redis ADDR|URL [-handler NAME]
 //	dedupctl health -redis ADDR|URL
 //
-// Flags may come before or after the keys; a key that begins with "-" goes after
-// "--" (dedupctl lookup -handler orders -- -odd-key).
-//
-// Every command takes -redis or -redis-cluster, the connection flags below, -prefix
-// (the Deduper's WithPrefix, default "dedup"), -json (one JSON document on stdout)
-// and -timeout. KEY is the message key as the application passes it (Do's key, the
-// Nats-Msg-Id header, ...). -former lists the handler's former names
-// (dedup.WithFormerNames), comma-separated: pass the same ones as the application.
-//
-// Connecting, as redis-cli does:
-//
-//	-redis ADDR|URL        one server: host:port, or a URL
-//	                       redis[s]://[USER[:PASSWORD]@]HOST[:PORT][/DB] (rediss: TLS),
-//	                       parsed by go-redis's redis.ParseURL (its query options too)
-//	-redis-cluster ADDRS|URL
-//	                       a Redis Cluster: host:port,host:port,..., or a URL
-//	                       redis[s]://[USER[:PASSWORD]@]HOST[:PORT]?addr=HOST:PORT&...
-//	                       (redis.ParseClusterURL; no database but 0)
-//	-user NAME             the ACL user (AUTH NAME PASSWORD)
-//	-pass PASSWORD         the password; the environment variable REDISCLI_AUTH gives
-//	                       it when neither -pass nor the URL does (a flag shows in ps)
-//	-db N                  the database number (not on a Cluster)
-//	-tls                   connect with TLS (as a rediss:// URL does)
-//	-cacert FILE           trust the CAs in this PEM file instead of the system's
-//	-cert FILE, -key FILE  a client certificate and its key, PEM (mutual TLS)
-//	-sni NAME              the server name to ask for and verify (default: the host)
-//	-insecure              do not verify the server's certificate
-//
-// A flag overrides the URL's part. -cacert, -cert, -key, -sni and -insecure need -tls
-// or a rediss:// URL. A unix:///path/to/redis.sock URL reaches a local socket. An
-// error message names the address, never the password.
-//
-// -timeout (default 10s) bounds the whole command: connecting, every call, every
-// retry. It is the command's context deadline, which the client honors
-// (ContextTimeoutEnabled), and go-redis's dial, read, write and pool timeouts (over a
-// URL's dial_timeout and the like; its other query options apply). A server that does
-// not answer in time is an operational error (exit 1).
-//
-// Exit codes: 0 done; 1 operational error (Redis unreachable, failing or not
-// answering within -timeout, health fail); 2 usage error (bad flags, a bad URL or
-// certificate file, a bad or unknown handler name, a missing key); 3 not found
-// (lookup or forget of a key without a record); 4 refused (forget of a record IN
-// PROGRESS without -force). With several keys the code is the worst outcome: 1,
-// then 4, then 3.
+// Every command takes -redis or -redis-cluster (an address or a redis[s]:// URL),
+// redis-cli's connection flags (-user, -pass or REDISCLI_AUTH, -db, -tls, -cacert,
+// -cert, -key, -sni, -insecure), -prefix, -json and -timeout (default 10s, for the
+// whole command). "dedupctl -h" lists them; docs/operating.md describes the output
+// and the exit codes.
 package main
 
 import (
@@ -249,10 +209,9 @@ func (c *command) parse(args []string) (code int, ok bool) {
 }
 
 // splitArgs separates the flags from the positional arguments, so that flags may
-// come after them too (the flag package stops at the first positional argument). It
-// reads args by the flag package's rules: "-name=value", "-name" for a bool flag,
-// "-name value" for any other (an unknown flag is left for fs.Parse to refuse), and
-// everything after "--" is positional.
+// follow the keys (package flag stops at the first positional one). It reads flags as
+// package flag does; an unknown one is left for fs.Parse to refuse, and everything
+// after "--" is positional.
 func splitArgs(fs *flag.FlagSet, args []string) (flags, positional []string) {
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -280,9 +239,8 @@ func splitArgs(fs *flag.FlagSet, args []string) (flags, positional []string) {
 	return flags, positional
 }
 
-// connection makes the go-redis options of -redis or -redis-cluster and the
-// connection flags, with the timeouts of -timeout. An error is a usage error; it
-// never holds the password.
+// connection makes the go-redis options of the connection flags, with -timeout as
+// every timeout. An error is a usage error; it never holds the password.
 func (c *command) connection() error {
 	if c.cluster != "" {
 		if c.set["db"] && c.db != 0 {
@@ -442,9 +400,9 @@ func (c *command) failed(ctx context.Context, err error, format string, args ...
 	return exitFailed
 }
 
-// deduper connects to Redis and returns a Deduper over it, with the command's
-// handler registered (without a local tier: dedupctl keeps no cache, and so does not
-// subscribe to forget notices either). code is not 0 on failure.
+// deduper connects to Redis and returns a Deduper with the command's handler
+// registered without a local tier, so it subscribes to no notices. code is not 0 on
+// failure.
 func (c *command) deduper(ctx context.Context) (d *dedup.Deduper, h *dedup.Handler, done func(), code int) {
 	return c.deduperPing(ctx, true)
 }
