@@ -18,10 +18,9 @@ import (
 // memoryWarnFill is the fill of maxmemory from which CheckRedisMemory warns.
 const memoryWarnFill = 0.9
 
-// CheckHealth implements driver.HealthChecker. On each server (every master of a
-// cluster, every shard of a ring) it checks CheckStoreReachable (PING; a NOPERM
-// answer is up too; down skips the other checks), CheckRedisVersion (7.0 or later, for
-// SET NX GET), CheckRedisEviction (noeviction, or a warning) and CheckRedisMemory (a
+// CheckHealth implements driver.HealthChecker on each server (every master of a
+// cluster, shard of a ring): CheckStoreReachable (PING), CheckRedisVersion (7.0 or
+// later), CheckRedisEviction (noeviction, else a warning) and CheckRedisMemory (a
 // warning from 90% of maxmemory). A check the ACL forbids is HealthUnknown. It returns
 // by ctx's deadline: a server that has not answered fails CheckStoreReachable.
 func (s *Store) CheckHealth(ctx context.Context) []driver.HealthCheck {
@@ -188,8 +187,7 @@ func parseInfo(info string) map[string]string {
 	return out
 }
 
-// helloVersion reads the server's version from HELLO without arguments (Redis 6.2
-// and later), which reports the connection's context without changing its protocol.
+// helloVersion reads the version from HELLO without arguments (the protocol stays).
 func helloVersion(ctx context.Context, c redis.UniversalClient) (string, error) {
 	v, err := c.Do(ctx, "hello").Result()
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
-// Defaults for auto-pipelining (see WithAutoPipeline).
 const (
 	// DefaultPipelineBatch is the most commands one coalesced pipeline carries.
 	DefaultPipelineBatch = 128
@@ -21,10 +20,9 @@ const (
 )
 
 // WithAutoPipeline sets how concurrent calls of one entry share round trips: up to
-// inFlight round trips go at once; calls beyond that queue, and go as one pipeline of
-// up to batch commands when a round trip ends (no timer). The defaults are
-// DefaultPipelineBatch and DefaultPipelinesInFlight; batch must be 1..10000 and
-// inFlight 1..1024.
+// inFlight go at once; calls beyond that queue, and go as one pipeline of up to batch
+// commands when one ends (no timer). Defaults: DefaultPipelineBatch and
+// DefaultPipelinesInFlight; batch must be 1..10000, inFlight 1..1024.
 func WithAutoPipeline(batch, inFlight int) Option {
 	return func(s *Store) error {
 		if batch < 1 || batch > 10000 {
@@ -47,10 +45,9 @@ func WithoutAutoPipeline() Option {
 	}
 }
 
-// autoPipe coalesces the commands of concurrent callers into pipelines. A caller that
-// finds a free slot and an empty queue sends its command itself; otherwise it queues,
-// and a flusher (one per busy slot) sends the queue until it is empty, then exits: no
-// goroutine outlives the calls, so there is nothing to close.
+// autoPipe coalesces concurrent callers' commands into pipelines. A caller that finds
+// a free slot and an empty queue sends its own; otherwise it queues for a flusher,
+// which exits once the queue is empty: there is nothing to close.
 type autoPipe struct {
 	s        *Store // sends each round trip (process, exec)
 	batch    int
@@ -80,16 +77,14 @@ func newAutoPipe(s *Store, batch, inFlight int) *autoPipe {
 	return &autoPipe{s: s, batch: batch, inFlight: inFlight}
 }
 
-// do sends cmd and returns its error. A call still queued when ctx ends returns ctx's
-// cause and is never sent. One already sent waits for its reply whatever ctx says: a
-// Mark that lands after its caller reported a failure would turn the redelivery into
-// a duplicate. The client's timeouts bound that wait.
+// do sends cmd and returns its error. A call still queued when ctx ends is never
+// sent; one already sent waits for its reply whatever ctx says, since a Mark that
+// lands after its caller reported a failure would make the redelivery a duplicate.
 func (p *autoPipe) do(ctx context.Context, cmd redis.Cmder) error {
 	return p.doComplete(ctx, cmd, nil)
 }
 
-// doComplete is do for the complete script of comp's entry (comp not nil): queued
-// with others, it may go out merged into one complete_many call.
+// doComplete is do for comp's complete script: a flush may merge it into complete_many.
 func (p *autoPipe) doComplete(ctx context.Context, cmd redis.Cmder, comp *driver.Entry) error {
 	p.mu.Lock()
 	if len(p.queue) == 0 && p.flushers < p.inFlight {
@@ -105,9 +100,8 @@ func (p *autoPipe) doComplete(ctx context.Context, cmd redis.Cmder, comp *driver
 	return p.await(ctx, c)
 }
 
-// doAll is do for several commands, sent or queued together. Each holds its reply or
-// error (ctx's cause if it was never sent); the error is the round trip's when doAll
-// sent them itself, else nil.
+// doAll is do for several commands, each holding its reply or error; its error is
+// the round trip's when it sent them itself, else nil.
 func (p *autoPipe) doAll(ctx context.Context, cmds ...redis.Cmder) error {
 	p.mu.Lock()
 	if len(p.queue) == 0 && p.flushers < p.inFlight {
@@ -137,8 +131,7 @@ func (p *autoPipe) enqueue(ctx context.Context, cmd redis.Cmder) *pcall {
 	return c
 }
 
-// spawnLocked starts a flusher for the queue if a round trip is free, and unlocks
-// p.mu.
+// spawnLocked starts a flusher if a round trip is free; it unlocks p.mu.
 func (p *autoPipe) spawnLocked() {
 	spawn := p.flushers < p.inFlight
 	if spawn {
@@ -150,8 +143,7 @@ func (p *autoPipe) spawnLocked() {
 	}
 }
 
-// await waits for the queued call c and returns its command's error, or ctx's cause
-// if ctx ended while c was still queued (it is then never sent).
+// await returns c's error, or ctx's cause if ctx ended while c was queued (unsent).
 func (p *autoPipe) await(ctx context.Context, c *pcall) error {
 	cmd := c.cmd
 	select {
@@ -182,8 +174,7 @@ func (p *autoPipe) unqueue(c *pcall) bool {
 	return true
 }
 
-// release gives back an inline sender's slot, or turns it into a flusher when calls
-// queued up meanwhile.
+// release gives back an inline sender's slot, or makes it a flusher for the queue.
 func (p *autoPipe) release() {
 	p.mu.Lock()
 	if len(p.queue) > 0 {
@@ -229,8 +220,8 @@ func (p *autoPipe) flush() {
 	}
 }
 
-// send runs one batch: a single command on its own, several as one pipeline. Calls
-// whose context has already ended are answered without being sent.
+// send runs one batch: one command alone, several as a pipeline. Calls whose ctx
+// ended are answered unsent.
 func (p *autoPipe) send(batch []*pcall) {
 	live := 0
 	var deadline time.Time

@@ -1,8 +1,5 @@
 // Package redisstore is a dedup store on Redis 7 or later, through go-redis: a single
 // server, a failover client, Redis Cluster or a Ring.
-//
-//	store, err := redisstore.New(rdb)
-//	d, err := dedup.New(store)
 package redisstore
 
 import (
@@ -43,17 +40,15 @@ var (
 )
 
 // Store is a dedup store on Redis: a driver.Store, RecordStore, HealthChecker and
-// Pinger. A call of one entry names one key, so it runs on Redis Cluster; concurrent
-// ones share round trips (WithAutoPipeline). A call of several entries is one round
-// trip, two for a Claim's entries that found a record. docs/design.md §3 says what
-// each call sends.
+// Pinger. A call of one entry names one key, so it runs on Redis Cluster; a call of
+// several is one round trip, two for a Claim's keys that hold a record. docs/design.md
+// §3 says what each call sends.
 type Store struct {
 	c    redis.UniversalClient
 	pipe *autoPipe    // nil: every single call is sent on its own
 	wait *replicaWait // WithWaitReplicas; nil: DONE writes do not wait
-	// scripts says how a call of several entries goes: scriptsOn (batch scripts),
-	// scriptsOff (per key) or scriptsUnknown; probedAt is when a probe failed on the
-	// network, 0 once the answer is settled
+	// scripts says how calls of several entries go; probedAt is when a probe failed
+	// on the network, 0 once the answer is settled
 	scripts  atomic.Int32
 	probedAt atomic.Int64
 	probing  atomic.Bool // one probe at a time; calls meanwhile go per key
@@ -69,10 +64,9 @@ const (
 // reprobeAfter is how long calls go per key after a probe failed on the network.
 const reprobeAfter = time.Minute
 
-// WithoutBatchScripts sends a Claim or Complete of several entries as a command or
-// script per key, as on a cluster, through a *redis.Client too. The store finds most
-// proxies by itself; this is for one that answers INFO and routes each command by its
-// key. It costs Redis more CPU per claim and per completion (docs/operating.md).
+// WithoutBatchScripts sends a Claim or Complete of several entries per key, as on a
+// cluster, through a *redis.Client too: for a proxy that answers INFO and routes each
+// command by its key. Redis then spends more CPU per call (docs/operating.md).
 func WithoutBatchScripts() Option {
 	return func(s *Store) error {
 		s.scripts.Store(scriptsOff)
@@ -85,9 +79,8 @@ func WithoutBatchScripts() Option {
 const maxScriptKeys = 128
 
 // batchScripts reports whether a Claim or Complete of several entries goes as batch
-// scripts, whose keys span slots: only through a *redis.Client to a Redis server (a
-// sharding proxy would run them on their first key's server). The first call probes
-// (probeScripts); until the answer is known, calls go per key.
+// scripts, whose keys span slots: only on a Redis server, never through a sharding
+// proxy. The first call probes (probeScripts); until then calls go per key.
 func (s *Store) batchScripts(ctx context.Context) bool {
 	switch s.scripts.Load() {
 	case scriptsOn:
@@ -137,8 +130,7 @@ func (s *Store) probeScripts(ctx context.Context) bool {
 	return false
 }
 
-// errCrossSlot is a batch script refused because its keys are not in one slot (a
-// proxy in front of a cluster): nothing ran, and the store goes per key for good.
+// errCrossSlot is a batch script refused with CROSSSLOT (a proxy before a cluster).
 var errCrossSlot = errors.New("dedup: batch script refused (CROSSSLOT)")
 
 // crossSlot reports a CROSSSLOT refusal, and turns the batch scripts off for good.
@@ -208,8 +200,7 @@ func (s *Store) exec(ctx context.Context, cmds ...redis.Cmder) error {
 	return err
 }
 
-// eval runs a script by its SHA, and by its source on NOSCRIPT (a restarted or
-// flushed server).
+// eval runs a script by its SHA, and by its source on NOSCRIPT.
 func (s *Store) eval(ctx context.Context, sc *redis.Script, src, key string, args ...any) (*redis.Cmd, error) {
 	cmd := scriptCmd(ctx, "evalsha", sc.Hash(), key, args...)
 	err := s.send(ctx, cmd)
@@ -220,8 +211,7 @@ func (s *Store) eval(ctx context.Context, sc *redis.Script, src, key string, arg
 	return cmd, err
 }
 
-// scriptCmd is a one-key script call: op is evalsha (body the script's SHA) or eval
-// (body its source).
+// scriptCmd is a one-key script call: evalsha with the SHA, or eval with the source.
 func scriptCmd(ctx context.Context, op, body, key string, args ...any) *redis.Cmd {
 	return redis.NewCmd(ctx, append([]any{op, body, 1, key}, args...)...)
 }
@@ -241,8 +231,7 @@ func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Ans
 	return s.claimMany(ctx, entries)
 }
 
-// claimOne claims one entry: SET NX PX GET, then, if a record was there, the claim
-// script, which reads it and its TTL atomically. Its error is the call's (failedOne).
+// claimOne claims one entry; its error is the call's (failedOne).
 func (s *Store) claimOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
 	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateInProgress, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 	err := s.send(ctx, cmd)
@@ -276,7 +265,6 @@ func failedAnswer(op string, err error) (driver.Answer, error) {
 	return driver.Answer{Err: entryErr}, callErr
 }
 
-// oneAnswer is a batch of one's answers: a, or the call's error err.
 func oneAnswer(a driver.Answer, err error) ([]driver.Answer, error) {
 	if err != nil {
 		return nil, err
@@ -284,7 +272,6 @@ func oneAnswer(a driver.Answer, err error) ([]driver.Answer, error) {
 	return []driver.Answer{a}, nil
 }
 
-// oneErr is a batch of one's errors: entryErr, or the call's error callErr.
 func oneErr(entryErr, callErr error) ([]error, error) {
 	if callErr != nil {
 		return nil, callErr
@@ -292,8 +279,7 @@ func oneErr(entryErr, callErr error) ([]error, error) {
 	return []error{entryErr}, nil
 }
 
-// setNXGet is the SET NX PX GET of a fast claim (IN PROGRESS, the lease) or a Mark
-// (DONE, the retention): it writes a free key and returns what was there.
+// setNXGet writes a free key with SET NX PX GET, which returns what was there.
 func setNXGet(state byte, key, token, fingerprint string, ttl time.Duration) []any {
 	return appendSetNXGet(make([]any, 0, 7), key, storekit.Encode(state, token, fingerprint), ms(ttl))
 }
@@ -314,15 +300,14 @@ func newBatchArgs(n, perEntry int) *batchArgs {
 	return &batchArgs{args: make([]any, 0, n*perEntry)}
 }
 
-// add appends one command's arguments and returns them.
 func (b *batchArgs) add(args ...any) []any {
 	i := len(b.args)
 	b.args = append(b.args, args...)
 	return b.since(i)
 }
 
-// since returns the arguments appended from index i on, with no room to grow into
-// the next command's.
+// since returns the arguments from i on, capped so that the next command's cannot
+// overwrite them.
 func (b *batchArgs) since(i int) []any { return b.args[i:len(b.args):len(b.args)] }
 
 // ms is ms(ttl), boxed once while the TTLs repeat.
@@ -340,8 +325,8 @@ func (b *batchArgs) setNXGet(state byte, key any, e driver.Entry) []any {
 	return b.since(i)
 }
 
-// claimSetAnswer settles a fast claim that found the key free (err is redis.Nil).
-// Anything else, our own claim whose reply was lost included, goes to the claim script.
+// claimSetAnswer settles a fast claim that found the key free; the rest go to the
+// claim script.
 func claimSetAnswer(err error) (driver.Answer, bool) {
 	if errors.Is(err, redis.Nil) {
 		return driver.Answer{Status: driver.StatusAcquired}, true
@@ -374,9 +359,8 @@ func claimAnswer(v any) (driver.Answer, error) {
 	return ans, nil
 }
 
-// Complete implements driver.Store: the complete script compares the owner token and
-// writes DONE, with the entry's reply when it has one. With WithWaitReplicas a WAIT
-// follows the writes, in the same pipeline.
+// Complete implements driver.Store: the complete script checks the owner token and
+// writes DONE, with the entry's reply if any. WithWaitReplicas adds a WAIT.
 func (s *Store) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	if err := storekit.CheckEntries(entries, "retention"); err != nil {
 		return nil, err
@@ -408,7 +392,6 @@ func (s *Store) completeOne(ctx context.Context, e driver.Entry) (entryErr, call
 	return ownedOne("complete", cmd, err)
 }
 
-// completeArgs are the complete script's arguments: token, retention, reply if any.
 func completeArgs(e driver.Entry) []any {
 	if e.HasReply {
 		return []any{e.Token, ms(e.TTL), e.Reply}
@@ -492,7 +475,6 @@ func (s *Store) Extend(ctx context.Context, entries []driver.Entry) ([]error, er
 	return out, nil
 }
 
-// extendArgs are the extend script's arguments for e: its token and its lease.
 func extendArgs(e driver.Entry) []any { return []any{e.Token, ms(e.TTL)} }
 
 // Mark implements driver.Store with SET NX PX GET: one command writes the DONE record
@@ -512,7 +494,6 @@ func (s *Store) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answ
 	return s.markMany(ctx, entries)
 }
 
-// markOne marks one entry with one SET NX PX GET.
 func (s *Store) markOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
 	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 	err := s.send(ctx, cmd)
@@ -546,10 +527,8 @@ func markAnswer(old string, err error, token, fingerprint string) (driver.Answer
 
 // claimMany is Claim of several entries: claimManySingle on a single server, else one
 // pipeline of SET NX PX GET, PTTL and GET per entry. A pipeline is not a transaction,
-// so the PTTL is trusted only when the GET still finds the value the SET found (values
-// carry random tokens). Entries that found their own claim are renewed
-// (renewOwnClaims). A batch that names a key twice goes as claim scripts, so that each
-// entry sees the ones before it.
+// so the PTTL counts only if the GET still finds the value the SET found. A batch that
+// names a key twice goes as claim scripts, so each entry sees the ones before it.
 func (s *Store) claimMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if s.batchScripts(ctx) {
 		return s.claimManySingle(ctx, entries)
@@ -614,9 +593,8 @@ func foundAnswer(e driver.Entry, old string, pttl int64, same bool) (a driver.An
 	return a, false
 }
 
-// claimManySingle is claimMany on a single server: one pipeline of SET NX PX GET,
-// then, for the entries that found a record, the claim_many script, which answers each
-// as the claim script would. A key named twice sees its first claim.
+// claimManySingle is claimMany on a single server: SET NX PX GET per entry, then the
+// claim_many script for those that found a record. A key named twice sees its first.
 func (s *Store) claimManySingle(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	cmds, sent := setNXGetCmds(ctx, storekit.StateInProgress, entries)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
@@ -652,7 +630,6 @@ func (s *Store) claimManySingle(ctx context.Context, entries []driver.Entry) ([]
 	return out, nil
 }
 
-// claimManyScript runs the claim_many script for entries.
 func (s *Store) claimManyScript(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	vals, err := s.runBatchScript(ctx, claimManyScript, claimManyLua, entries, 2, func(args *batchArgs, e driver.Entry) {
 		args.args = append(args.args, storekit.Encode(storekit.StateInProgress, e.Token, e.Fingerprint), args.ms(e.TTL))
@@ -693,8 +670,7 @@ func (s *Store) claimManyScript(ctx context.Context, entries []driver.Entry) ([]
 	return out, nil
 }
 
-// completeManyScript is completeMany on a single server: the complete_many script,
-// which completes each key as the complete script would.
+// completeManyScript is completeMany on a single server: the complete_many script.
 func (s *Store) completeManyScript(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	vals, err := s.runBatchScript(ctx, completeManyScript, completeManyLua, entries, 4, completeManyArgs)
 	if errors.Is(err, errCrossSlot) {
@@ -736,8 +712,7 @@ func completeManyArgs(args *batchArgs, e driver.Entry) {
 	}
 }
 
-// spreadCompletes gives each merged single completion its element of the
-// complete_many reply, or its call's error, as the complete script would answer.
+// spreadCompletes gives each merged completion its part of the complete_many reply.
 func spreadCompletes(merged []*redis.Cmd, calls []*pcall) {
 	for i, v := range spreadBatchReplies(merged, len(calls)) {
 		cmd := calls[i].cmd.(*redis.Cmd)
@@ -770,8 +745,7 @@ func batchScriptCmds(ctx context.Context, sc *redis.Script, entries []driver.Ent
 	return cmds
 }
 
-// spreadBatchReplies returns one value per entry of the batch script calls cmds (n
-// entries): its element of its call's reply, or its call's error.
+// spreadBatchReplies returns per entry its part of its call's reply, or its error.
 func spreadBatchReplies(cmds []*redis.Cmd, n int) []any {
 	out := make([]any, 0, n)
 	for c, cmd := range cmds {
@@ -792,9 +766,8 @@ func spreadBatchReplies(cmds []*redis.Cmd, n int) []any {
 	return out
 }
 
-// runBatchScript calls the batch script sc for entries in one round trip (NOSCRIPT
-// calls again as EVAL) and returns spreadBatchReplies' values. err is a failed round
-// trip or errCrossSlot.
+// runBatchScript calls sc for entries in one round trip (NOSCRIPT calls again as
+// EVAL); err is a failed round trip or errCrossSlot.
 func (s *Store) runBatchScript(ctx context.Context, sc *redis.Script, src string, entries []driver.Entry, perEntry int, argv func(*batchArgs, driver.Entry)) ([]any, error) {
 	cmds := batchScriptCmds(ctx, sc, entries, perEntry, argv)
 	sent := make([]redis.Cmder, len(cmds))
@@ -809,8 +782,7 @@ func (s *Store) runBatchScript(ctx context.Context, sc *redis.Script, src string
 			return nil, errCrossSlot
 		}
 	}
-	// a failure of the EVAL round trip is on each call it resent; the others keep
-	// their answers
+	// a failure of the EVAL round trip is on each call it resent
 	_ = evalAgain(ctx, s.exec, cmds, src)
 	return spreadBatchReplies(cmds, len(entries)), nil
 }
@@ -868,7 +840,6 @@ func (s *Store) renewOwnClaims(ctx context.Context, entries []driver.Entry, own 
 	}
 }
 
-// entriesAt returns the entries at the indexes idx, in that order.
 func entriesAt(entries []driver.Entry, idx []int) []driver.Entry {
 	es := make([]driver.Entry, len(idx))
 	for j, i := range idx {
@@ -877,7 +848,6 @@ func entriesAt(entries []driver.Entry, idx []int) []driver.Entry {
 	return es
 }
 
-// repeatsAKey reports whether two entries have the same key.
 func repeatsAKey(entries []driver.Entry) bool {
 	seen := make(map[string]struct{}, len(entries))
 	for _, e := range entries {
@@ -951,8 +921,7 @@ func (s *Store) markMany(ctx context.Context, entries []driver.Entry) ([]driver.
 	return out, nil
 }
 
-// claimCmds builds claimMany's SET NX PX GET, PTTL and GET per entry, and all of
-// them in that order to send.
+// claimCmds builds claimMany's SET NX PX GET, PTTL and GET per entry.
 func claimCmds(ctx context.Context, entries []driver.Entry) (sets []*redis.StatusCmd, ttls, gets []*redis.Cmd, sent []redis.Cmder) {
 	sets = make([]*redis.StatusCmd, len(entries))
 	ttls = make([]*redis.Cmd, len(entries))
@@ -969,13 +938,11 @@ func claimCmds(ctx context.Context, entries []driver.Entry) (sets []*redis.Statu
 	return sets, ttls, gets, sent
 }
 
-// markCmds builds markMany's commands: cmds to read, sent (the same) to send.
 func markCmds(ctx context.Context, entries []driver.Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
 	return setNXGetCmds(ctx, storekit.StateDone, entries)
 }
 
-// setNXGetCmds builds a SET NX PX GET of a record in state per entry: cmds to read,
-// sent (the same) to send.
+// setNXGetCmds builds a SET NX PX GET of a record in state per entry.
 func setNXGetCmds(ctx context.Context, state byte, entries []driver.Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
 	cmds = make([]*redis.StatusCmd, len(entries))
 	sent = make([]redis.Cmder, len(entries))
@@ -987,14 +954,12 @@ func setNXGetCmds(ctx context.Context, state byte, entries []driver.Entry) (cmds
 	return cmds, sent
 }
 
-// runScripts sends one EVALSHA per entry in one round trip, and NOSCRIPT ones again
-// as EVAL.
+// runScripts sends one EVALSHA per entry in one round trip, NOSCRIPT ones again as EVAL.
 func (s *Store) runScripts(ctx context.Context, sc *redis.Script, src string, entries []driver.Entry, args func(driver.Entry) []any) ([]*redis.Cmd, error) {
 	return s.runScriptsVia(ctx, s.exec, sc, src, entries, args)
 }
 
-// runScriptsVia is runScripts, each round trip sent by send: exec (a pipeline of its
-// own), or the auto-pipeliner's doAll.
+// runScriptsVia is runScripts, each round trip sent by send (exec, or pipe.doAll).
 func (s *Store) runScriptsVia(ctx context.Context, send func(context.Context, ...redis.Cmder) error, sc *redis.Script, src string, entries []driver.Entry, args func(driver.Entry) []any) ([]*redis.Cmd, error) {
 	if len(entries) == 0 {
 		return nil, nil

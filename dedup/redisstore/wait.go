@@ -24,15 +24,12 @@ type replicaWait struct {
 	shortfalls atomic.Uint64
 }
 
-// WithWaitReplicas makes every DONE write (Complete, Mark) wait until n replicas have
-// it or timeout passes, by a WAIT in the same pipeline. Off by default: replication is
-// asynchronous, and a failover that loses a DONE record lets one duplicate through.
-//
-// A Complete entry that fewer replicas acknowledged fails with ErrNotReplicated (Do
-// reports NotRecorded: fn ran). A Mark keeps its answer, since refusing it would lose
-// the message; its shortfall is only counted (ReplicaShortfalls). n must be at least
-// 1, timeout at least 1ms and below the client's ReadTimeout, and the client not a
-// ClusterClient or Ring (WAIT needs the connection that wrote).
+// WithWaitReplicas makes every DONE write (Complete, Mark) wait, by a WAIT in the same
+// pipeline, until n replicas have it or timeout passes (default: no wait). A Complete
+// that fewer acknowledged fails with ErrNotReplicated (Do reports NotRecorded); a Mark
+// keeps its answer, since refusing it would lose the message, and is only counted
+// (ReplicaShortfalls). n must be at least 1, timeout at least 1ms and below the
+// client's ReadTimeout, and the client not a ClusterClient or Ring.
 func WithWaitReplicas(n int, timeout time.Duration) Option {
 	return func(s *Store) error {
 		if n < 1 {
@@ -70,8 +67,7 @@ func (w *replicaWait) queue(ctx context.Context, pipe redis.Pipeliner) *redis.In
 	return cmd
 }
 
-// acked checks a WAIT reply: nil when n replicas acknowledged, else the error for a
-// write it covered (and the shortfall is counted once per write).
+// acked checks a WAIT reply for one write it covered, counting a shortfall.
 func (w *replicaWait) acked(cmd *redis.IntCmd, op string) error {
 	got, err := cmd.Result()
 	if err != nil {
@@ -124,8 +120,7 @@ func (s *Store) completeManyWaiting(ctx context.Context, entries []driver.Entry)
 	return out, nil
 }
 
-// markManyWaiting is Mark with a WAIT after the writes. A shortfall is counted for
-// every Acquired mark; the answers stand.
+// markManyWaiting is Mark with a WAIT; an Acquired mark's shortfall is only counted.
 func (s *Store) markManyWaiting(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(entries))
