@@ -1,7 +1,6 @@
-// Package driver defines what a dedup store implements: the Store interface, the
-// optional RecordStore, HealthChecker and Pinger, and the values they exchange.
-// Applications use a store package (redisstore, memstore) and dedup; a third-party
-// store implements these interfaces and proves itself with dedup/storetest.
+// Package driver defines what a dedup store implements: Store, the optional
+// RecordStore, HealthChecker and Pinger, and the values they exchange. A third-party
+// store implements them and proves itself with dedup/storetest.
 package driver
 
 import "errors"
@@ -12,8 +11,7 @@ var (
 	ErrInvalidOption = errors.New("dedup: invalid option")
 	// ErrLeaseLost reports that the caller no longer owns the record.
 	ErrLeaseLost = errors.New("dedup: lease lost")
-	// ErrStoreUnavailable reports that the store could not answer; the wrapping error
-	// holds the cause.
+	// ErrStoreUnavailable reports a store that could not answer; the wrapper says why.
 	ErrStoreUnavailable = errors.New("dedup: store unavailable")
 	// ErrClosed reports a call on a closed Deduper or store.
 	ErrClosed = errors.New("dedup: closed")

@@ -12,13 +12,11 @@ type HealthStatus string
 const (
 	// HealthOK: nothing to report.
 	HealthOK HealthStatus = "ok"
-	// HealthUnknown: the check could not be made (an ACL forbids it); it does not
-	// degrade a report.
+	// HealthUnknown: the check could not be made (an ACL); it does not degrade a report.
 	HealthUnknown HealthStatus = "unknown"
 	// HealthWarn: the store serves, but a setting or its fill puts records at risk.
 	HealthWarn HealthStatus = "warn"
-	// HealthFail: the store cannot serve (unreachable, too old) or the Deduper is
-	// closed.
+	// HealthFail: the store cannot serve (unreachable, too old), or the Deduper closed.
 	HealthFail HealthStatus = "fail"
 )
 
@@ -26,8 +24,7 @@ const (
 const (
 	// CheckDeduper fails once the Deduper is closed.
 	CheckDeduper = "deduper"
-	// CheckForgetNotices warns while the Deduper's subscription to forget notices is
-	// silent or not confirmed (its local tiers are being dropped meanwhile).
+	// CheckForgetNotices warns while the notice subscription is silent or unconfirmed.
 	CheckForgetNotices = "forget.notices"
 	// CheckStoreReachable says whether the store answers, and how fast.
 	CheckStoreReachable = "store.reachable"

@@ -52,15 +52,13 @@ type Record struct {
 // RecordStore is a Store whose records operators can read, delete and count
 // (Handler.Lookup, Handler.Forget, Deduper.CountRecords and former names need it).
 type RecordStore interface {
-	// Lookup reads the records under keys in one round trip, in key order; a
-	// missing record is RecordAbsent, a value dedup did not write the item's Err
-	// (ErrBadRecord).
+	// Lookup reads the records under keys in one round trip, in key order; a missing
+	// one is RecordAbsent, a value dedup did not write fails its item (ErrBadRecord).
 	Lookup(ctx context.Context, keys []string) ([]Record, error)
-	// Forget deletes the records under keys, each atomically, and returns what each
-	// held. A record IN PROGRESS is left alone (ErrRecordInProgress) unless force; a
-	// value dedup did not write is left alone (ErrBadRecord).
+	// Forget deletes each record under keys atomically and returns what it held. It
+	// leaves alone a record IN PROGRESS unless force (ErrRecordInProgress) and a value
+	// dedup did not write (ErrBadRecord).
 	Forget(ctx context.Context, keys []string, force bool) ([]Record, error)
-	// CountRecords counts the records under prefix by handler name (every handler,
-	// or only handler when it is not ""), in bounded steps.
+	// CountRecords counts the records under prefix per handler (only handler if set).
 	CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error)
 }

@@ -12,8 +12,7 @@ const (
 	// StatusAcquired: a claim holds the record IN PROGRESS (a retried claim finds its
 	// own token); a mark is the first to see the key, now DONE.
 	StatusAcquired Status = iota + 1
-	// StatusInProgress: another owner holds a live lease (Answer.TTL is what is left
-	// of it for a claim, 0 for a mark).
+	// StatusInProgress: another owner holds a live lease (Answer.TTL: 0 for a mark).
 	StatusInProgress
 	// StatusDuplicate: the key is DONE; Answer.TTL is what is left of the record.
 	StatusDuplicate
@@ -34,11 +33,9 @@ func (s Status) String() string {
 // Answer is a store's reply for one entry.
 type Answer struct {
 	Status Status
-	// TTL is what is left of the record found: the other owner's lease
-	// (StatusInProgress) or the DONE record (StatusDuplicate). Zero otherwise.
+	// TTL is what is left of the lease or DONE record found; zero otherwise.
 	TTL time.Duration
-	// Reply is, for a Claim that answers StatusDuplicate, the reply stored with the
-	// DONE record, when HasReply.
+	// Reply is the stored reply a Claim's StatusDuplicate carries, when HasReply.
 	Reply    string
 	HasReply bool
 	// Err is set on an entry that failed on its own (ErrBadRecord, a store error).
@@ -51,8 +48,7 @@ type Entry struct {
 	Token       string        // the caller's owner token
 	Fingerprint string        // payload fingerprint, "" for none
 	TTL         time.Duration // lease for claims, retention for marks and completions
-	// Reply is, for Complete, the reply to store with the DONE record when HasReply
-	// is set (an empty reply is a reply).
+	// Reply is what Complete stores with DONE when HasReply (an empty one counts).
 	Reply    string
 	HasReply bool
 }

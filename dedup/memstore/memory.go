@@ -12,13 +12,11 @@ import (
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
-// DefaultLimit is the number of live records a Store holds unless WithLimit says
-// otherwise.
+// DefaultLimit is the number of live records a Store holds without WithLimit.
 const DefaultLimit = 1 << 20
 
-// Store is an in-process dedup store: a driver.Store, RecordStore and HealthChecker.
-// At its limit of live records it refuses new ones with ErrStoreUnavailable rather
-// than forget one early, which would let a duplicate through.
+// Store is an in-process dedup store. At its limit of live records it refuses new
+// ones (ErrStoreUnavailable): forgetting one early would let a duplicate through.
 type Store struct {
 	mu      sync.Mutex
 	now     func() time.Time
@@ -273,8 +271,7 @@ func (s *Store) errs(entries []driver.Entry, what string, op func(driver.Entry) 
 	return out, nil
 }
 
-// CheckHealth implements driver.HealthChecker: always reachable, with how many
-// records it holds of its limit.
+// CheckHealth implements driver.HealthChecker: reachable, with its fill.
 func (s *Store) CheckHealth(context.Context) []driver.HealthCheck {
 	return []driver.HealthCheck{{Name: driver.CheckStoreReachable, Status: driver.HealthOK, Value: "memory",
 		Detail: fmt.Sprintf("in process: %d of %d records", s.Len(), s.limit)}}
