@@ -16,7 +16,6 @@ import (
 	"github.com/dedupkit/dedupkit/internal/proc"
 )
 
-// clusterSlots is the number of hash slots of a Redis Cluster.
 const clusterSlots = 16384
 
 // StartRedisCluster starts a Redis Cluster of masters redis-server processes (1 to
@@ -93,9 +92,8 @@ func StartRedisCluster(dir string, masters int) (addrs []string, stop func(), er
 	return addrs, stopAll, nil
 }
 
-// startClusterNode starts one cluster node in dir, with a free bus port (*bus) rather
-// than port+10000, which may be past 65535 or taken. The node timeout is short for a
-// quick start, long enough that a loaded machine gets no node marked failing.
+// startClusterNode starts one cluster node in dir, with a free bus port (*bus), not
+// port+10000, which may be past 65535 or taken.
 func startClusterNode(dir string, bus *int) (*proc.Proc, error) {
 	return proc.Spawn("redis-server", dir, proc.RedisReady, func(dir string) (int, []string, error) {
 		port, err := proc.FreePort()

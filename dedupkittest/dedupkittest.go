@@ -56,8 +56,7 @@ func (s *Servers) String() string {
 		s.RedisAddr, kind(s.redis != nil, "embedded miniredis"))
 }
 
-// Close stops the servers StartServers started; the others are left alone. It is
-// safe to call more than once.
+// Close stops the servers StartServers started, and may be called again.
 func (s *Servers) Close() {
 	if s.redis != nil {
 		s.redis.Close()

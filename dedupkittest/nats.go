@@ -16,9 +16,8 @@ type NATS struct {
 	once   sync.Once
 }
 
-// StartNATS starts a NATS server with JetStream storing under dir, or under a temp
-// dir of its own, removed at Close, when dir is "". It returns once the server
-// accepts clients, or an error after 10 s.
+// StartNATS starts a NATS server with JetStream storing under dir ("" for a temp dir
+// that Close removes). It returns once the server accepts clients, at most 10 s.
 func StartNATS(dir string) (*NATS, error) {
 	n := &NATS{}
 	if dir == "" {

@@ -21,8 +21,7 @@ type Redis struct {
 // early; under a starved process keys go late rather than early.
 const ttlTick = 20 * time.Millisecond
 
-// StartRedis starts miniredis and a goroutine that moves its TTLs on by the time
-// really passed, until Close.
+// StartRedis starts miniredis, with a goroutine that moves its TTLs on until Close.
 func StartRedis() (*Redis, error) {
 	m, err := miniredis.Run()
 	if err != nil {
@@ -33,8 +32,7 @@ func StartRedis() (*Redis, error) {
 	return r, nil
 }
 
-// tick moves the TTLs on. A move walks every key under miniredis's lock, so the
-// interval grows to ten times what a move takes (interval).
+// tick moves the TTLs on; a move walks every key under a lock, hence interval.
 func (r *Redis) tick() {
 	defer close(r.done)
 	every := ttlTick
@@ -65,9 +63,8 @@ func (r *Redis) tick() {
 // movesTimed is how many of the last moves interval looks at.
 const movesTimed = 5
 
-// interval is the time to the next move: ten times the least of the last moves'
-// times, at least ttlTick. The least, because one move stretched by a stall would let
-// keys go early; a real cost, many keys, shows in every move.
+// interval is ten times the least of the last moves' times, at least ttlTick: one
+// move stretched by a stall must not let keys go early.
 func interval(took []time.Duration) time.Duration {
 	return max(ttlTick, 10*slices.Min(took))
 }

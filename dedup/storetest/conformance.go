@@ -1,7 +1,6 @@
-// Package storetest checks a dedup store against the contract of driver.Store: a
-// conformance suite of the table in docs/design.md §3 (Run) and seeded random
-// sequences against a reference model (RunModel). redisstore and memstore run both;
-// a third-party store proves itself the same way, best on a fake clock:
+// Package storetest checks a dedup store against driver.Store's table (docs/design.md
+// §3): Run is a conformance suite, RunModel checks seeded random sequences against a
+// reference model. A store proves itself with both, best on a fake clock:
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) storetest.Backend {
@@ -10,8 +9,8 @@
 //		})
 //	}
 //
-// A store on a real server passes Advance: time.Sleep (and a Prefix unique to the
-// test); its cases then sleep a few seconds each, in parallel.
+// On a real server pass Advance: time.Sleep and a Prefix unique to the test; the
+// cases then sleep a few seconds each, in parallel.
 package storetest
 
 import (
@@ -34,13 +33,11 @@ type Backend struct {
 	Store driver.Store
 	// Prefix is the key prefix of the test (unique to it on a shared server).
 	Prefix string
-	// Advance moves the store's time forward: time.Sleep for a real server, a fake
-	// clock's Add for a store that takes one.
+	// Advance moves the store's time forward: a Clock's Add, or time.Sleep.
 	Advance func(time.Duration)
 	// Now is the store's clock when Advance moves a fake one; nil means real time.
 	Now func() time.Time
-	// Raw is direct access to the values under the store, for a store that keeps
-	// dedup's record encoding (redisstore); nil skips the checks that need it.
+	// Raw reads and writes dedup's record encoding under the store; nil skips its cases.
 	Raw Raw
 }
 
@@ -51,8 +48,8 @@ type Raw interface {
 	PTTL(ctx context.Context, key string) (time.Duration, error)
 }
 
-// Durations are short so that the real server, which can only sleep, stays fast; the
-// margins are wide so that a loaded machine does not flake.
+// Short durations for a real server, which can only sleep; a wide margin for a
+// loaded machine.
 const (
 	cLease     = time.Second
 	cRetention = 3 * time.Second
@@ -62,9 +59,8 @@ const (
 // maxReply is the largest reply a handler stores (the most WithReplies takes).
 const maxReply = 1 << 20
 
-// Run runs the conformance suite, each case in parallel on a Backend of its own: the
-// cases of driver.Store, stored replies and batches included, then those of
-// RecordStore when the store implements it.
+// Run runs the conformance suite, each case in parallel on a Backend of its own:
+// driver.Store's cases, replies and batches included, then RecordStore's if it has it.
 func Run(t *testing.T, newBackend func(t *testing.T) Backend) {
 	t.Helper()
 	for _, c := range append(append(conformanceCases, replyCases...), foreignCase) {
@@ -107,9 +103,8 @@ func one(key, token, fp string, ttl time.Duration) []driver.Entry {
 	return []driver.Entry{{Key: key, Token: token, Fingerprint: fp, TTL: ttl}}
 }
 
-// only is the answer to a call of one entry, and its error: the entry's own, or the
-// call's. A call that breaks the contract's shape (a call error with answers, or
-// not one answer) is an error that matches no class.
+// only is a call of one entry's answer and error (the entry's or the call's). A call
+// that breaks the contract's shape is an error that matches no class.
 func only(as []driver.Answer, err error) (driver.Answer, error) {
 	switch {
 	case err != nil && as != nil:
@@ -260,8 +255,7 @@ func (s *suite) wantLeaseLost(err error) {
 	}
 }
 
-// conformanceCase is one case; one that needs what the store lacks (RecordStore,
-// Raw) skips.
+// conformanceCase is one case; it skips what the store lacks (RecordStore, Raw).
 type conformanceCase struct {
 	name string
 	run  func(t *testing.T, s *suite)

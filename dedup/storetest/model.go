@@ -77,8 +77,7 @@ func classOf(err error) errClass {
 	return errOther
 }
 
-// mAns is an answer the model allows: a status (for Claim and Mark), an error class,
-// and the range Answer.TTL must fall in.
+// mAns is an answer the model allows: a status, an error class and Answer.TTL's range.
 type mAns struct {
 	status       driver.Status
 	err          errClass
@@ -183,8 +182,7 @@ func validToken(tok string) bool {
 	return tok != "" && len(tok) <= storekit.MaxTokenLen && !strings.Contains(tok, ":")
 }
 
-// valid reports whether a store accepts o's arguments (docs/design.md §3: tokens 1..64 bytes
-// without ':', TTLs of at least 1ms).
+// valid reports whether a store accepts o: tokens of 1..64 bytes without ':', TTLs ≥ 1ms.
 func (o mOp) valid() bool {
 	if !validToken(o.token) {
 		return false
@@ -392,10 +390,9 @@ func modelSeeds(n int) []uint64 {
 	return seeds
 }
 
-// Engine is a handler of the engine over the store under test, which RunModel drives
-// between store calls; package dedup's tests supply one. It is the handler "model"
-// under the Backend's Prefix, with the retention RunModel gives, a lease longer than
-// the run and a local tier on the Backend's clock.
+// Engine is the engine's handler "model" over the store under test, under the
+// Backend's Prefix, with the retention RunModel gives, a lease longer than the run and
+// a local tier on the Backend's clock. RunModel drives it between store calls.
 type Engine interface {
 	Do(ctx context.Context, key string, fn func(context.Context) error) EngineResult
 	Mark(ctx context.Context, key string) EngineResult
@@ -514,8 +511,7 @@ func (r *run) do(i int, o mOp) bool {
 	return r.engineOp(i, o)
 }
 
-// batch runs o, the store call kind ("claim", ...) of ops as its entries: a single
-// op is a batch of one.
+// batch runs o, a store call kind ("claim", ...), with ops as its entries.
 func (r *run) batch(i int, o mOp, kind string, ops []mOp, s time.Duration) bool {
 	r.t.Helper()
 	ctx := context.Background()

@@ -29,9 +29,8 @@ type Info struct {
 	ExpiresIn          time.Duration
 }
 
-// Env is one Transactor on a marker table of its own, with what the suite needs
-// around it. Statements given to Exec, DBExec and Count use '?' placeholders
-// (Rebind numbers them for PostgreSQL).
+// Env is one Transactor on a marker table of its own, with what the suite needs around
+// it. Statements take '?' placeholders (Rebind numbers them for PostgreSQL).
 type Env[T any] struct {
 	Dialect Dialect
 	Table   string // as passed to WithTable
@@ -50,8 +49,7 @@ type Env[T any] struct {
 	Close     func() error
 	// InUse returns how many connections are out of the pool (in transactions).
 	InUse func() int
-	// Proxy is what the Transactor's connections go through (Opts.Proxied); nil for
-	// SQLite.
+	// Proxy carries the Transactor's connections (Opts.Proxied); nil for SQLite.
 	Proxy *testenv.SQLProxy
 }
 
@@ -68,8 +66,7 @@ type Opts struct {
 // Harness builds Envs of one dialect for one package.
 type Harness[T any] struct {
 	Dialect Dialect
-	// Schema qualifies a table name in this database (public, the DSN's database,
-	// main).
+	// Schema qualifies a table name: public, the DSN's database, or main.
 	Schema string
 	// New builds an Env, skipping the test when the server is missing.
 	New func(t *testing.T, o Opts) *Env[T]

@@ -6,9 +6,8 @@ import (
 	"time"
 )
 
-// Notifier is a store that carries forget notices between the Dedupers on it: its
-// Forget publishes the message key on "<prefix>:<handler>" in the step that deletes
-// the record. redisstore and memstore implement it.
+// Notifier is a store whose Forget publishes the message key on "<prefix>:<handler>"
+// in the step that deletes the record, for the Dedupers on it.
 type Notifier interface {
 	ForgetNotices() Bus
 }
@@ -50,8 +49,7 @@ type Notice struct {
 	Kind    NoticeKind
 	Channel string
 	K       string
-	// Lossless, on Subscribed: no notice can have been lost before it (an
-	// in-process subscription), so the local tiers need not be dropped.
+	// Lossless, on Subscribed: no notice was lost before it, so the local tiers stay.
 	Lossless bool
 }
 

@@ -79,8 +79,7 @@ func Parse(v string) (r Rec, ok bool) {
 		r.State, r.FP = v[0], rest
 		return r, true
 	case StateReply:
-		// <len(fingerprint)>:<fingerprint><reply>: the length is decimal digits, as
-		// Lua's %d+ reads them
+		// <len(fingerprint)>:<fingerprint><reply>, the length in digits as Lua's %d+
 		j := 0
 		for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
 			j++
