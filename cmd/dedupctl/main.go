@@ -10,11 +10,9 @@
 //	dedupctl count  -redis ADDR|URL [-handler NAME]
 //	dedupctl health -redis ADDR|URL
 //
-// Every command takes -redis or -redis-cluster (an address or a redis[s]:// URL),
-// redis-cli's connection flags (-user, -pass or REDISCLI_AUTH, -db, -tls, -cacert,
-// -cert, -key, -sni, -insecure), -prefix, -json and -timeout (default 10s, for the
-// whole command). "dedupctl -h" lists them; docs/operating.md describes the output
-// and the exit codes.
+// Every command takes -redis or -redis-cluster (an address or a redis[s]:// URL) and
+// redis-cli's connection flags; "dedupctl -h" lists them all, and docs/operating.md
+// describes the output and the exit codes.
 package main
 
 import (
@@ -144,8 +142,7 @@ type command struct {
 	addr        string                // where, for messages: never with a password
 }
 
-// parse reads the command's flags and arguments; ok is false when the run ends
-// there, with code.
+// parse reads the flags and arguments; ok is false when the run ends there, with code.
 func (c *command) parse(args []string) (code int, ok bool) {
 	fs := flag.NewFlagSet("dedupctl "+c.name, flag.ContinueOnError)
 	fs.SetOutput(c.stderr)
@@ -208,10 +205,9 @@ func (c *command) parse(args []string) (code int, ok bool) {
 	return 0, true
 }
 
-// splitArgs separates the flags from the positional arguments, so that flags may
-// follow the keys (package flag stops at the first positional one). It reads flags as
-// package flag does; an unknown one is left for fs.Parse to refuse, and everything
-// after "--" is positional.
+// splitArgs separates flags from positional arguments, so that flags may follow the
+// keys (package flag stops at the first positional one). An unknown flag is left for
+// fs.Parse to refuse; everything after "--" is positional.
 func splitArgs(fs *flag.FlagSet, args []string) (flags, positional []string) {
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -321,8 +317,7 @@ func urlErr(err error) error {
 	return err
 }
 
-// auth applies -user and -pass over the URL's, and REDISCLI_AUTH when neither
-// gives a password.
+// auth applies -user and -pass over the URL's, else REDISCLI_AUTH's password.
 func (c *command) auth(user, pass *string) {
 	if c.set["user"] {
 		*user = c.user
@@ -400,15 +395,13 @@ func (c *command) failed(ctx context.Context, err error, format string, args ...
 	return exitFailed
 }
 
-// deduper connects to Redis and returns a Deduper with the command's handler
-// registered without a local tier, so it subscribes to no notices. code is not 0 on
-// failure.
+// deduper returns a Deduper on Redis with the command's handler registered without a
+// local tier (so with no notice subscription); code is not 0 on failure.
 func (c *command) deduper(ctx context.Context) (d *dedup.Deduper, h *dedup.Handler, done func(), code int) {
 	return c.deduperPing(ctx, true)
 }
 
-// deduperPing is deduper, with the PING first (ping) or not: health reports an
-// unreachable Redis as its own failed check, in its own format.
+// deduperPing is deduper, PINGing first if ping (health reports its own failure).
 func (c *command) deduperPing(ctx context.Context, ping bool) (d *dedup.Deduper, h *dedup.Handler, done func(), code int) {
 	var rdb redis.UniversalClient
 	if c.clusterOpts != nil {
@@ -450,9 +443,8 @@ func (c *command) deduperPing(ctx context.Context, ping bool) (d *dedup.Deduper,
 	return d, h, done, 0
 }
 
-// known reports whether anything shows that the handler exists: a process that runs
-// it (subscribed to its forget notices), or a record under its name. An error counts
-// as known: it is not the operator's to fix.
+// known reports whether a process runs the handler (subscribed to its notices) or a
+// record has its name. An error counts as known: it is not the operator's to fix.
 func known(ctx context.Context, d *dedup.Deduper, h *dedup.Handler) bool {
 	if n, err := h.Subscribers(ctx); err != nil || n > 0 {
 		return true
@@ -526,8 +518,7 @@ func orNone(s string) string {
 	return s
 }
 
-// replyOf describes a stored reply by its size: its bytes are the application's and
-// never printed.
+// replyOf describes a stored reply by its size; its bytes are never printed.
 func replyOf(has bool, n int) string {
 	if !has {
 		return "none"
