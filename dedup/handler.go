@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 	"github.com/dedupkit/dedupkit/lru"
 )
@@ -565,29 +566,7 @@ func (h *Handler) complete(ctx context.Context, c claimed) error {
 	if c.storesReply() {
 		e.Reply, e.HasReply = c.reply, true
 	}
-	return errOf(h.store.Complete(ctx, []driver.Entry{e}))
-}
-
-// answerOf is the answer to a call of one entry: the call's error, else the entry's.
-func answerOf(as []driver.Answer, err error) (driver.Answer, error) {
-	switch {
-	case err != nil:
-		return driver.Answer{}, err
-	case len(as) != 1:
-		return driver.Answer{}, fmt.Errorf("%w: %d answers to one entry", ErrStoreUnavailable, len(as))
-	}
-	return as[0], as[0].Err
-}
-
-// errOf is the error of a call of one entry: the call's, else the entry's.
-func errOf(errs []error, err error) error {
-	switch {
-	case err != nil:
-		return err
-	case len(errs) != 1:
-		return fmt.Errorf("%w: %d answers to one entry", ErrStoreUnavailable, len(errs))
-	}
-	return errs[0]
+	return storekit.OnlyErr(h.store.Complete(ctx, []driver.Entry{e}))
 }
 
 // lead publishes the leader's result to those waiting on f and returns it. First is
@@ -702,7 +681,7 @@ func (h *Handler) completed(c claimed, cerr error) (Result, error) {
 }
 
 func (h *Handler) release(ctx context.Context, k, rk, token string) {
-	if err := errOf(h.store.Release(ctx, []driver.Entry{{Key: rk, Token: token}})); err != nil {
+	if err := storekit.OnlyErr(h.store.Release(ctx, []driver.Entry{{Key: rk, Token: token}})); err != nil {
 		h.log.Warn("dedup: release failed; the key stays claimed until its lease ends", "key_hash", keyHash(k), "err", err)
 	}
 }
@@ -714,7 +693,7 @@ func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
 		return res, err
 	}
 	defer h.flights.leave(k, f)
-	ans, err := answerOf(h.store.Mark(ctx, []driver.Entry{{Key: h.keyHead + k, Token: newToken(), Fingerprint: fp, TTL: h.cfg.retention}}))
+	ans, err := storekit.Only(h.store.Mark(ctx, []driver.Entry{{Key: h.keyHead + k, Token: newToken(), Fingerprint: fp, TTL: h.cfg.retention}}))
 	if err != nil {
 		return h.markFailed(ctx, f, k, err)
 	}

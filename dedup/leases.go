@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
 // leases is a handler's lease table: the claims its runs hold. One goroutine, running
@@ -81,7 +82,7 @@ func (l *leases) renew(ctx context.Context, b *batchItem, noRenew *atomic.Bool) 
 	ectx, done := context.WithTimeout(ctx, h.cfg.lease/3)
 	defer done()
 	sent := time.Now()
-	if err := errOf(h.store.Extend(ectx, []driver.Entry{{Key: b.rk, Token: b.token, TTL: h.cfg.lease}})); err != nil {
+	if err := storekit.OnlyErr(h.store.Extend(ectx, []driver.Entry{{Key: b.rk, Token: b.token, TTL: h.cfg.lease}})); err != nil {
 		if !errors.Is(err, ErrLeaseLost) {
 			noRenew.Store(true)
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dedupkit/dedupkit/dedup"
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -126,14 +127,14 @@ func TestEachOutcomeGetsItsAckAction(t *testing.T) {
 	}
 	markDone := func(fp string) func(*testing.T, *flakyStore, *dedup.Handler) {
 		return func(t *testing.T, s *flakyStore, h *dedup.Handler) {
-			if _, err := only(s.Mark(context.Background(), oneEntry(h.RecordKey("order-1"), "other", fp, time.Hour))); err != nil {
+			if _, err := storekit.Only(s.Mark(context.Background(), oneEntry(h.RecordKey("order-1"), "other", fp, time.Hour))); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	claimedBy := func(owner string, lease time.Duration) func(*testing.T, *flakyStore, *dedup.Handler) {
 		return func(t *testing.T, s *flakyStore, h *dedup.Handler) {
-			if _, err := only(s.Claim(context.Background(), oneEntry(h.RecordKey("order-1"), owner, "", lease))); err != nil {
+			if _, err := storekit.Only(s.Claim(context.Background(), oneEntry(h.RecordKey("order-1"), owner, "", lease))); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -327,7 +328,7 @@ func TestEachOutcomeGetsItsAckAction(t *testing.T) {
 			switch c.outcome {
 			case dedup.Failed, dedup.Panicked, dedup.Cancelled, dedup.LeaseLost:
 				store.down(false)
-				if a, err := only(store.Claim(context.Background(), oneEntry(h.RecordKey("order-1"), "probe", "", time.Second))); err != nil || a.Status != driver.StatusAcquired {
+				if a, err := storekit.Only(store.Claim(context.Background(), oneEntry(h.RecordKey("order-1"), "probe", "", time.Second))); err != nil || a.Status != driver.StatusAcquired {
 					t.Fatalf("claim not released: a probe claim got %v %v", a.Status, err)
 				}
 			}
@@ -440,7 +441,7 @@ func TestEachBatchMessageIsAcknowledgedByItsOwnOutcome(t *testing.T) {
 	h := register(t, newDeduper(t, store), "orders")
 	j := newJS(t, h, consumerWith(time.Second, 5), WithKeyStrategy(keys.Header("Order-Id")),
 		WithBackoff(func(uint64) time.Duration { return 200 * time.Millisecond }))
-	if _, err := only(store.Mark(context.Background(), oneEntry(h.RecordKey("done"), "other", "", time.Hour))); err != nil {
+	if _, err := storekit.Only(store.Mark(context.Background(), oneEntry(h.RecordKey("done"), "other", "", time.Hour))); err != nil {
 		t.Fatal(err)
 	}
 	msg := func(orderID, data string) *fakeMsg {

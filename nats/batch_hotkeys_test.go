@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/dedupkit/dedupkit/dedup"
 	"github.com/dedupkit/dedupkit/keys"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // 600 messages on 60 keys through a batching Handler, 16 at once, in both modes: each

@@ -13,6 +13,7 @@ import (
 	"github.com/dedupkit/dedupkit/dedup"
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/dedup/redisstore"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -54,14 +55,14 @@ func TestFetchBatchClaimsInOneRoundTrip(t *testing.T) {
 				}
 				// and the complete script, which a completion of one entry sends
 				one := oneEntry(h.RecordKey("warm3"), "T", "", time.Minute)
-				if _, err := only(store.Claim(ctx, one)); err != nil {
+				if _, err := storekit.Only(store.Claim(ctx, one)); err != nil {
 					t.Fatal(err)
 				}
-				if err := onlyErr(store.Complete(ctx, one)); err != nil {
+				if err := storekit.OnlyErr(store.Complete(ctx, one)); err != nil {
 					t.Fatal(err)
 				}
 				for i := range done { // DONE in the store, not in this process's local tier
-					if _, err := only(store.Mark(ctx, oneEntry(h.RecordKey(fmt.Sprintf("order-%d", i)), "other", "", time.Hour))); err != nil {
+					if _, err := storekit.Only(store.Mark(ctx, oneEntry(h.RecordKey(fmt.Sprintf("order-%d", i)), "other", "", time.Hour))); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupkit/dedupkit/dedup"
 	"github.com/dedupkit/dedupkit/dedup/redisstore"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -78,7 +79,7 @@ func TestFullRedisNaksUntilMemoryIsFreedThenRunsOnce(t *testing.T) {
 		mu.Unlock()
 	}))
 	// what the handler got (Handle returns only the result): Redis's OOM error
-	if _, err := only(store.Claim(ctx, oneEntry(h.RecordKey("probe"), "probe", "", time.Second))); !errors.Is(err, dedup.ErrStoreUnavailable) || !strings.Contains(err.Error(), "OOM") {
+	if _, err := storekit.Only(store.Claim(ctx, oneEntry(h.RecordKey("probe"), "probe", "", time.Second))); !errors.Is(err, dedup.ErrStoreUnavailable) || !strings.Contains(err.Error(), "OOM") {
 		t.Fatalf("a claim on the full Redis: %v; want ErrStoreUnavailable with Redis's OOM error", err)
 	}
 	ack := e.publish("new", "order-1", "one")

@@ -22,6 +22,7 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/embedded"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
@@ -322,12 +323,12 @@ func isDone(t *testing.T, store driver.Store, h *dedup.Handler, key string) bool
 	t.Helper()
 	ctx := context.Background()
 	rk := h.RecordKey(key)
-	a, err := only(store.Claim(ctx, oneEntry(rk, "probe", "", time.Second)))
+	a, err := storekit.Only(store.Claim(ctx, oneEntry(rk, "probe", "", time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if a.Status == driver.StatusAcquired {
-		if err := onlyErr(store.Release(ctx, oneEntry(rk, "probe", "", 0))); err != nil {
+		if err := storekit.OnlyErr(store.Release(ctx, oneEntry(rk, "probe", "", 0))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -453,31 +454,6 @@ func (s *flakyStore) Extend(ctx context.Context, entries []driver.Entry) ([]erro
 // oneEntry is a batch of one entry.
 func oneEntry(key, token, fp string, ttl time.Duration) []driver.Entry {
 	return []driver.Entry{{Key: key, Token: token, Fingerprint: fp, TTL: ttl}}
-}
-
-// only is the answer to a store call of one entry, and its error: the entry's own,
-// or the call's.
-func only(as []driver.Answer, err error) (driver.Answer, error) {
-	if err != nil {
-		return driver.Answer{}, err
-	}
-	if len(as) != 1 {
-		return driver.Answer{}, fmt.Errorf("%d answers for one entry", len(as))
-	}
-	a := as[0]
-	err, a.Err = a.Err, nil
-	return a, err
-}
-
-// onlyErr is only for a call that answers an error per entry.
-func onlyErr(errs []error, err error) error {
-	if err != nil {
-		return err
-	}
-	if len(errs) != 1 {
-		return fmt.Errorf("%d answers for one entry", len(errs))
-	}
-	return errs[0]
 }
 
 // --- redis ----------------------------------------------------------------------------

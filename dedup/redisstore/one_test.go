@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
 // entry is a batch of one entry.
@@ -13,32 +14,18 @@ func entry(key, token, fp string, ttl time.Duration) []driver.Entry {
 }
 
 // only is the answer to a call of one entry, and its error: the entry's own, or the
-// call's.
+// call's; a call that answers and fails at once is an error of its own.
 func only(as []driver.Answer, err error) (driver.Answer, error) {
-	if err != nil {
-		if as != nil {
-			return driver.Answer{}, fmt.Errorf("%d answers with the call's error %w", len(as), err)
-		}
-		return driver.Answer{}, err
+	if err != nil && as != nil {
+		return driver.Answer{}, fmt.Errorf("%d answers with the call's error %w", len(as), err)
 	}
-	if len(as) != 1 {
-		return driver.Answer{}, fmt.Errorf("%d answers for one entry", len(as))
-	}
-	a := as[0]
-	err, a.Err = a.Err, nil
-	return a, err
+	return storekit.Only(as, err)
 }
 
 // onlyErr is only for a call that answers an error per entry.
 func onlyErr(errs []error, err error) error {
-	if err != nil {
-		if errs != nil {
-			return fmt.Errorf("%d answers with the call's error %w", len(errs), err)
-		}
-		return err
+	if err != nil && errs != nil {
+		return fmt.Errorf("%d answers with the call's error %w", len(errs), err)
 	}
-	if len(errs) != 1 {
-		return fmt.Errorf("%d answers for one entry", len(errs))
-	}
-	return errs[0]
+	return storekit.OnlyErr(errs, err)
 }

@@ -104,32 +104,21 @@ func one(key, token, fp string, ttl time.Duration) []driver.Entry {
 }
 
 // only is a call of one entry's answer and error (the entry's or the call's). A call
-// that breaks the contract's shape is an error that matches no class.
+// that answers and fails at once breaks the contract's shape: an error that matches
+// no class.
 func only(as []driver.Answer, err error) (driver.Answer, error) {
-	switch {
-	case err != nil && as != nil:
+	if err != nil && as != nil {
 		return driver.Answer{}, fmt.Errorf("storetest: %d answers with the call's error %q", len(as), err)
-	case err != nil:
-		return driver.Answer{}, err
-	case len(as) != 1:
-		return driver.Answer{}, fmt.Errorf("storetest: %d answers for one entry", len(as))
 	}
-	a := as[0]
-	err, a.Err = a.Err, nil
-	return a, err
+	return storekit.Only(as, err)
 }
 
 // onlyErr is only for a call that answers an error per entry.
 func onlyErr(errs []error, err error) error {
-	switch {
-	case err != nil && errs != nil:
+	if err != nil && errs != nil {
 		return fmt.Errorf("storetest: %d answers with the call's error %q", len(errs), err)
-	case err != nil:
-		return err
-	case len(errs) != 1:
-		return fmt.Errorf("storetest: %d answers for one entry", len(errs))
 	}
-	return errs[0]
+	return storekit.OnlyErr(errs, err)
 }
 
 func (s *suite) claim(key, token, fp string) driver.Answer {

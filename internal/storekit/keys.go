@@ -109,3 +109,29 @@ func IsInProcess(s any) bool {
 	_, ok := inProcess.Load(reflect.TypeOf(s))
 	return ok
 }
+
+// Only is the answer to a store call of one entry, and its error: the call's, else
+// the entry's (moved out of the answer). Any number of answers but one is an error
+// wrapping ErrStoreUnavailable.
+func Only(as []driver.Answer, err error) (driver.Answer, error) {
+	switch {
+	case err != nil:
+		return driver.Answer{}, err
+	case len(as) != 1:
+		return driver.Answer{}, fmt.Errorf("%w: %d answers to one entry", driver.ErrStoreUnavailable, len(as))
+	}
+	a := as[0]
+	err, a.Err = a.Err, nil
+	return a, err
+}
+
+// OnlyErr is Only for a call that answers an error per entry.
+func OnlyErr(errs []error, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case len(errs) != 1:
+		return fmt.Errorf("%w: %d answers to one entry", driver.ErrStoreUnavailable, len(errs))
+	}
+	return errs[0]
+}
