@@ -933,7 +933,7 @@ func (h *Handler) commitBatch(ctx context.Context, c *completer, held []*batchIt
 	}
 }
 
-// completer completes a batch's claims through the handler's completions, each as
+// completer completes a batch's claims through the Deduper's batcher, each as
 // soon as its fn returns: a crash repeats at most the items whose completion is in
 // flight. An item's result, and so its ack, follows its own completion.
 type completer struct {
@@ -965,7 +965,7 @@ func (c *completer) addAs(b *batchItem, how completionKind) {
 	c.wg.Add(1)
 	b.comp, b.how = c, how
 	cl := b.claimed()
-	c.h.completions.add(pendingFor(c.ctx, &cl, false, b))
+	c.h.d.g.completes.later(c.ctx, c.h.completion(&cl), c.h.cfg.lease, b, false)
 }
 
 // completionAnswered takes the store's answer to b's completion (completer.addAs).

@@ -17,6 +17,7 @@ import (
 // for concurrent use.
 type Deduper struct {
 	store driver.Store // base behind the guard, and metered when metrics are on
+	g     *guard       // store's guard and batcher (guard.go, batcher.go)
 	cfg   config
 	base  driver.Store // the store given to New
 	met   *metrics     // nil: metrics off
@@ -59,7 +60,8 @@ func New(store driver.Store, opts ...Option) (*Deduper, error) {
 		cancel(err)
 		return nil, err
 	}
-	d.store = newGuard(d, d.store)
+	d.g = newGuard(d, d.store)
+	d.store = d.g
 	return d, nil
 }
 
@@ -94,7 +96,6 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		log:     d.cfg.logger.With("handler", name),
 		met:     d.met.forHandler(name),
 	}
-	h.completions.h = h
 	h.leases.h = h
 	if len(cfg.formerNames) > 0 {
 		rs, err := d.records()
@@ -196,9 +197,7 @@ func (d *Deduper) Close() error {
 	giveUp.Stop()
 	close(d.quiet)
 	<-notices
-	if g, ok := d.store.(*guard); ok {
-		g.probes.Wait() // the breaker's probe ends with d.ctx
-	}
+	d.g.probes.Wait() // the breaker's probe ends with d.ctx
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, h := range d.handlers {

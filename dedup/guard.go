@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +21,9 @@ type guard struct {
 	s      driver.Store
 	d      *Deduper
 	detach bool // calls run on a goroutine of their own (see detaches)
+
+	// the batcher (batcher.go): one queue per operation
+	claims, marks, completes, extends, releases *queue
 
 	fails  atomic.Int32 // store failures in a row
 	open   atomic.Bool
@@ -45,6 +47,13 @@ var errBreakerOpen = errors.New("dedup: store known down (breaker open); probing
 
 func newGuard(d *Deduper, s driver.Store) *guard {
 	g := &guard{s: s, d: d, detach: detaches(d.base)}
+	// claims and marks are refused while the breaker is open; the others settle what
+	// has run, and are always tried
+	g.claims = newQueue(g, "claim", true, s.Claim)
+	g.marks = newQueue(g, "mark", true, s.Mark)
+	g.completes = newQueue(g, "complete", false, asAnswers(s.Complete))
+	g.extends = newQueue(g, "extend", false, asAnswers(s.Extend))
+	g.releases = newQueue(g, "release", false, asAnswers(s.Release))
 	c := make(chan struct{})
 	g.opened.Store(&c)
 	return g
@@ -241,61 +250,38 @@ func (d *Deduper) Breaker() (open bool) {
 
 // Claim implements Store; claims that land after their caller gave up are given back.
 func (g *guard) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	if err := g.refused("claim"); err != nil {
-		return nil, err
-	}
-	if g.detach {
-		entries = slices.Clone(entries) // the caller may reuse its slice once answered
-	}
-	return detached(g, ctx, "claim", true, func(ctx context.Context) ([]driver.Answer, error) {
-		return g.s.Claim(ctx, entries)
-	}, func(as []driver.Answer, err error) {
-		var back []driver.Entry
-		for i, e := range entries {
-			if err != nil || i >= len(as) || as[i].Err != nil || as[i].Status == driver.StatusAcquired {
-				back = append(back, e)
-			}
-		}
-		g.giveBack(back)
-	})
+	return g.claims.do(ctx, entries)
 }
 
 // Mark implements Store. A mark given up on may have written DONE, as in a crash.
 func (g *guard) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	if err := g.refused("mark"); err != nil {
-		return nil, err
-	}
-	if g.detach {
-		entries = slices.Clone(entries)
-	}
-	return detached(g, ctx, "mark", true, func(ctx context.Context) ([]driver.Answer, error) {
-		return g.s.Mark(ctx, entries)
-	}, nil)
+	return g.marks.do(ctx, entries)
 }
 
 // Complete implements Store.
 func (g *guard) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
-	return g.settle(ctx, "complete", entries, g.s.Complete)
+	return errsOf(g.completes.do(ctx, entries))
 }
 
 // Extend implements Store.
 func (g *guard) Extend(ctx context.Context, entries []driver.Entry) ([]error, error) {
-	return g.settle(ctx, "extend", entries, g.s.Extend)
+	return errsOf(g.extends.do(ctx, entries))
 }
 
 // Release implements Store.
 func (g *guard) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
-	return g.settle(ctx, "release", entries, g.s.Release)
+	return errsOf(g.releases.do(ctx, entries))
 }
 
-// settle runs a call that settles what has run: never refused by the breaker.
-func (g *guard) settle(ctx context.Context, op string, entries []driver.Entry, f func(context.Context, []driver.Entry) ([]error, error)) ([]error, error) {
-	if g.detach {
-		entries = slices.Clone(entries)
+func errsOf(as []driver.Answer, err error) ([]error, error) {
+	if err != nil {
+		return nil, err
 	}
-	return detached(g, ctx, op, false, func(ctx context.Context) ([]error, error) {
-		return f(ctx, entries)
-	}, nil)
+	errs := make([]error, len(as))
+	for i, a := range as {
+		errs[i] = a.Err
+	}
+	return errs, nil
 }
 
 // Lookup implements RecordStore when the store below does (Deduper.records checks).

@@ -29,10 +29,8 @@ type Handler struct {
 	// listening: the local tier may take keys (notices reach it, or it needs none)
 	listening atomic.Bool
 	// replies caches stored replies for reply-form local hits; may be nil
-	replies *lru.Bytes
-	flights *flights
-	// completions coalesces batch items' and committed runs' completions
-	completions completions
+	replies     *lru.Bytes
+	flights     *flights
 	leases      leases   // the claims its runs hold, extended by one goroutine (leases.go)
 	keyHead     string   // "<prefix>:<name>:", the head of every record key
 	formerHeads []string // "<prefix>:<former name>:", for each former name
@@ -560,13 +558,19 @@ func (h *Handler) setReply(c *claimed, reply string) {
 // storesReply says c's completion writes a reply with DONE.
 func (c *claimed) storesReply() bool { return c.replied && !c.tooLarge }
 
-// complete completes c's claim: with its reply when it has one to store.
+// complete completes c's claim.
 func (h *Handler) complete(ctx context.Context, c claimed) error {
+	return storekit.OnlyErr(h.store.Complete(ctx, []driver.Entry{h.completion(&c)}))
+}
+
+// completion is the entry that completes c's claim: with its reply when it has one
+// to store.
+func (h *Handler) completion(c *claimed) driver.Entry {
 	e := driver.Entry{Key: c.rk, Token: c.token, TTL: h.cfg.retention}
 	if c.storesReply() {
 		e.Reply, e.HasReply = c.reply, true
 	}
-	return storekit.OnlyErr(h.store.Complete(ctx, []driver.Entry{e}))
+	return e
 }
 
 // lead publishes the leader's result to those waiting on f and returns it. First is

@@ -321,11 +321,11 @@ func (h *Handler) notCompleted(c claimed, cerr error) {
 }
 
 // completeCommitted completes a committed run's claim in the background, with the
-// handler's other completions; Close waits for it. The flight is left once it lands,
+// other completions (lazily: batcher.go); Close waits for it. The flight is left once it lands,
 // so that a call for the key meanwhile waits rather than find the claim IN PROGRESS.
 func (h *Handler) completeCommitted(ctx context.Context, c claimed) {
 	h.d.running.Add(1)
-	h.completions.add(pendingFor(ctx, &c, true, &committedRun{h: h, c: c}))
+	h.d.g.completes.later(ctx, h.completion(&c), h.cfg.lease, &committedRun{h: h, c: c}, true)
 }
 
 // committedRun takes the answer to a committed run's completion (completeCommitted).

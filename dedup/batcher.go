@@ -1,0 +1,283 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+)
+
+// The batcher: one queue per store operation for the whole Deduper. Concurrent
+// callers' entries, whatever their handler, go to the store together: while fewer
+// than inFlight calls are out a caller's entries go at once, with whatever has
+// queued; otherwise they wait for the next call to end (docs/design.md §3). Each
+// caller still returns by its own deadline: the call it gave up on goes on, and a
+// claim that lands for nobody is given back.
+const (
+	inFlight = 4   // store calls out at once, per operation
+	maxBatch = 128 // entries per store call, unless one caller's are more
+)
+
+// A lazy completion (a committed run's: its marker answers a redelivery, so nothing
+// waits for it) waits up to lazyDelay for company, unless lazyBatch are queued or an
+// eager one comes: then committed runs share a round trip.
+const (
+	lazyDelay = 2 * time.Millisecond
+	lazyBatch = 32
+)
+
+// queue is one operation's batcher.
+type queue struct {
+	g     *guard
+	op    string
+	entry bool // a claim or a mark: refused while the breaker is open
+	send  func(context.Context, []driver.Entry) ([]driver.Answer, error)
+
+	mu       sync.Mutex
+	calls    []*call
+	flushers int
+	eager    bool        // calls holds a call that is not lazy
+	timer    *time.Timer // set while lazy calls wait for company
+}
+
+// call is one caller's entries and, once answered, the store's answers to them.
+type call struct {
+	vals     context.Context // for its values (tracing): not its cancellation
+	deadline time.Time       // of the store call; zero: none
+	entries  []driver.Entry
+	answers  []driver.Answer
+	err      error
+	state    callState // under queue.mu
+	done     chan struct{}
+	// to, when set, takes the answer instead of a waiting caller (a completion)
+	to   completionAnswer
+	lazy bool
+}
+
+type callState uint8
+
+const (
+	queued callState = iota
+	sent
+	gaveUp
+	answered
+)
+
+// completionAnswer takes the store's answer to a completion sent with completeLater:
+// a batchItem or a committedRun. An interface, so that a batch item costs no closure.
+type completionAnswer interface{ completionAnswered(cerr error) }
+
+func newQueue(g *guard, op string, entry bool, send func(context.Context, []driver.Entry) ([]driver.Answer, error)) *queue {
+	return &queue{g: g, op: op, entry: entry, send: send}
+}
+
+// asAnswers adapts a store operation that answers errors to the queue's answers.
+func asAnswers(f func(context.Context, []driver.Entry) ([]error, error)) func(context.Context, []driver.Entry) ([]driver.Answer, error) {
+	return func(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+		errs, err := f(ctx, entries)
+		if err != nil {
+			return nil, err
+		}
+		as := make([]driver.Answer, len(errs))
+		for i, e := range errs {
+			as[i].Err = e
+		}
+		return as, nil
+	}
+}
+
+// do sends entries with the other callers' and returns the store's answers, or an
+// error wrapping ErrStoreUnavailable once ctx (or its wait bound) ends, Close has
+// waited closeWait, or, for a claim or mark, the breaker opens. An in-process store
+// is called at once: it answers in far less than a round trip.
+func (q *queue) do(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	g := q.g
+	if q.entry {
+		if err := g.refused(q.op); err != nil {
+			return nil, err
+		}
+	}
+	if !g.detach {
+		as, err := q.send(ctx, entries)
+		g.note(ctx, q.entry, err)
+		return as, err
+	}
+	if err := ctx.Err(); err != nil { // the store would not send it either
+		return nil, fmt.Errorf("%w: %s: not sent: %w", ErrStoreUnavailable, q.op, context.Cause(ctx))
+	}
+	c := &call{vals: ctx, entries: entries, done: make(chan struct{})}
+	c.deadline, _ = ctx.Deadline()
+	var opened <-chan struct{} // nil (never) unless a claim or mark may give up on the breaker
+	if q.entry {
+		opened = *g.opened.Load()
+	}
+	q.add(c)
+	bound := boundOf(ctx)
+	var cause error
+	select {
+	case <-c.done:
+		return c.answers, c.err
+	case <-bound.Done():
+		cause = context.Cause(bound)
+	case <-g.d.abandon:
+		cause = ErrClosed
+	case <-opened:
+		cause = errBreakerOpen
+	}
+	q.mu.Lock()
+	st := c.state
+	if st != answered {
+		c.state = gaveUp
+	}
+	q.mu.Unlock()
+	if st == answered { // answered meanwhile: the answer wins
+		<-c.done
+		return c.answers, c.err
+	}
+	if q.entry && cause != ErrClosed && errors.Is(cause, context.DeadlineExceeded) {
+		g.failed() // a store that does not answer by the deadline counts as failing
+	}
+	what := "no answer"
+	if st == queued {
+		what = "not sent"
+	}
+	return nil, fmt.Errorf("%w: %s: %s: %w", ErrStoreUnavailable, q.op, what, cause)
+}
+
+// later sends e with the other callers' entries, within timeout; to gets the
+// answer. Lazy: it may wait lazyDelay for company.
+func (q *queue) later(ctx context.Context, e driver.Entry, timeout time.Duration, to completionAnswer, lazy bool) {
+	q.add(&call{vals: ctx, deadline: time.Now().Add(timeout), entries: []driver.Entry{e}, to: to, lazy: lazy})
+}
+
+func (q *queue) add(c *call) {
+	q.mu.Lock()
+	q.calls = append(q.calls, c)
+	q.eager = q.eager || !c.lazy
+	spawn := q.flushers < inFlight && (q.eager || len(q.calls) >= lazyBatch)
+	switch {
+	case spawn:
+		q.flushers++
+	case q.flushers == 0 && q.timer == nil:
+		// lazy ones only, and no call out that will take them when it ends
+		q.timer = time.AfterFunc(lazyDelay, q.kick)
+	}
+	q.mu.Unlock()
+	if spawn {
+		go q.flush()
+	}
+}
+
+// kick sends the lazy calls that waited lazyDelay, unless a flush took them.
+func (q *queue) kick() {
+	q.mu.Lock()
+	q.timer = nil
+	spawn := len(q.calls) > 0 && q.flushers < inFlight
+	if spawn {
+		q.flushers++
+	}
+	q.mu.Unlock()
+	if spawn {
+		q.flush()
+	}
+}
+
+// flush sends the queued calls, up to maxBatch entries a store call, until none is
+// left. The calls' own contexts do not cancel it: its deadline is their latest.
+func (q *queue) flush() {
+	var batch []*call
+	var entries []driver.Entry
+	for {
+		batch, entries = batch[:0], entries[:0]
+		var deadline time.Time
+		q.mu.Lock()
+		taken := 0
+		for _, c := range q.calls {
+			if len(entries) > 0 && len(entries)+len(c.entries) > maxBatch {
+				break
+			}
+			taken++
+			if c.state == gaveUp { // before it was sent: nothing to do
+				continue
+			}
+			c.state = sent
+			batch = append(batch, c)
+			entries = append(entries, c.entries...) // the caller may reuse its slice once it gave up
+			if len(batch) == 1 || (!deadline.IsZero() && (c.deadline.IsZero() || c.deadline.After(deadline))) {
+				deadline = c.deadline
+			}
+		}
+		rest := copy(q.calls, q.calls[taken:])
+		clear(q.calls[rest:])
+		q.calls = q.calls[:rest]
+		q.eager = false
+		for _, c := range q.calls {
+			q.eager = q.eager || !c.lazy
+		}
+		if taken == 0 {
+			q.flushers--
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		ctx := context.WithoutCancel(batch[0].vals) // the first one's values: the others' are alike
+		cancel := context.CancelFunc(func() {})
+		if !deadline.IsZero() {
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+		}
+		as, err := q.send(ctx, entries)
+		if err == nil && len(as) != len(entries) {
+			err = fmt.Errorf("%w: %s: %d answers to %d entries", ErrStoreUnavailable, q.op, len(as), len(entries))
+		}
+		q.g.note(ctx, q.entry, err)
+		cancel()
+		q.answer(batch, entries, as, err)
+		clear(batch)
+		clear(entries)
+	}
+}
+
+// answer hands each call its answers. A claim whose caller gave up is given back.
+func (q *queue) answer(batch []*call, entries []driver.Entry, as []driver.Answer, err error) {
+	var back []driver.Entry
+	off := 0
+	q.mu.Lock()
+	for _, c := range batch {
+		n := len(c.entries)
+		var mine []driver.Answer
+		if err == nil {
+			mine = as[off : off+n : off+n]
+		}
+		if c.state == gaveUp {
+			for j := range n {
+				if q.op == "claim" && (err != nil || mine[j].Err != nil || mine[j].Status == driver.StatusAcquired) {
+					back = append(back, entries[off+j])
+				}
+			}
+		} else {
+			c.answers, c.err, c.state = mine, err, answered
+		}
+		off += n
+	}
+	q.mu.Unlock()
+	for _, c := range batch {
+		switch {
+		case c.state != answered:
+		case c.to != nil:
+			cerr := c.err
+			if cerr == nil {
+				cerr = c.answers[0].Err
+			}
+			c.to.completionAnswered(cerr)
+		default:
+			close(c.done)
+		}
+	}
+	q.g.giveBack(back)
+}
