@@ -269,8 +269,9 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 	if checked != nil {
 		ctx = context.WithValue(ctx, whenCheckedKey{}, nil) // not to the fns' calls
 	}
+	filter := h.cfg.mode == ModeFilter && step == nil && rb == nil
 	leave := func(b *batchItem) {
-		if b.left.CompareAndSwap(false, true) {
+		if b.f != nil && b.left.CompareAndSwap(false, true) {
 			b.settleFlight(Result{Outcome: Cancelled}, ErrClosed) // no-op unless a path forgot
 			h.flights.leave(b.k, b.f)
 		}
@@ -311,7 +312,13 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			follows[i] = b
 			continue
 		}
-		f, lead := h.flights.join(k)
+		if filter { // a mark needs no flight: the store answers a copy marked meanwhile
+			slab = append(slab, batchItem{i: i, k: k, lk: lk, fp: fp, rk: h.keyHead + k})
+			first[k] = &slab[len(slab)-1]
+			leads = append(leads, &slab[len(slab)-1])
+			continue
+		}
+		f, lead := h.flights.join(k, h.forgets.Load())
 		if !lead { // another call in this process has the key: its answer decides
 			joiners.Add(1)
 			go func() {
@@ -414,6 +421,7 @@ type batchItem struct {
 	k, lk, fp, rk, token string
 	f                    *flight
 	answered             bool        // f has been answered
+	unguarded            bool        // a mark that failed: fn runs without dedup (FailOpen)
 	left                 atomic.Bool // f has been left
 	lost                 atomic.Bool // the heartbeat found the lease gone, or judged it may be
 	reply                string      // fn's reply, when replied (a reply batch)
@@ -424,7 +432,7 @@ type batchItem struct {
 }
 
 func (b *batchItem) settleFlight(res Result, err error) {
-	if !b.answered {
+	if !b.answered && b.f != nil {
 		b.answered = true
 		b.f.answer(res, err, false)
 	}
@@ -475,67 +483,47 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 	h.settle(out, b, Result{Outcome: StoreUnavailable}, err)
 }
 
+// markBatch marks the leads' keys in one store call, then runs fn for each First.
 func (h *Handler) markBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut) {
+	token := newToken() // one for the call: a key appears in it once
 	entries := make([]driver.Entry, len(leads))
 	for j, b := range leads {
-		entries[j] = driver.Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.retention}
+		entries[j] = driver.Entry{Key: b.rk, Token: token, Fingerprint: b.fp, TTL: h.cfg.retention}
 	}
+	since := h.forgets.Load()
 	answers, err := h.store.Mark(ctx, entries)
-	// First answer every flight, then run: an fn that checks a later key of the batch
-	// must not wait for that key's turn.
-	type pending struct {
-		b   *batchItem
-		err error // non-nil: the mark failed and the item runs unguarded (FailOpen)
-	}
-	var runs []pending
+	runs := leads[:0:0]
 	for j, b := range leads {
 		var a driver.Answer
 		if err == nil {
 			a = answers[j]
 		}
-		if aerr := errors.Join(err, a.Err); aerr != nil {
-			if h.cfg.storeFailure == FailOpen && cutShort(ctx, aerr) == nil {
-				b.answered = true
-				b.f.answer(Result{}, nil, true) // waiters see InProgress, as in Do
-				runs = append(runs, pending{b, aerr})
-				continue
-			}
-			h.storeItemFailed(ctx, out, b, aerr, fn, nil)
-			continue
-		}
-		res := h.marked(b.f, b.k, b.lk, a)
+		res, rerr := h.marked(ctx, since, b.k, b.lk, a, errors.Join(err, a.Err))
 		if res.Outcome != First {
-			h.settle(out, b, res, nil)
+			out.set(b.i, ItemResult{Result: h.count(res), Err: rerr})
 			continue
 		}
-		b.settleFlight(res, nil)
-		runs = append(runs, pending{b: b})
+		b.unguarded = res.Unguarded
+		runs = append(runs, b)
 	}
-	out.flush() // every flight is answered: now the results known so far
+	out.flush() // the results known so far
 	if len(runs) == 0 {
 		return
 	}
 	fctx, end := h.fnContext(ctx) // one for the batch: fns that returned stay live until it ends
 	defer end()
-	runOne := func(p pending) {
-		if p.err != nil {
-			h.storeItemFailed(ctx, out, p.b, p.err, fn, nil)
-			return
-		}
-		res, ferr := h.runIn(fctx, func(c context.Context) error { return fn(c, p.b.i) }, false, true)
-		out.set(p.b.i, ItemResult{Result: res, Err: ferr})
-	}
 	// runParallel even for parallel 1: if an fn calls runtime.Goexit, the items after
 	// it still run on another goroutine. Their records are DONE: unrun, they are lost.
 	h.runParallel(len(runs), parallel, func(k int) {
-		p := runs[k]
+		b := runs[k]
 		ran := false
 		defer func() {
 			if !ran { // fn called runtime.Goexit: it did not finish
-				out.set(p.b.i, ItemResult{Result: h.count(Result{Outcome: Panicked}), Err: errGoexit})
+				out.set(b.i, ItemResult{Result: h.count(Result{Outcome: Panicked}), Err: errGoexit})
 			}
 		}()
-		runOne(p)
+		res, ferr := h.runIn(fctx, func(c context.Context) error { return fn(c, b.i) }, b.unguarded, !b.unguarded)
+		out.set(b.i, ItemResult{Result: res, Err: ferr})
 		ran = true
 	})
 }
@@ -637,9 +625,9 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			b.f.answer(Result{}, nil, true)
 			claimed = append(claimed, b)
 		case driver.StatusDuplicate:
-			h.rememberFor(b.f, b.lk, a.TTL)
+			h.rememberFor(b.f.since, b.lk, a.TTL)
 			if a.HasReply {
-				h.rememberReply(b.f, b.lk, a.Reply, a.TTL)
+				h.rememberReply(b.f.since, b.lk, a.Reply, a.TTL)
 			}
 			b.f.knowReply(a.Reply, a.HasReply)
 			out.replies.of(b.i).dup(a.Reply, a.HasReply)

@@ -186,10 +186,13 @@ func (q *queue) kick() {
 }
 
 // flush sends the queued calls, up to maxBatch entries a store call, until none is
-// left. The calls' own contexts do not cancel it: its deadline is their latest.
+// left. A call of one caller's entries runs in its context; otherwise the callers'
+// contexts do not cancel it, and its deadline is their latest.
 func (q *queue) flush() {
-	var batch []*call
-	var entries []driver.Entry
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	batch, entries := sc.batch, sc.entries
+	defer func() { sc.batch, sc.entries = batch[:0], entries[:0] }()
 	for {
 		batch, entries = batch[:0], entries[:0]
 		var deadline time.Time
@@ -226,10 +229,13 @@ func (q *queue) flush() {
 		if len(batch) == 0 {
 			continue
 		}
-		ctx := context.WithoutCancel(batch[0].vals) // the first one's values: the others' are alike
-		cancel := context.CancelFunc(func() {})
-		if !deadline.IsZero() {
-			ctx, cancel = context.WithDeadline(ctx, deadline)
+		ctx, cancel := batch[0].vals, context.CancelFunc(func() {})
+		if len(batch) > 1 || batch[0].to != nil {
+			// the first one's values (the others' are alike), not its cancellation
+			ctx = context.WithoutCancel(ctx)
+			if !deadline.IsZero() {
+				ctx, cancel = context.WithDeadline(ctx, deadline)
+			}
 		}
 		as, err := q.send(ctx, entries)
 		if err == nil && len(as) != len(entries) {
@@ -242,6 +248,14 @@ func (q *queue) flush() {
 		clear(entries)
 	}
 }
+
+// scratch is a flusher's buffers, kept between flushes.
+type scratch struct {
+	batch   []*call
+	entries []driver.Entry
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
 // answer hands each call its answers. A claim whose caller gave up is given back.
 func (q *queue) answer(batch []*call, entries []driver.Entry, as []driver.Answer, err error) {

@@ -38,9 +38,8 @@ type flight struct {
 	reply      string
 	hasReply   bool
 	replyKnown bool
-	// stale: the key was forgotten while the flight was out, so its answer may
-	// predate the forget and must not stay in the local tier
-	stale atomic.Bool
+	// since is the handler's forget count when the flight began (Handler.stale)
+	since uint64
 }
 
 func newFlights() *flights {
@@ -55,39 +54,26 @@ func (fs *flights) shard(key string) *flightShard {
 	return &fs.shards[maphash.String(fs.seed, key)%flightShards]
 }
 
-// join returns the flight for key and whether the caller leads it.
-func (fs *flights) join(key string) (*flight, bool) {
+// join returns the flight for key and whether the caller leads it; a new flight
+// begins at forget count since.
+func (fs *flights) join(key string, since uint64) (*flight, bool) {
 	s := fs.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if f, ok := s.m[key]; ok {
 		return f, false
 	}
-	f := new(flight)
+	f := &flight{since: since}
 	s.m[key] = f
 	return f, true
 }
 
-// invalidate marks key's flight, if any, stale.
-func (fs *flights) invalidate(key string) {
+// lookup returns key's flight, or nil.
+func (fs *flights) lookup(key string) *flight {
 	s := fs.shard(key)
 	s.mu.Lock()
-	if f, ok := s.m[key]; ok {
-		f.stale.Store(true)
-	}
-	s.mu.Unlock()
-}
-
-// invalidateAll marks every flight out stale.
-func (fs *flights) invalidateAll() {
-	for i := range fs.shards {
-		s := &fs.shards[i]
-		s.mu.Lock()
-		for _, f := range s.m {
-			f.stale.Store(true)
-		}
-		s.mu.Unlock()
-	}
+	defer s.mu.Unlock()
+	return s.m[key]
 }
 
 // answer publishes the leader's answer to those waiting.

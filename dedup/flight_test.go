@@ -67,7 +67,7 @@ func TestSignalReleasesEveryWaiter(t *testing.T) {
 func TestFlightWithoutWaitersAllocatesOnlyItself(t *testing.T) {
 	fs := newFlights()
 	allocs := testing.AllocsPerRun(200, func() {
-		f, lead := fs.join("k")
+		f, lead := fs.join("k", 0)
 		if !lead {
 			t.Fatal("not the leader of a free key")
 		}

@@ -29,8 +29,11 @@ type Handler struct {
 	// listening: the local tier may take keys (notices reach it, or it needs none)
 	listening atomic.Bool
 	// replies caches stored replies for reply-form local hits; may be nil
-	replies     *lru.Bytes
-	flights     *flights
+	replies *lru.Bytes
+	flights *flights
+	// forgets counts the forgets dropped from the local tier: an answer learnt while
+	// it changed may predate one, and is not cached (stale)
+	forgets     atomic.Uint64
 	leases      leases   // the claims its runs hold, extended by one goroutine (leases.go)
 	keyHead     string   // "<prefix>:<name>:", the head of every record key
 	formerHeads []string // "<prefix>:<former name>:", for each former name
@@ -221,11 +224,8 @@ func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 		return h.count(Result{Outcome: Cancelled}), ErrClosed
 	}
 	defer h.d.running.Done()
-	res, err := h.mark(ctx, k, lk, "")
-	if res.Outcome == First {
-		h.count(res)
-	}
-	return res, err
+	res, err := h.markOne(ctx, k, lk, "")
+	return h.count(res), err
 }
 
 // Handle reads msg's key with the handler's key strategy and guards fn by the
@@ -274,11 +274,11 @@ func (h *Handler) handleKey(ctx context.Context, key string, payload []byte, fn 
 		return h.count(Result{Outcome: Cancelled}), ErrClosed
 	}
 	defer h.d.running.Done()
-	res, err := h.mark(ctx, k, lk, fp)
+	res, err := h.markOne(ctx, k, lk, fp)
 	if res.Outcome != First {
-		return res, err
+		return h.count(res), err
 	}
-	return h.run(ctx, fn, res.Unguarded, true, nil)
+	return h.run(ctx, fn, res.Unguarded, !res.Unguarded, nil)
 }
 
 // localReply answers a reply form from the local tier's replies, if lk is there.
@@ -322,38 +322,40 @@ func localKey(k, fp string) string {
 	return k + "#" + fp
 }
 
-// remember caches a DONE key learnt by flight f's leader; a forget during the flight
-// (f.stale) takes it out again. Order matters: this adds, then reads f.stale; the
-// forgetting side marks f stale, then drops the key.
-func (h *Handler) remember(f *flight, lk string) {
+// stale reports whether a forget reached the local tier since forget count since:
+// what a call that began then learnt may predate it.
+func (h *Handler) stale(since uint64) bool { return h.forgets.Load() != since }
+
+// remember caches a DONE key learnt by a call that began at forget count since; a
+// forget meanwhile takes it out again. Order matters: this adds, then reads the
+// count; the forgetting side counts, then drops the key.
+func (h *Handler) remember(since uint64, lk string) {
 	if h.local != nil && h.listening.Load() {
 		h.local.Add(lk)
-		h.unlessStale(f, lk)
+		if h.stale(since) {
+			h.local.Remove(lk)
+		}
 	}
 }
 
 // rememberFor is remember for no longer than left, what the record has left.
-func (h *Handler) rememberFor(f *flight, lk string, left time.Duration) {
+func (h *Handler) rememberFor(since uint64, lk string, left time.Duration) {
 	if h.local != nil && h.listening.Load() {
 		h.local.AddFor(lk, left)
-		h.unlessStale(f, lk)
-	}
-}
-
-func (h *Handler) unlessStale(f *flight, lk string) {
-	if f == nil || f.stale.Load() {
-		h.local.Remove(lk)
+		if h.stale(since) {
+			h.local.Remove(lk)
+		}
 	}
 }
 
 // rememberReply caches a DONE key's stored reply for no longer than left (not at all
 // when left is 0), with remember's care for a forget meanwhile.
-func (h *Handler) rememberReply(f *flight, lk, reply string, left time.Duration) {
+func (h *Handler) rememberReply(since uint64, lk, reply string, left time.Duration) {
 	if h.replies == nil || left <= 0 || !h.listening.Load() {
 		return
 	}
 	h.replies.AddFor(lk, reply, left)
-	if f == nil || f.stale.Load() {
+	if h.stale(since) {
 		h.replies.Remove(lk)
 	}
 }
@@ -381,7 +383,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 		} else if h.localDone(lk) {
 			return nil, h.countLocalHit(), nil
 		}
-		f, lead := h.flights.join(k)
+		f, lead := h.flights.join(k, h.forgets.Load())
 		if lead {
 			f.fp = fp
 			// a leader that left between our look and our join made it DONE
@@ -405,7 +407,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 			return nil, h.count(Result{Outcome: Cancelled}), err
 		}
 		if f.running {
-			if f.processed.Load() && f.fp == fp && !f.stale.Load() {
+			if f.processed.Load() && f.fp == fp && !h.stale(f.since) {
 				// the run processed the key, and its completion is on its way
 				return nil, h.count(f.duplicate(r)), nil
 			}
@@ -420,7 +422,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 			if !done {
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
-			if f.processed.Load() && f.fp == fp && !f.stale.Load() {
+			if f.processed.Load() && f.fp == fp && !h.stale(f.since) {
 				// a duplicate, though its DONE record may not have landed yet
 				return nil, h.count(f.duplicate(r)), nil
 			}
@@ -573,16 +575,6 @@ func (h *Handler) completion(c *claimed) driver.Entry {
 	return e
 }
 
-// lead publishes the leader's result to those waiting on f and returns it. First is
-// not counted here: Mark counts it, and Handle goes on to run fn and counts that.
-func (h *Handler) lead(f *flight, res Result, err error) (Result, error) {
-	f.answer(res, err, false)
-	if res.Outcome != First {
-		h.count(res)
-	}
-	return res, err
-}
-
 // releaseUnanswered gives back, in the background, a claim whose answer never came:
 // it may have landed (Release is token-checked, so always safe). The caller has
 // entered, so Close waits for it. A claim the breaker refused was never sent.
@@ -624,24 +616,6 @@ func (h *Handler) storeWarn(err error, msg string, args ...any) {
 // releaseTimeout bounds a best-effort release.
 const releaseTimeout = 2 * time.Second
 
-// markFailed is the result of a Mark the store did not answer: Cancelled, First
-// Unguarded under FailOpen, or StoreUnavailable.
-func (h *Handler) markFailed(ctx context.Context, f *flight, k string, err error) (Result, error) {
-	if cerr := cutShort(ctx, err); cerr != nil {
-		return h.lead(f, Result{Outcome: Cancelled}, cerr)
-	}
-	if !errors.Is(err, ErrStoreUnavailable) {
-		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
-	}
-	if h.cfg.storeFailure == FailOpen {
-		h.met.failOpen()
-		h.storeWarn(err, "dedup: store unavailable, running without dedup", "key_hash", keyHash(k), "err", err)
-		return h.lead(f, Result{Outcome: First, Unguarded: true}, nil)
-	}
-	h.storeWarn(err, "dedup: store unavailable, failing closed", "key_hash", keyHash(k), "err", err)
-	return h.lead(f, Result{Outcome: StoreUnavailable}, err)
-}
-
 // failed classifies fn's error once its claim is released: a panic, a lost lease,
 // cancellation (cause is fn's context's cause), or a plain failure.
 func (h *Handler) failed(k string, panicked bool, err, cause error) (Result, error) {
@@ -663,10 +637,10 @@ func (h *Handler) completed(c claimed, cerr error) (Result, error) {
 	k := c.k
 	switch {
 	case cerr == nil:
-		h.remember(c.f, c.lk)
+		h.remember(c.f.since, c.lk)
 		if c.storesReply() {
 			c.f.knowReply(c.reply, true)
-			h.rememberReply(c.f, c.lk, c.reply, h.cfg.retention)
+			h.rememberReply(c.f.since, c.lk, c.reply, h.cfg.retention)
 		} else {
 			c.f.knowReply("", false)
 		}
@@ -690,38 +664,53 @@ func (h *Handler) release(ctx context.Context, k, rk, token string) {
 	}
 }
 
-// mark is Mark once the caller has entered; k is normalized, lk its localKey.
-func (h *Handler) mark(ctx context.Context, k, lk, fp string) (Result, error) {
-	f, res, err := h.check(ctx, k, lk, fp, nil)
-	if f == nil {
-		return res, err
-	}
-	defer h.flights.leave(k, f)
+// markOne is Mark of normalized key k (lk its localKey) once the caller has entered.
+func (h *Handler) markOne(ctx context.Context, k, lk, fp string) (Result, error) {
+	since := h.forgets.Load()
 	ans, err := storekit.Only(h.store.Mark(ctx, []driver.Entry{{Key: h.keyHead + k, Token: newToken(), Fingerprint: fp, TTL: h.cfg.retention}}))
-	if err != nil {
-		return h.markFailed(ctx, f, k, err)
-	}
-	return h.lead(f, h.marked(f, k, lk, ans), nil)
+	return h.marked(ctx, since, k, lk, ans, err)
 }
 
-// marked turns Mark's answer into a result, caching only what is DONE.
-func (h *Handler) marked(f *flight, k, lk string, ans driver.Answer) Result {
+// marked turns a mark's answer, or its error, into a result (not counted), caching
+// only what is DONE; since is the forget count when the mark was sent. A mark the
+// store did not answer is Cancelled, First Unguarded under FailOpen, or
+// StoreUnavailable.
+func (h *Handler) marked(ctx context.Context, since uint64, k, lk string, ans driver.Answer, err error) (Result, error) {
+	switch cerr := cutShort(ctx, err); {
+	case cerr != nil:
+		return Result{Outcome: Cancelled}, cerr
+	case err == nil:
+	case !errors.Is(err, ErrStoreUnavailable):
+		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+		fallthrough
+	default:
+		if h.cfg.storeFailure == FailOpen {
+			h.met.failOpen()
+			h.storeWarn(err, "dedup: store unavailable, running without dedup", "key_hash", keyHash(k), "err", err)
+			return Result{Outcome: First, Unguarded: true}, nil
+		}
+		h.storeWarn(err, "dedup: store unavailable, failing closed", "key_hash", keyHash(k), "err", err)
+		return Result{Outcome: StoreUnavailable}, err
+	}
 	switch ans.Status {
 	case driver.StatusAcquired:
-		h.remember(f, lk)
-		f.knowReply("", false) // the mark wrote DONE without a reply
-		return Result{Outcome: First}
+		h.remember(since, lk)
+		return Result{Outcome: First}, nil
 	case driver.StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
-		return Result{Outcome: KeyReuse}
+		return Result{Outcome: KeyReuse}, nil
 	case driver.StatusInProgress:
+		if f := h.flights.lookup(k); f != nil {
+			// a run in this process holds it, and may yet fail: as Do would answer
+			return Result{Outcome: InProgress, Tier: TierStore, RetryAfter: f.retryAfter(h.cfg.lease)}, nil
+		}
 		// another owner runs it: a Duplicate for a filter, but not DONE, so not cached
-		return Result{Outcome: Duplicate, Tier: TierStore}
+		return Result{Outcome: Duplicate, Tier: TierStore}, nil
 	}
 	// cached no longer than the record lives (not at all without a TTL): an entry that
 	// outlived it would answer Duplicate once the key is claimed again
-	h.rememberFor(f, lk, ans.TTL)
-	return Result{Outcome: Duplicate, Tier: TierStore}
+	h.rememberFor(since, lk, ans.TTL)
+	return Result{Outcome: Duplicate, Tier: TierStore}, nil
 }
 
 // noKey follows the missing-key policy (with step: in a transaction, no marker).

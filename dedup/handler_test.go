@@ -438,7 +438,7 @@ func TestCloseCancelsRunningAndRefusesNew(t *testing.T) {
 	}
 }
 
-func TestConcurrentChecksMakeOneStoreCall(t *testing.T) {
+func TestConcurrentChecksShareStoreCalls(t *testing.T) {
 	for _, mode := range []string{"do", "mark"} {
 		t.Run(mode, func(t *testing.T) {
 			f := newFixture(t, false)
@@ -474,9 +474,14 @@ func TestConcurrentChecksMakeOneStoreCall(t *testing.T) {
 			ready.Wait()
 			close(release)
 			wg.Wait()
-			checks := f.store.claims.Load() + f.store.marks.Load()
-			if checks != 1 {
-				t.Fatalf("%d store checks for %d concurrent calls, want 1", checks, n)
+			// Do's copies wait for the one claim (the in-flight table); Mark's go to the
+			// store, which decides, merged by the batcher into at most inFlight+1 calls
+			checks, most := f.store.claims.Load()+f.store.marks.Load(), int64(1)
+			if mode == "mark" {
+				most = inFlight + 1
+			}
+			if checks > most {
+				t.Fatalf("%d store checks for %d concurrent calls, want at most %d", checks, n, most)
 			}
 			if mode == "do" && runs.Load() != 1 {
 				t.Fatalf("fn ran %d times", runs.Load())

@@ -268,13 +268,13 @@ func (d *Deduper) forgetLocal(name, k string) {
 }
 
 // dropLocal drops the normalized key k, under every fingerprint (k#fp), from the
-// local tier. k's flight is marked stale first, so that an answer that predates the
-// forget is not cached after it.
+// local tier. The forget is counted first, so that an answer that predates it is not
+// cached after it (Handler.stale).
 func (h *Handler) dropLocal(k string) {
 	if h.local == nil {
 		return
 	}
-	h.flights.invalidate(k)
+	h.forgets.Add(1)
 	h.local.Remove(k)
 	if h.replies != nil {
 		h.replies.Remove(k)
@@ -293,7 +293,7 @@ func (h *Handler) purgeLocal() {
 	if h.local == nil {
 		return
 	}
-	h.flights.invalidateAll()
+	h.forgets.Add(1)
 	h.local.RemovePrefix("")
 	if h.replies != nil {
 		h.replies.RemovePrefix("")
