@@ -43,8 +43,8 @@ type bench struct {
 	rue                rueidis.Client       // the rueidis-* reference variants of scenario b
 	goAuto             *redis.AutoPipeliner // scenario b's goredis-auto-setnx, on a client of its own
 	dd                 *dedup.Deduper       // the Redis-backed Deduper of scenarios b, c, d
-	// ddGoAuto is dd's store with go-redis's AutoPipeline in place of dedup's own
-	// auto-pipeliner (scenario b's *-goredis-ap variants, issue 27 point 4)
+	// ddGoAuto is dd's store over go-redis's AutoPipeline in place of a plain client
+	// (scenario b's *-goredis-ap variants, issue 27 point 4)
 	ddGoAuto *dedup.Deduper
 
 	local localState // scenario a
@@ -192,8 +192,8 @@ func (b *bench) connect(ctx context.Context) error {
 	}
 	b.closers = append(b.closers, b.goAuto.Close)
 	// The same store code over go-redis's AutoPipeline (on a client of its own, with
-	// go-redis's defaults) in place of dedup's auto-pipeliner: its single calls go
-	// through the AutoPipeliner, its pipelines through the client's.
+	// go-redis's defaults) in place of a plain client: its single calls go through
+	// the AutoPipeliner, its pipelines through the client's.
 	apRDB := redis.NewClient(&redis.Options{Addr: b.srv.redisAddr})
 	b.closers = append(b.closers, apRDB.Close)
 	ap, err := apRDB.AutoPipeline()
@@ -201,7 +201,7 @@ func (b *bench) connect(ctx context.Context) error {
 		return fmt.Errorf("go-redis AutoPipeline: %w", err)
 	}
 	b.closers = append(b.closers, ap.Close)
-	apStore, err := redisstore.New(ap, redisstore.WithoutAutoPipeline())
+	apStore, err := redisstore.New(ap)
 	if err != nil {
 		return err
 	}

@@ -142,10 +142,11 @@ var ratioDefs = []ratioDef{
 	{name: "store_markmany_vs_ceiling", num: []string{"store/" + varMarkMany + "/c4"}, den: ceilings, metric: mOps, target: 0.80, required: true},
 	{name: "local_hit_vs_syncmap", num: []string{"local/lru-contains"}, den: []string{"local/syncmap-load"}, metric: mNsOp, target: 1.5, atMost: true, required: true},
 	{name: "c1_p50_vs_direct", num: []string{"latency/dedup-mark/c1"}, den: []string{"latency/direct-set-nx-get/c1"}, metric: mP50, target: 1.10, atMost: true, required: true},
-	// issue 27 point 4: dedup's own auto-pipeliner stays only if the store over it
-	// beats the same store over go-redis's AutoPipeline by 1.2x
-	{name: "store_filter_c64_ours_vs_goredis_ap", num: []string{"store/dedup-filter/c64"}, den: []string{"store/" + varFilterGoAP + "/c64"}, metric: mOps, target: 1.2},
-	{name: "store_do_c64_ours_vs_goredis_ap", num: []string{"store/dedup-do/c64"}, den: []string{"store/" + varDoGoAP + "/c64"}, metric: mOps, target: 1.2},
+	// issue 27 point 4: the store's own auto-pipeliner went (the Deduper's batcher
+	// merges the calls); this is dedup over a plain client against dedup over
+	// go-redis's AutoPipeline, which a user may hand the store instead
+	{name: "store_filter_c64_ours_vs_goredis_ap", num: []string{"store/dedup-filter/c64"}, den: []string{"store/" + varFilterGoAP + "/c64"}, metric: mOps},
+	{name: "store_do_c64_ours_vs_goredis_ap", num: []string{"store/dedup-do/c64"}, den: []string{"store/" + varDoGoAP + "/c64"}, metric: mOps},
 	// issue 4's ratios and targets, which issue 22 re-scoped: kept for reference
 	{name: "store_filter_c64_vs_ceiling", num: []string{"store/dedup-filter/c64"}, den: ceilings, metric: mOps, target: 0.75, reference: true},
 	{name: "store_do_c64_vs_ceiling", num: []string{"store/dedup-do/c64"}, den: ceilings, metric: mOps, target: 0.40, reference: true},

@@ -55,8 +55,7 @@ const (
 	varRueidis2 = "rueidis-setnx-setxx" // SET NX PX, then SET XX PX, on rueidis
 	varGoAuto   = "goredis-auto-setnx"  // one SetNX per call, through go-redis's AutoPipeline
 	// dedup-filter and dedup-do on the same store code over go-redis's AutoPipeline
-	// instead of dedup's auto-pipeliner (issue 27 point 4: ours stays only if it
-	// beats go-redis's by 1.2x)
+	// instead of a plain client (issue 27 point 4)
 	varFilterGoAP = "dedup-filter-goredis-ap"
 	varDoGoAP     = "dedup-do-goredis-ap"
 	// varMarkMany is the store's Mark of markManyKeys new keys per call from

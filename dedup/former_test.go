@@ -222,7 +222,7 @@ func TestFormerNamesCostANewKeyOneMoreRoundTrip(t *testing.T) {
 	c := testenv.Redis(t, prefix)
 	tc := &testenv.TripCounter{}
 	c.AddHook(tc)
-	s, err := redisstore.New(c, redisstore.WithoutAutoPipeline())
+	s, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,14 +17,12 @@ import (
 )
 
 // BenchmarkRedisStore measures the store's single calls on unique keys from exactly c
-// concurrent goroutines against DEDUP_REDIS_ADDR, with auto-pipelining on and off, and
-// the naive SETNX for scale. ops/s is the figure to compare within one run.
+// concurrent goroutines against DEDUP_REDIS_ADDR, and the naive SETNX for scale. ops/s is the figure to compare within one run.
 //
 //	DEDUP_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench redisstore.Store -benchmem ./dedup
 func BenchmarkRedisStore(b *testing.B) {
 	c, prefix := benchRedis(b)
-	auto, _ := redisstore.New(c)
-	direct, _ := redisstore.New(c, redisstore.WithoutAutoPipeline())
+	s, _ := redisstore.New(c)
 	ops := []struct {
 		name string
 		run  func(ctx context.Context, s *redisstore.Store, key string) error
@@ -45,27 +43,19 @@ func BenchmarkRedisStore(b *testing.B) {
 	}
 	var seq atomic.Int64
 	for _, op := range ops {
-		for _, pipe := range []struct {
-			name string
-			s    *redisstore.Store
-		}{{"auto", auto}, {"off", direct}} {
-			if op.name == "naive-setnx" && pipe.name == "auto" {
-				continue
-			}
-			for _, conc := range []int{1, 16, 64, 256} {
-				b.Run(fmt.Sprintf("op=%s/pipeline=%s/conc=%d", op.name, pipe.name, conc), func(b *testing.B) {
-					b.ReportAllocs()
-					ctx := context.Background()
-					start := time.Now()
-					err := runConc(b.N, conc, func() error {
-						return op.run(ctx, pipe.s, fmt.Sprintf("%s:k%d", prefix, seq.Add(1)))
-					})
-					if err != nil {
-						b.Fatal(err)
-					}
-					b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
+		for _, conc := range []int{1, 16, 64, 256} {
+			b.Run(fmt.Sprintf("op=%s/conc=%d", op.name, conc), func(b *testing.B) {
+				b.ReportAllocs()
+				ctx := context.Background()
+				start := time.Now()
+				err := runConc(b.N, conc, func() error {
+					return op.run(ctx, s, fmt.Sprintf("%s:k%d", prefix, seq.Add(1)))
 				})
-			}
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
+			})
 		}
 	}
 }
@@ -78,15 +68,7 @@ func BenchmarkRedisDo(b *testing.B) {
 	c, prefix := benchRedis(b)
 	tc := &testenv.TripCounter{}
 	c.AddHook(tc)
-	var opts []redisstore.Option
-	if v := os.Getenv("DEDUP_BENCH_PIPELINE"); v != "" { // batch,inFlight
-		var batch, inFlight int
-		if _, err := fmt.Sscanf(v, "%d,%d", &batch, &inFlight); err != nil {
-			b.Fatalf("DEDUP_BENCH_PIPELINE=%q: want batch,inFlight", v)
-		}
-		opts = append(opts, redisstore.WithAutoPipeline(batch, inFlight))
-	}
-	s, _ := redisstore.New(c, opts...)
+	s, _ := redisstore.New(c)
 	d, err := New(s, WithPrefix(prefix))
 	if err != nil {
 		b.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -135,66 +134,6 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 			}
 			if v := s.c.Get(ctx, rk).Val(); v != storekit.EncodeReply("R", "", "") {
 				t.Errorf("reply record %q, want the first completion's empty reply", v)
-			}
-		})
-	}
-}
-
-// Completes of one entry that queue in the auto-pipeliner go out merged, as complete_many
-// calls, and each gets the complete script's answer: DONE for its owner, driver.ErrLeaseLost
-// for a wrong token; also after the server lost its script cache.
-func TestAutoPipelinedCompletesAreMerged(t *testing.T) {
-	for name, mk := range countedRedis(t) {
-		t.Run(name, func(t *testing.T) {
-			s, tc, prefix := mk(t)
-			s.pipe = newAutoPipe(s, DefaultPipelineBatch, 1) // one round trip at a time: the rest queue
-			ctx := context.Background()
-			if !s.batchScripts(ctx) { // the probe: a server, not a proxy
-				t.Fatal("batch scripts off on a Redis server")
-			}
-			const n = 200
-			key := func(i int) string { return fmt.Sprintf("%s:h:%d", prefix, i) }
-			for round := range 2 {
-				if round == 1 { // the server lost its scripts: merged calls go again as EVAL
-					if err := s.c.ScriptFlush(ctx).Err(); err != nil {
-						t.Fatal(err)
-					}
-				}
-				for i := range n {
-					if a, err := only(s.Claim(ctx, entry(key(round*n+i), "T", "fp", time.Minute))); err != nil || a.Status != driver.StatusAcquired {
-						t.Fatal(a, err)
-					}
-				}
-				tc.Reset()
-				errs := make([]error, n)
-				var wg sync.WaitGroup
-				for i := range n {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						token := "T"
-						if i%7 == 0 {
-							token = "other"
-						}
-						errs[i] = onlyErr(s.Complete(ctx, entry(key(round*n+i), token, "", time.Hour)))
-					}()
-				}
-				wg.Wait()
-				trips, cmds, sent := tc.Trips(), tc.Cmds(), tc.String()
-				if round == 0 && cmds >= n/2 {
-					t.Fatalf("%d completes sent as %d commands (%s): want them merged", n, cmds, sent)
-				}
-				t.Logf("round %d: %d completes in %d round trips carrying %d commands (%s)", round, n, trips, cmds, sent)
-				for i, err := range errs {
-					v := s.c.Get(ctx, key(round*n+i)).Val()
-					if i%7 == 0 {
-						if !errors.Is(err, driver.ErrLeaseLost) || v != "p:T:fp" {
-							t.Fatalf("round %d: complete %d with another token: %v, record %q; want driver.ErrLeaseLost and the claim untouched", round, i, err, v)
-						}
-					} else if err != nil || v != "d:T:fp" {
-						t.Fatalf("round %d: complete %d: %v, record %q; want DONE", round, i, err, v)
-					}
-				}
 			}
 		})
 	}

@@ -29,7 +29,7 @@ var (
 const scanCount = 1000
 
 // Lookup implements driver.RecordStore: one lookup script (GET and PTTL, atomically)
-// per key, in one round trip shared with concurrent calls (WithAutoPipeline).
+// per key, in one round trip.
 func (s *Store) Lookup(ctx context.Context, keys []string) ([]driver.Record, error) {
 	switch len(keys) {
 	case 0:
@@ -37,11 +37,7 @@ func (s *Store) Lookup(ctx context.Context, keys []string) ([]driver.Record, err
 	case 1:
 		return []driver.Record{s.lookupOne(ctx, keys[0])}, nil
 	}
-	send := s.exec
-	if s.pipe != nil {
-		send = s.pipe.doAll
-	}
-	cmds, err := s.runScriptsVia(ctx, send, lookupScript, lookupLua, storekit.KeyEntries(keys), func(driver.Entry) []any { return nil })
+	cmds, err := s.runScriptsVia(ctx, s.exec, lookupScript, lookupLua, storekit.KeyEntries(keys), func(driver.Entry) []any { return nil })
 	if err != nil {
 		return nil, err
 	}
@@ -59,7 +55,7 @@ func (s *Store) Lookup(ctx context.Context, keys []string) ([]driver.Record, err
 	return out, nil
 }
 
-// lookupOne looks up one key, through the auto-pipeliner.
+// lookupOne looks up one key.
 func (s *Store) lookupOne(ctx context.Context, key string) driver.Record {
 	cmd, err := s.eval(ctx, lookupScript, lookupLua, key)
 	switch {

@@ -45,7 +45,6 @@ var (
 // §3 says what each call sends.
 type Store struct {
 	c    redis.UniversalClient
-	pipe *autoPipe    // nil: every single call is sent on its own
 	wait *replicaWait // WithWaitReplicas; nil: DONE writes do not wait
 	// scripts says how calls of several entries go; probedAt is when a probe failed
 	// on the network, 0 once the answer is settled
@@ -92,9 +91,6 @@ func (s *Store) batchScripts(ctx context.Context) bool {
 	}
 	return s.probeScripts(ctx)
 }
-
-// batchScriptsKnown is batchScripts without a probe, for the auto-pipeliner's merge.
-func (s *Store) batchScriptsKnown() bool { return s.scripts.Load() == scriptsOn }
 
 // probeScripts asks for INFO. A Redis server that is not a cluster node turns the
 // batch scripts on; a cluster node or an error reply (twemproxy and Envoy lack INFO)
@@ -156,7 +152,6 @@ func New(c redis.UniversalClient, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: redis client is nil", driver.ErrInvalidOption)
 	}
 	s := &Store{c: c}
-	s.pipe = newAutoPipe(s, DefaultPipelineBatch, DefaultPipelinesInFlight)
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: nil Option", driver.ErrInvalidOption)
@@ -173,15 +168,6 @@ func New(c redis.UniversalClient, opts ...Option) (*Store, error) {
 
 func ms(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
-}
-
-// send runs one command through the auto-pipeliner, if on. On an error cmd must not
-// be read: a call that left the queue on ctx leaves it unsent.
-func (s *Store) send(ctx context.Context, cmd redis.Cmder) error {
-	if s.pipe != nil {
-		return s.pipe.do(ctx, cmd)
-	}
-	return s.process(ctx, cmd)
 }
 
 // process sends cmd on its own and returns its error.
@@ -203,10 +189,10 @@ func (s *Store) exec(ctx context.Context, cmds ...redis.Cmder) error {
 // eval runs a script by its SHA, and by its source on NOSCRIPT.
 func (s *Store) eval(ctx context.Context, sc *redis.Script, src, key string, args ...any) (*redis.Cmd, error) {
 	cmd := scriptCmd(ctx, "evalsha", sc.Hash(), key, args...)
-	err := s.send(ctx, cmd)
+	err := s.process(ctx, cmd)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		cmd = scriptCmd(ctx, "eval", src, key, args...)
-		err = s.send(ctx, cmd)
+		err = s.process(ctx, cmd)
 	}
 	return cmd, err
 }
@@ -234,7 +220,7 @@ func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Ans
 // claimOne claims one entry; its error is the call's (failedOne).
 func (s *Store) claimOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
 	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateInProgress, e.Key, e.Token, e.Fingerprint, e.TTL)...)
-	err := s.send(ctx, cmd)
+	err := s.process(ctx, cmd)
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return failedAnswer("claim", err)
 	}
@@ -250,8 +236,8 @@ func (s *Store) claimOne(ctx context.Context, e driver.Entry) (driver.Answer, er
 	return a, nil
 }
 
-// failedOne places a batch of one's failure: a failed round trip, or a call that
-// left the auto-pipeliner's queue on ctx, is the call's; an error reply is the entry's.
+// failedOne places a batch of one's failure: a failed round trip is the call's; an
+// error reply is the entry's.
 func failedOne(op string, err error) (entryErr, callErr error) {
 	if failedRoundTrip(err) {
 		return nil, storekit.StoreErr(op, err)
@@ -376,18 +362,8 @@ func (s *Store) Complete(ctx context.Context, entries []driver.Entry) ([]error, 
 	return s.completeMany(ctx, entries)
 }
 
-// completeOne completes one entry. On a single server it is queued as a completion,
-// which a flush of several merges into one complete_many call.
+// completeOne completes one entry.
 func (s *Store) completeOne(ctx context.Context, e driver.Entry) (entryErr, callErr error) {
-	if s.pipe != nil && s.batchScripts(ctx) {
-		cmd := scriptCmd(ctx, "evalsha", completeScript.Hash(), e.Key, completeArgs(e)...)
-		err := s.pipe.doComplete(ctx, cmd, &e)
-		if err != nil && (redis.HasErrorPrefix(err, "NOSCRIPT") || s.crossSlot(err)) {
-			// NOSCRIPT, or the merged call refused: nothing ran
-			cmd, err = s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
-		}
-		return ownedOne("complete", cmd, err)
-	}
 	cmd, err := s.eval(ctx, completeScript, completeLua, e.Key, completeArgs(e)...)
 	return ownedOne("complete", cmd, err)
 }
@@ -496,7 +472,7 @@ func (s *Store) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answ
 
 func (s *Store) markOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
 	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
-	err := s.send(ctx, cmd)
+	err := s.process(ctx, cmd)
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return failedAnswer("mark", err)
 	}
@@ -709,18 +685,6 @@ func completeManyArgs(args *batchArgs, e driver.Entry) {
 		args.args = append(args.args, e.Token, args.ms(e.TTL), "1", e.Reply)
 	} else {
 		args.args = append(args.args, e.Token, args.ms(e.TTL), "0")
-	}
-}
-
-// spreadCompletes gives each merged completion its part of the complete_many reply.
-func spreadCompletes(merged []*redis.Cmd, calls []*pcall) {
-	for i, v := range spreadBatchReplies(merged, len(calls)) {
-		cmd := calls[i].cmd.(*redis.Cmd)
-		if err, ok := v.(error); ok {
-			cmd.SetErr(err)
-		} else {
-			cmd.SetVal(v)
-		}
 	}
 }
 
