@@ -427,8 +427,9 @@ type batchItem struct {
 	reply                string      // fn's reply, when replied (a reply batch)
 	replied, tooLarge    bool
 	// set while its completion is out (completer.addAs)
-	comp *completer
-	how  completionKind
+	comp      *completer
+	how       completionKind
+	completed bool // its completion was answered (under comp.mu)
 }
 
 func (b *batchItem) settleFlight(res Result, err error) {
@@ -664,7 +665,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 	out.flush() // every flight is answered and the lease table has the claims: now the results known so far
 	c := &out.comp
 	c.h, c.ctx, c.out = h, ctx, out
-	defer c.wg.Wait() // also when an fn ends this goroutine
+	defer c.wait() // also when an fn ends this goroutine
 	noRenew := &out.renew
 	fnCtx := ctx // a batch of one's fn has a context of its own (runClaimedItem)
 	if !out.single {
@@ -929,6 +930,56 @@ type completer struct {
 	ctx context.Context
 	out *batchOut
 	wg  sync.WaitGroup // the batch's completions not yet answered
+
+	mu   sync.Mutex
+	sent []*batchItem // the items whose completion was sent (completed marks those answered)
+	late bool         // wait gave up on the completions still out
+}
+
+// wait waits for the batch's completions: up to the caller's deadline plus
+// settleGrace when it has one, as a single call's completion is waited for
+// (settleCtx). An item whose completion is still out then is NotRecorded; its
+// completion lands later and changes nothing the caller has.
+func (c *completer) wait() {
+	c.mu.Lock()
+	none := len(c.sent) == 0
+	c.mu.Unlock()
+	dl, ok := c.ctx.Deadline()
+	if none || !ok {
+		c.wg.Wait()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		c.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(time.Until(dl) + settleGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-t.C:
+	}
+	var late []*batchItem
+	c.mu.Lock()
+	c.late = true
+	for _, b := range c.sent {
+		if !b.completed && b.how != committedNow { // a committed item's result is out already
+			late = append(late, b)
+		}
+	}
+	c.mu.Unlock()
+	cerr := fmt.Errorf("no answer by the caller's deadline: %w", context.DeadlineExceeded)
+	for _, b := range late {
+		if b.how == completedEarlier { // a found marker: a Duplicate whatever the repair
+			res, err := c.h.repaired(b.claimed(), cerr)
+			c.out.set(b.i, ItemResult{Result: res, Err: err})
+			continue
+		}
+		c.h.log.Warn("dedup: processed; DONE not written by the caller's deadline", "key_hash", keyHash(b.k))
+		c.out.set(b.i, ItemResult{Result: c.h.count(Result{Outcome: NotRecorded}), Err: fmt.Errorf("%w: %w", ErrNotRecorded, cerr)})
+	}
 }
 
 // completionKind says what an item's completion stands for, and so its result.
@@ -952,6 +1003,9 @@ func (c *completer) addAs(b *batchItem, how completionKind) {
 	c.h.leases.forget(b)
 	c.wg.Add(1)
 	b.comp, b.how = c, how
+	c.mu.Lock()
+	c.sent = append(c.sent, b)
+	c.mu.Unlock()
 	cl := b.claimed()
 	c.h.d.g.completes.later(c.ctx, c.h.completion(&cl), c.h.cfg.lease, b, false)
 }
@@ -961,6 +1015,17 @@ func (b *batchItem) completionAnswered(cerr error) {
 	c := b.comp
 	defer c.wg.Done()
 	h := c.h
+	c.mu.Lock()
+	b.completed = true
+	late := c.late
+	c.mu.Unlock()
+	if late { // wait answered NotRecorded meanwhile, or the result is out already
+		if b.how == committedNow {
+			h.notCompleted(b.claimed(), cerr)
+		}
+		c.out.leaveItem(b)
+		return
+	}
 	var res Result
 	var err error
 	switch b.how {
