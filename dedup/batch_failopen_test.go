@@ -5,6 +5,7 @@ package dedup
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"runtime"
 	"sync/atomic"
@@ -171,5 +172,37 @@ func TestBatchFilterAnswersEveryFlightFirst(t *testing.T) {
 	}
 	if got[0].Outcome != Processed || got[1].Outcome != Processed {
 		t.Fatalf("batch: %v %v", got[0].Outcome, got[1].Outcome)
+	}
+}
+
+// In filter mode an fn cancelled by its caller is Failed when the mark wrote DONE (its
+// redelivery would be a duplicate), and Cancelled when the mark failed and fn ran
+// unguarded under FailOpen (nothing was written): for one key and in a batch alike.
+func TestFilterCancelledFnIsFailedOnlyWhenMarked(t *testing.T) {
+	for _, down := range []bool{false, true} {
+		f := newFixture(t, true)
+		h := f.handler(fmt.Sprint("filter-", down), WithMode(ModeFilter), WithStoreFailure(FailOpen), WithLocalCache(0, 0))
+		if down {
+			f.store.onFail(func(string) error { return fmt.Errorf("%w: connection refused", ErrStoreUnavailable) })
+		}
+		want := Failed
+		if down {
+			want = Cancelled
+		}
+		cancelled := func(cancel context.CancelFunc) func(context.Context, int) error {
+			return func(ctx context.Context, _ int) error {
+				cancel()
+				return ctx.Err()
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		one := h.Run(ctx, []Item{{Key: "one"}}, cancelled(cancel)) // a single call
+		ctx, cancel = context.WithCancel(context.Background())
+		batch := h.Run(ctx, []Item{{Key: "a"}, {Key: "b"}}, cancelled(cancel))
+		for _, r := range []ItemResult{one[0], batch[0]} {
+			if r.Outcome != want || r.Unguarded != down {
+				t.Errorf("store down %v: %v (unguarded %v), %v; want %v", down, r.Outcome, r.Unguarded, r.Err, want)
+			}
+		}
 	}
 }
