@@ -128,8 +128,8 @@ func TestBatchSurvivesScriptFlush(t *testing.T) {
 }
 
 // A batch of one entry takes the single calls' path: one command or script in one
-// round trip (a Claim that finds a record: the claim script in a second), through the
-// auto-pipeliner. Extend and Release of several entries are a script call per entry,
+// round trip (a Claim that finds a record: the claim script in a second). Extend and
+// Release of several entries are a script call per entry,
 // in one round trip.
 func TestBatchOfOneIsOneCommandAndSeveralOneRoundTrip(t *testing.T) {
 	for name, mk := range countedRedis(t) {
