@@ -110,22 +110,10 @@ func (q *queue) do(ctx context.Context, entries []driver.Entry) ([]driver.Answer
 	}
 	c := &call{vals: ctx, entries: entries, done: make(chan struct{})}
 	c.deadline, _ = ctx.Deadline()
-	var opened <-chan struct{} // nil (never) unless a claim or mark may give up on the breaker
-	if q.entry {
-		opened = *g.opened.Load()
-	}
 	q.add(c)
-	bound := boundOf(ctx)
-	var cause error
-	select {
-	case <-c.done:
+	cause := g.wait(c.done, boundOf(ctx), q.entry)
+	if cause == nil {
 		return c.answers, c.err
-	case <-bound.Done():
-		cause = context.Cause(bound)
-	case <-g.d.abandon:
-		cause = ErrClosed
-	case <-opened:
-		cause = errBreakerOpen
 	}
 	q.mu.Lock()
 	st := c.state

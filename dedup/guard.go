@@ -99,75 +99,56 @@ func boundOf(ctx context.Context) context.Context {
 	return ctx
 }
 
-// detached runs f, the store call op, and returns its answer, or an error wrapping
-// ErrStoreUnavailable once ctx (or its wait bound) ends, Close has waited closeWait,
-// or, for an entry call (claim, mark), the breaker opens. late, if not nil, gets the
-// answer of a call given up on.
-func detached[T any](g *guard, ctx context.Context, op string, entry bool, f func(context.Context) (T, error), late func(T, error)) (T, error) {
-	bound := boundOf(ctx)
+// detached runs f, the store call op, on a goroutine of its own and returns its
+// answer, or an error wrapping ErrStoreUnavailable once ctx (or its wait bound) ends
+// or Close has waited closeWait; f's answer then goes unread. The records
+// operations, the health check and the probe use it; the others go through the
+// batcher.
+func detached[T any](g *guard, ctx context.Context, op string, f func(context.Context) (T, error)) (T, error) {
 	if !g.detach {
 		v, err := f(ctx)
-		g.note(ctx, entry, err)
+		g.note(ctx, false, err)
 		return v, err
 	}
+	var zero T
 	if err := ctx.Err(); err != nil { // the store would not send it either
-		var zero T
 		return zero, fmt.Errorf("%w: %s: not sent: %w", ErrStoreUnavailable, op, context.Cause(ctx))
 	}
-	c := &pending[T]{done: make(chan struct{})}
+	var v T
+	var err error
+	done := make(chan struct{})
 	go func() {
-		v, err := f(ctx)
-		c.mu.Lock()
-		c.v, c.err = v, err
-		gaveUp := c.gaveUp
-		close(c.done)
-		c.mu.Unlock()
-		if gaveUp {
-			g.note(bound, entry, err)
-			if late != nil {
-				late(v, err)
-			}
-		}
+		v, err = f(ctx)
+		close(done)
 	}()
-	var opened <-chan struct{} // nil (never) unless an entry call may give up on the breaker
-	if entry {
-		if p := g.opened.Load(); p != nil {
-			opened = *p
+	if cause := g.wait(done, boundOf(ctx), false); cause != nil {
+		select {
+		case <-done: // answered meanwhile: the answer wins
+		default:
+			return zero, fmt.Errorf("%w: %s: no answer: %w", ErrStoreUnavailable, op, cause)
 		}
 	}
-	var cause error
-	select {
-	case <-c.done:
-	case <-bound.Done():
-		cause = context.Cause(bound)
-	case <-g.d.abandon:
-		cause = ErrClosed
-	case <-opened:
-		cause = errBreakerOpen
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	select {
-	case <-c.done: // answered meanwhile: the answer wins
-		g.note(bound, entry, c.err)
-		return c.v, c.err
-	default:
-	}
-	c.gaveUp = true
-	if entry && cause != ErrClosed && errors.Is(cause, context.DeadlineExceeded) {
-		g.failed() // a store that does not answer by the deadline counts as failing
-	}
-	var zero T
-	return zero, fmt.Errorf("%w: %s: no answer: %w", ErrStoreUnavailable, op, cause)
+	g.note(ctx, false, err)
+	return v, err
 }
 
-// pending is one detached call.
-type pending[T any] struct {
-	mu     sync.Mutex
-	done   chan struct{} // closed once v and err are set
-	v      T
-	err    error
-	gaveUp bool
+// wait waits for done and returns nil, or what ended the wait first: bound's end,
+// Close's abandon (ErrClosed), or, for a claim or mark (entry), the breaker opening.
+func (g *guard) wait(done <-chan struct{}, bound context.Context, entry bool) error {
+	var opened <-chan struct{} // nil (never) unless a claim or mark may give up on the breaker
+	if entry {
+		opened = *g.opened.Load()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-bound.Done():
+		return context.Cause(bound)
+	case <-g.d.abandon:
+		return ErrClosed
+	case <-opened:
+		return errBreakerOpen
+	}
 }
 
 // note counts a failed entry call for the breaker; any answer resets the count.
@@ -214,9 +195,9 @@ func (g *guard) probe() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(g.d.ctx, probeMax)
-		_, err := detached(&guard{s: g.s, d: g.d, detach: g.detach}, ctx, "probe", false, func(ctx context.Context) (struct{}, error) {
+		_, err := detached(&guard{s: g.s, d: g.d, detach: g.detach}, ctx, "probe", func(ctx context.Context) (struct{}, error) {
 			return struct{}{}, g.ping(ctx)
-		}, nil)
+		})
 		cancel()
 		if err == nil {
 			g.fails.Store(0)
@@ -286,23 +267,23 @@ func errsOf(as []driver.Answer, err error) ([]error, error) {
 
 // Lookup implements RecordStore when the store below does (Deduper.records checks).
 func (g *guard) Lookup(ctx context.Context, keys []string) ([]driver.Record, error) {
-	return detached(g, ctx, "lookup", false, func(ctx context.Context) ([]driver.Record, error) {
+	return detached(g, ctx, "lookup", func(ctx context.Context) ([]driver.Record, error) {
 		return g.s.(driver.RecordStore).Lookup(ctx, keys)
-	}, nil)
+	})
 }
 
 // Forget implements RecordStore when the store below does (Deduper.records checks).
 func (g *guard) Forget(ctx context.Context, keys []string, force bool) ([]driver.Record, error) {
-	return detached(g, ctx, "forget", false, func(ctx context.Context) ([]driver.Record, error) {
+	return detached(g, ctx, "forget", func(ctx context.Context) ([]driver.Record, error) {
 		return g.s.(driver.RecordStore).Forget(ctx, keys, force)
-	}, nil)
+	})
 }
 
 // CountRecords implements RecordStore when the store below does.
 func (g *guard) CountRecords(ctx context.Context, prefix, handler string) (map[string]int64, error) {
-	return detached(g, ctx, "count", false, func(ctx context.Context) (map[string]int64, error) {
+	return detached(g, ctx, "count", func(ctx context.Context) (map[string]int64, error) {
 		return g.s.(driver.RecordStore).CountRecords(ctx, prefix, handler)
-	}, nil)
+	})
 }
 
 // giveBack releases claims that landed after their caller gave up on them.

@@ -82,9 +82,9 @@ func (d *Deduper) storeHealth(ctx context.Context, hc driver.HealthChecker) []dr
 		wait, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl.Add(healthGrace))
 		defer cancel()
 	}
-	checks, err := detached(&guard{d: d, detach: detaches(d.base)}, waitBounded(ctx, wait), "health", false, func(ctx context.Context) ([]driver.HealthCheck, error) {
+	checks, err := detached(&guard{d: d, detach: detaches(d.base)}, waitBounded(ctx, wait), "health", func(ctx context.Context) ([]driver.HealthCheck, error) {
 		return hc.CheckHealth(ctx), nil
-	}, nil)
+	})
 	if err != nil {
 		return []driver.HealthCheck{{Name: driver.CheckStoreReachable, Status: driver.HealthFail, Detail: err.Error()}}
 	}
