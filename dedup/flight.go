@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// flights is the in-process table of keys being checked or run: concurrent calls for
+// flights is the in-process table of keys being claimed or run: concurrent claims of
 // one key make one store call, by the first (the leader); the others use its answer.
+// Marks do not use it (docs/design.md §4).
 type flights struct {
 	seed   maphash.Seed
 	shards [flightShards]flightShard

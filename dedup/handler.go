@@ -204,7 +204,9 @@ func (h *Handler) replied(res Result, err error, reply string, has bool) ItemRes
 // first time, Duplicate afterwards. There is no lease: run the side effect after
 // First, accepting that a crash loses it. An empty key answers NoKey, or First
 // Unguarded under ProcessMissingKey; a store failure answers StoreUnavailable (the
-// error wrapping ErrStoreUnavailable), or First Unguarded under FailOpen.
+// error wrapping ErrStoreUnavailable), or First Unguarded under FailOpen. A key that
+// a run of this process holds answers InProgress; one another process runs,
+// Duplicate. Concurrent Marks of a key go to the store, which answers one First.
 func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 	if err := h.checkInput(ctx, false); err != nil {
 		return Result{}, err
