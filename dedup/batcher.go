@@ -34,7 +34,9 @@ type queue struct {
 	g     *guard
 	op    string
 	entry bool // a claim or a mark: refused while the breaker is open
-	send  func(context.Context, []driver.Entry) ([]driver.Answer, error)
+	// giveBack: an entry acquired for a caller that gave up is released (claims)
+	giveBack bool
+	send     func(context.Context, []driver.Entry) ([]driver.Answer, error)
 
 	mu       sync.Mutex
 	calls    []*call
@@ -256,13 +258,13 @@ func (q *queue) answer(batch []*call, entries []driver.Entry, as []driver.Answer
 		if err == nil {
 			mine = as[off : off+n : off+n]
 		}
-		if c.state == gaveUp {
+		if c.state == gaveUp && q.giveBack {
 			for j := range n {
-				if q.op == "claim" && (err != nil || mine[j].Err != nil || mine[j].Status == driver.StatusAcquired) {
+				if err != nil || mine[j].Err != nil || mine[j].Status == driver.StatusAcquired {
 					back = append(back, entries[off+j])
 				}
 			}
-		} else {
+		} else if c.state != gaveUp {
 			c.answers, c.err, c.state = mine, err, answered
 		}
 		off += n

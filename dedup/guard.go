@@ -50,6 +50,7 @@ func newGuard(d *Deduper, s driver.Store) *guard {
 	// claims and marks are refused while the breaker is open; the others settle what
 	// has run, and are always tried
 	g.claims = newQueue(g, "claim", true, s.Claim)
+	g.claims.giveBack = true
 	g.marks = newQueue(g, "mark", true, s.Mark)
 	g.completes = newQueue(g, "complete", false, asAnswers(s.Complete))
 	g.extends = newQueue(g, "extend", false, asAnswers(s.Extend))
