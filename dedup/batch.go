@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -686,7 +687,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 				return
 			}
 			// fn called runtime.Goexit: roll back, give back every unsettled claim
-			bg, bgDone := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
+			bg, bgDone := batcher.Settle(ctx, min(h.cfg.lease, batcher.ReleaseTimeout))
 			defer bgDone()
 			stepRollback(bg, step)
 			for _, b := range append(held, claimed[finished:]...) {
@@ -727,7 +728,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			if !ran { // fn called runtime.Goexit: give the claim back
 				h.leases.forget(b)
 				// before the result, which lets a call waiting for the key go on
-				bg, bgDone := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
+				bg, bgDone := batcher.Settle(ctx, min(h.cfg.lease, batcher.ReleaseTimeout))
 				h.release(bg, b.k, b.rk, b.token)
 				bgDone()
 				out.set(b.i, ItemResult{Result: h.count(Result{Outcome: Panicked}), Err: errGoexit})
@@ -792,7 +793,7 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Boo
 	cause := context.Cause(fctx)
 	h.leases.forget(b)
 	h.undo(ctx, b, step, savepoint)
-	bg, bgDone := h.settleCtx(ctx, h.cfg.lease)
+	bg, bgDone := batcher.Settle(ctx, h.cfg.lease)
 	h.release(bg, b.k, b.rk, b.token)
 	bgDone()
 	res, err := h.failed(b.k, panicked, ferr, cause)
@@ -811,7 +812,7 @@ func (o *batchOut) oneFn(fn func(context.Context, int) error, i int) func(contex
 // completeNow completes a batch of one's claim inline, by the caller's deadline.
 func (h *Handler) completeNow(ctx context.Context, b *batchItem, out *batchOut) {
 	h.leases.forget(b)
-	bg, done := h.settleCtx(ctx, h.cfg.lease)
+	bg, done := batcher.Settle(ctx, h.cfg.lease)
 	defer done()
 	c := b.claimed()
 	res, err := h.completed(c, h.complete(bg, c))
@@ -826,7 +827,7 @@ func (h *Handler) undo(ctx context.Context, b *batchItem, step runStep, savepoin
 	if step == nil {
 		return
 	}
-	bg, done := h.settleCtx(ctx, h.cfg.lease)
+	bg, done := batcher.Settle(ctx, h.cfg.lease)
 	defer done()
 	if !savepoint {
 		step.rollback(bg)
@@ -840,7 +841,7 @@ func (h *Handler) undo(ctx context.Context, b *batchItem, step runStep, savepoin
 // unrun gives back the claim of a transactional batch's item whose savepoint failed.
 func (h *Handler) unrun(ctx context.Context, b *batchItem, out *batchOut, err error) {
 	h.leases.forget(b)
-	bg, done := h.settleCtx(ctx, h.cfg.lease)
+	bg, done := batcher.Settle(ctx, h.cfg.lease)
 	h.release(bg, b.k, b.rk, b.token)
 	done()
 	h.settle(out, b, Result{Outcome: StoreUnavailable}, err)
@@ -893,7 +894,7 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, c *completer, claimed [
 // and completed when it commits, claims kept on an unknown outcome (CommitUnknown),
 // claims given back when it failed (Failed).
 func (h *Handler) commitBatch(ctx context.Context, c *completer, held []*batchItem, step runStep, out *batchOut) {
-	bg, done := h.settleCtx(ctx, h.cfg.lease)
+	bg, done := batcher.Settle(ctx, h.cfg.lease)
 	defer done()
 	if len(held) == 0 {
 		step.rollback(bg) // nothing to commit: every item failed, or was found
@@ -937,7 +938,7 @@ type completer struct {
 }
 
 // wait waits for the batch's completions: up to the caller's deadline plus
-// settleGrace when it has one, as a single call's completion is waited for
+// batcher.SettleGrace when it has one, as a single call's completion is waited for
 // (settleCtx). An item whose completion is still out then is NotRecorded; its
 // completion lands later and changes nothing the caller has.
 func (c *completer) wait() {
@@ -954,7 +955,7 @@ func (c *completer) wait() {
 		c.wg.Wait()
 		close(done)
 	}()
-	t := time.NewTimer(time.Until(dl) + settleGrace)
+	t := time.NewTimer(time.Until(dl) + batcher.SettleGrace)
 	defer t.Stop()
 	select {
 	case <-done:
@@ -1007,11 +1008,11 @@ func (c *completer) addAs(b *batchItem, how completionKind) {
 	c.sent = append(c.sent, b)
 	c.mu.Unlock()
 	cl := b.claimed()
-	c.h.d.g.completes.later(c.ctx, c.h.completion(&cl), c.h.cfg.lease, b, false)
+	c.h.d.g.CompleteLater(c.ctx, c.h.completion(&cl), c.h.cfg.lease, b, false)
 }
 
-// completionAnswered takes the store's answer to b's completion (completer.addAs).
-func (b *batchItem) completionAnswered(cerr error) {
+// CompletionAnswered takes the store's answer to b's completion (completer.addAs).
+func (b *batchItem) CompletionAnswered(cerr error) {
 	c := b.comp
 	defer c.wg.Done()
 	h := c.h

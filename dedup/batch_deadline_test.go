@@ -23,7 +23,7 @@ func (s *stallComplete) Complete(ctx context.Context, entries []driver.Entry) ([
 	return s.Store.Complete(ctx, entries)
 }
 
-// A batch returns by its caller's deadline (plus settleGrace) although the store
+// A batch returns by its caller's deadline (plus batcher.SettleGrace) although the store
 // does not answer its completions: the items whose completion is still out are
 // NotRecorded, each reported once, as a single call's would be; the completions land
 // later, and nothing is lost.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"strings"
 	"sync"
 	"testing"
@@ -61,13 +62,7 @@ func newGated(t *testing.T) (*Deduper, *gateStore) {
 	return d, gs
 }
 
-func (q *queue) queued() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.calls)
-}
-
-// While inFlight claims are out, the claims of every other caller, whatever their
+// While batcher.InFlight claims are out, the claims of every other caller, whatever their
 // handler, queue and then go to the store as one call.
 func TestBatcherMergesTheClaimsOfEveryCaller(t *testing.T) {
 	d, gs := newGated(t)
@@ -84,7 +79,7 @@ func TestBatcherMergesTheClaimsOfEveryCaller(t *testing.T) {
 			}
 		}()
 	}
-	for i := range inFlight { // one at a time: each its own call
+	for i := range batcher.InFlight { // one at a time: each its own call
 		do(a, fmt.Sprint("first-", i))
 		testenv.Eventually(t, 5*time.Second, "the claim at the gate", func() bool { return gs.held() == i+1 })
 	}
@@ -92,14 +87,14 @@ func TestBatcherMergesTheClaimsOfEveryCaller(t *testing.T) {
 	for i := range later {
 		do([]*Handler{a, b}[i%2], fmt.Sprint("later-", i))
 	}
-	testenv.Eventually(t, 5*time.Second, "the later claims queued", func() bool { return d.g.claims.queued() == later })
+	testenv.Eventually(t, 5*time.Second, "the later claims queued", func() bool { return d.g.Queued("claim") == later })
 	close(gs.open)
 	wg.Wait()
 	calls := gs.claimCalls()
-	if len(calls) != inFlight+1 {
-		t.Fatalf("%d Claim calls, want %d: %q", len(calls), inFlight+1, calls)
+	if len(calls) != batcher.InFlight+1 {
+		t.Fatalf("%d Claim calls, want %d: %q", len(calls), batcher.InFlight+1, calls)
 	}
-	last := calls[inFlight]
+	last := calls[batcher.InFlight]
 	heads := map[string]int{}
 	for _, k := range last {
 		heads[k[:strings.LastIndexByte(k, ':')]]++
@@ -115,7 +110,7 @@ func TestBatcherDropsAClaimGivenUpBeforeItWasSent(t *testing.T) {
 	d, gs := newGated(t)
 	h, _ := d.Register("a")
 	var wg sync.WaitGroup
-	for i := range inFlight {
+	for i := range batcher.InFlight {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,7 +15,7 @@ import (
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
-// Once the store has failed breakerTrip times in a row, claims and marks fail at
+// Once the store has failed batcher.BreakerTrip times in a row, claims and marks fail at
 // once, without a store call: a transactional handler under DatabaseOnly runs on its
 // marker alone at the database's speed, a FailOpen handler runs unguarded, a
 // FailClosed one answers StoreUnavailable. A probe closes the breaker once the store
@@ -62,11 +63,11 @@ func TestBreakerSkipsAStoreKnownDownAndProbesItBack(t *testing.T) {
 	}
 
 	down(true)
-	for i := range breakerTrip {
+	for i := range batcher.BreakerTrip {
 		run(fmt.Sprint("trip-", i)) // each waits for the store, fails, and runs on its marker
 	}
 	if !d.Breaker() {
-		t.Fatalf("breaker closed after %d failures in a row", breakerTrip)
+		t.Fatalf("breaker closed after %d failures in a row", batcher.BreakerTrip)
 	}
 	claims := hs.claims.Load()
 	start := time.Now()
@@ -78,7 +79,7 @@ func TestBreakerSkipsAStoreKnownDownAndProbesItBack(t *testing.T) {
 	if res, err := open.Do(ctx, "o", func(context.Context) error { return nil }); res.Outcome != Processed || !res.Unguarded || err != nil {
 		t.Fatalf("FailOpen while the breaker is open: %+v %v", res, err)
 	}
-	if res, err := closed.Do(ctx, "c", func(context.Context) error { return nil }); res.Outcome != StoreUnavailable || !errors.Is(err, errBreakerOpen) {
+	if res, err := closed.Do(ctx, "c", func(context.Context) error { return nil }); res.Outcome != StoreUnavailable || !errors.Is(err, batcher.ErrBreakerOpen) {
 		t.Fatalf("FailClosed while the breaker is open: %+v %v", res, err)
 	}
 	if n := hs.claims.Load() - claims; n != 0 {
@@ -126,15 +127,15 @@ func TestBreakerNeedsFailuresInARow(t *testing.T) {
 			return nil
 		}
 		n++
-		if n%breakerTrip == 0 {
+		if n%batcher.BreakerTrip == 0 {
 			return nil
 		}
 		return fmt.Errorf("%w: injected", ErrStoreUnavailable)
 	})
-	for i := range 10 * breakerTrip {
+	for i := range 10 * batcher.BreakerTrip {
 		_, _ = h.Do(ctx, fmt.Sprint("k", i), func(context.Context) error { return nil })
 		if d.Breaker() {
-			t.Fatalf("breaker open after call %d, with a success every %d", i, breakerTrip)
+			t.Fatalf("breaker open after call %d, with a success every %d", i, batcher.BreakerTrip)
 		}
 	}
 }
@@ -167,7 +168,7 @@ func TestBreakerOpeningEndsTheClaimsStillWaiting(t *testing.T) {
 		out <- res
 	}()
 	testenv.Eventually(t, 5*time.Second, "the slow claim is out", func() bool { return slow.out.Load() })
-	for i := range breakerTrip {
+	for i := range batcher.BreakerTrip {
 		if res, _ := h.Do(ctx, fmt.Sprint("k", i), noop); res.Outcome != StoreUnavailable {
 			t.Fatalf("k%d: %v", i, res.Outcome)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/lru"
 )
@@ -16,8 +17,8 @@ import (
 // Deduper guards message handlers with a Store: one Handler per name. It is safe
 // for concurrent use.
 type Deduper struct {
-	store driver.Store // base behind the guard, and metered when metrics are on
-	g     *guard       // store's guard and batcher (guard.go, batcher.go)
+	store driver.Store   // base behind the guard, and metered when metrics are on
+	g     *batcher.Store // store's guard and batcher
 	cfg   config
 	base  driver.Store // the store given to New
 	met   *metrics     // nil: metrics off
@@ -60,7 +61,7 @@ func New(store driver.Store, opts ...Option) (*Deduper, error) {
 		cancel(err)
 		return nil, err
 	}
-	d.g = newGuard(d, d.store)
+	d.g = batcher.New(d.store, batcher.Config{Logger: cfg.logger, Closing: ctx, Abandon: d.abandon, Ping: d.ping})
 	d.store = d.g
 	return d, nil
 }
@@ -197,7 +198,7 @@ func (d *Deduper) Close() error {
 	giveUp.Stop()
 	close(d.quiet)
 	<-notices
-	d.g.probes.Wait() // the breaker's probe ends with d.ctx
+	d.g.Wait() // the breaker's probe ends with d.ctx
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, h := range d.handlers {
@@ -205,6 +206,24 @@ func (d *Deduper) Close() error {
 		h.closeLocal()
 	}
 	return nil
+}
+
+// closeWait is how long Close waits for the answers of store calls in flight.
+const closeWait = time.Second
+
+// ping is the breaker's probe: the store's Ping, or a release of a key nobody holds.
+func (d *Deduper) ping(ctx context.Context) error {
+	if p, ok := d.base.(driver.Pinger); ok {
+		return p.Ping(ctx)
+	}
+	_, err := d.base.Release(ctx, []driver.Entry{{Key: d.cfg.prefix + ":\x00probe", Token: "probe"}})
+	return err
+}
+
+// Breaker reports whether the Deduper's store breaker is open: calls failed in a
+// row, so claims and marks fail at once while a goroutine probes the store.
+func (d *Deduper) Breaker() (open bool) {
+	return d != nil && d.g != nil && d.g.Open()
 }
 
 func (d *Deduper) giveUp() { d.abandonOnce.Do(func() { close(d.abandon) }) }

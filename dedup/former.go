@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -149,7 +150,7 @@ func (s *formerStore) settle(ctx context.Context, entries []driver.Entry, answer
 // whole lease to copies checked elsewhere, instead of Duplicate.
 func (s *formerStore) giveBack(ctx context.Context, claims []driver.Entry) {
 	h := s.h
-	bg, done := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
+	bg, done := batcher.Settle(ctx, min(h.cfg.lease, batcher.ReleaseTimeout))
 	defer done()
 	var wg sync.WaitGroup
 	release := func(e driver.Entry) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 	"github.com/dedupkit/dedupkit/lru"
@@ -581,13 +582,13 @@ func (h *Handler) completion(c *claimed) driver.Entry {
 // it may have landed (Release is token-checked, so always safe). The caller has
 // entered, so Close waits for it. A claim the breaker refused was never sent.
 func (h *Handler) releaseUnanswered(ctx context.Context, k, rk, token string, err error) {
-	if errors.Is(err, errBreakerOpen) {
+	if errors.Is(err, batcher.ErrBreakerOpen) {
 		return
 	}
 	h.d.running.Add(1)
 	go func() {
 		defer h.d.running.Done()
-		bg, done := h.settleCtx(ctx, min(h.cfg.lease, releaseTimeout))
+		bg, done := batcher.Settle(ctx, min(h.cfg.lease, batcher.ReleaseTimeout))
 		defer done()
 		h.release(bg, k, rk, token)
 	}()
@@ -608,15 +609,12 @@ func cutShort(ctx context.Context, err error) error {
 // storeWarn logs a store failure: a warning, or a debug line while the breaker is
 // open (it warned when it opened), so that an outage does not log a line per message.
 func (h *Handler) storeWarn(err error, msg string, args ...any) {
-	if errors.Is(err, errBreakerOpen) {
+	if errors.Is(err, batcher.ErrBreakerOpen) {
 		h.log.Debug(msg, args...)
 		return
 	}
 	h.log.Warn(msg, args...)
 }
-
-// releaseTimeout bounds a best-effort release.
-const releaseTimeout = 2 * time.Second
 
 // failed classifies fn's error once its claim is released: a panic, a lost lease,
 // cancellation (cause is fn's context's cause), or a plain failure.

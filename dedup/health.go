@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 )
 
 // LocalTierHealth is the fill of one handler's local tier.
@@ -82,7 +83,7 @@ func (d *Deduper) storeHealth(ctx context.Context, hc driver.HealthChecker) []dr
 		wait, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl.Add(healthGrace))
 		defer cancel()
 	}
-	checks, err := detached(&guard{d: d, detach: detaches(d.base)}, waitBounded(ctx, wait), "health", func(ctx context.Context) ([]driver.HealthCheck, error) {
+	checks, err := batcher.Detached(d.g.Quiet(), batcher.WaitBounded(ctx, wait), "health", func(ctx context.Context) ([]driver.HealthCheck, error) {
 		return hc.CheckHealth(ctx), nil
 	})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"testing"
 	"time"
 
@@ -349,8 +350,8 @@ func TestWithoutAMeterProviderNothingIsInstrumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.met != nil || h.met != nil || d.store.(*guard).s != driver.Store(mem) || d.Store() != driver.Store(mem) {
-		t.Fatalf("metrics are on without a provider: %T, %v, %v", d.store.(*guard).s, d.met != nil, h.met != nil)
+	if d.met != nil || h.met != nil || d.store.(*batcher.Store).Unwrap() != driver.Store(mem) || d.Store() != driver.Store(mem) {
+		t.Fatalf("metrics are on without a provider: %T, %v, %v", d.store.(*batcher.Store).Unwrap(), d.met != nil, h.met != nil)
 	}
 	if _, err := New(mem, WithMeterProvider(nil)); !errors.Is(err, ErrInvalidOption) {
 		t.Fatalf("a nil provider: %v, want ErrInvalidOption", err)

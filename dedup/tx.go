@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
@@ -252,7 +253,7 @@ func (h *Handler) beginStep(ctx context.Context, step runStep, c claimed) (Marke
 // ran: a database failure (err; cause is fn's context's cause), or a found marker. A
 // claim (hasClaim) is given back, or completed (a repair) for a found marker.
 func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState, err, cause error, hasClaim bool) (Result, error) {
-	bg, done := h.settleCtx(ctx, h.cfg.lease)
+	bg, done := batcher.Settle(ctx, h.cfg.lease)
 	defer done()
 	switch {
 	case err != nil:
@@ -321,11 +322,11 @@ func (h *Handler) notCompleted(c claimed, cerr error) {
 }
 
 // completeCommitted completes a committed run's claim in the background, with the
-// other completions (lazily: batcher.go); Close waits for it. The flight is left once it lands,
+// other completions (lazily: internal/batcher); Close waits for it. The flight is left once it lands,
 // so that a call for the key meanwhile waits rather than find the claim IN PROGRESS.
 func (h *Handler) completeCommitted(ctx context.Context, c claimed) {
 	h.d.running.Add(1)
-	h.d.g.completes.later(ctx, h.completion(&c), h.cfg.lease, &committedRun{h: h, c: c}, true)
+	h.d.g.CompleteLater(ctx, h.completion(&c), h.cfg.lease, &committedRun{h: h, c: c}, true)
 }
 
 // committedRun takes the answer to a committed run's completion (completeCommitted).
@@ -334,7 +335,7 @@ type committedRun struct {
 	c claimed
 }
 
-func (r *committedRun) completionAnswered(cerr error) {
+func (r *committedRun) CompletionAnswered(cerr error) {
 	defer r.h.d.running.Done()
 	r.h.notCompleted(r.c, cerr)
 	r.h.flights.leave(r.c.k, r.c.f)
@@ -363,7 +364,7 @@ func (h *Handler) runOnMarker(ctx context.Context, c claimed, fn func(context.Co
 	}()
 	panicked, err := h.invoke(step.with(fctx), fn)
 	returned = true
-	bg, done := h.settleCtx(ctx, h.cfg.lease)
+	bg, done := batcher.Settle(ctx, h.cfg.lease)
 	defer done()
 	if err != nil {
 		step.rollback(bg)

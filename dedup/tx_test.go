@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"runtime"
 	"strings"
 	"sync"
@@ -552,7 +553,7 @@ func TestTxMetricsCountDatabaseDuplicatesAndUnknownCommits(t *testing.T) {
 	}
 }
 
-// Committed runs' completions are lazy: runs that commit within lazyDelay of each
+// Committed runs' completions are lazy: runs that commit within batcher.LazyDelay of each
 // other share one CompleteMany, where each would pay a round trip of its own.
 func TestCommittedCompletionsShareRoundTrips(t *testing.T) {
 	f := newFixture(t, true)
@@ -566,8 +567,8 @@ func TestCommittedCompletionsShareRoundTrips(t *testing.T) {
 			t.Fatal(res.Outcome, err)
 		}
 	}
-	if time.Since(start) > lazyDelay {
-		t.Skipf("%d runs took %v, longer than lazyDelay: nothing to share", n, time.Since(start))
+	if time.Since(start) > batcher.LazyDelay {
+		t.Skipf("%d runs took %v, longer than batcher.LazyDelay: nothing to share", n, time.Since(start))
 	}
 	testenv.Eventually(t, 5*time.Second, "every DONE", func() bool {
 		for i := range n {
@@ -578,7 +579,7 @@ func TestCommittedCompletionsShareRoundTrips(t *testing.T) {
 		return true
 	})
 	if got := f.store.completes.Load(); got > 2 {
-		t.Errorf("%d Complete calls for %d commits within %v; want them to share one or two", got, n, lazyDelay)
+		t.Errorf("%d Complete calls for %d commits within %v; want them to share one or two", got, n, batcher.LazyDelay)
 	}
 }
 

@@ -1,4 +1,4 @@
-package dedup
+package batcher
 
 import (
 	"context"
@@ -12,26 +12,29 @@ import (
 
 // The batcher: one queue per store operation for the whole Deduper. Concurrent
 // callers' entries, whatever their handler, go to the store together: while fewer
-// than inFlight calls are out a caller's entries go at once, with whatever has
+// than InFlight calls are out a caller's entries go at once, with whatever has
 // queued; otherwise they wait for the next call to end (docs/design.md §3). Each
 // caller still returns by its own deadline: the call it gave up on goes on, and a
 // claim that lands for nobody is given back.
 const (
-	inFlight = 4   // store calls out at once, per operation
-	maxBatch = 128 // entries per store call, unless one caller's are more
+	// InFlight is how many store calls of an operation are out at once.
+	InFlight = 4
+	// maxBatch is how many entries a store call holds, unless one caller's are more.
+	maxBatch = 128
 )
 
 // A lazy completion (a committed run's: its marker answers a redelivery, so nothing
-// waits for it) waits up to lazyDelay for company, unless lazyBatch are queued or an
+// waits for it) waits up to LazyDelay for company, unless lazyBatch are queued or an
 // eager one comes: then committed runs share a round trip.
 const (
-	lazyDelay = 2 * time.Millisecond
+	// LazyDelay is how long a lazy completion waits for company.
+	LazyDelay = 2 * time.Millisecond
 	lazyBatch = 32
 )
 
 // queue is one operation's batcher.
 type queue struct {
-	g     *guard
+	g     *Store
 	op    string
 	entry bool // a claim or a mark: refused while the breaker is open
 	// giveBack: an entry acquired for a caller that gave up is released (claims)
@@ -55,7 +58,7 @@ type call struct {
 	state    callState // under queue.mu
 	done     chan struct{}
 	// to, when set, takes the answer instead of a waiting caller (a completion)
-	to   completionAnswer
+	to   Answerer
 	lazy bool
 }
 
@@ -68,11 +71,11 @@ const (
 	answered
 )
 
-// completionAnswer takes the store's answer to a completion sent with completeLater:
-// a batchItem or a committedRun. An interface, so that a batch item costs no closure.
-type completionAnswer interface{ completionAnswered(cerr error) }
+// Answerer takes the store's answer to a completion sent with CompleteLater. An
+// interface, so that a batch item costs no closure.
+type Answerer interface{ CompletionAnswered(cerr error) }
 
-func newQueue(g *guard, op string, entry bool, send func(context.Context, []driver.Entry) ([]driver.Answer, error)) *queue {
+func newQueue(g *Store, op string, entry bool, send func(context.Context, []driver.Entry) ([]driver.Answer, error)) *queue {
 	return &queue{g: g, op: op, entry: entry, send: send}
 }
 
@@ -92,7 +95,7 @@ func asAnswers(f func(context.Context, []driver.Entry) ([]error, error)) func(co
 }
 
 // do sends entries with the other callers' and returns the store's answers, or an
-// error wrapping ErrStoreUnavailable once ctx (or its wait bound) ends, Close has
+// error wrapping driver.ErrStoreUnavailable once ctx (or its wait bound) ends, Close has
 // waited closeWait, or, for a claim or mark, the breaker opens. An in-process store
 // is called at once: it answers in far less than a round trip.
 func (q *queue) do(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
@@ -108,7 +111,7 @@ func (q *queue) do(ctx context.Context, entries []driver.Entry) ([]driver.Answer
 		return as, err
 	}
 	if err := ctx.Err(); err != nil { // the store would not send it either
-		return nil, fmt.Errorf("%w: %s: not sent: %w", ErrStoreUnavailable, q.op, context.Cause(ctx))
+		return nil, fmt.Errorf("%w: %s: not sent: %w", driver.ErrStoreUnavailable, q.op, context.Cause(ctx))
 	}
 	c := &call{vals: ctx, entries: entries, done: make(chan struct{})}
 	c.deadline, _ = ctx.Deadline()
@@ -127,33 +130,33 @@ func (q *queue) do(ctx context.Context, entries []driver.Entry) ([]driver.Answer
 		<-c.done
 		return c.answers, c.err
 	}
-	if q.entry && cause != ErrClosed && errors.Is(cause, context.DeadlineExceeded) {
+	if q.entry && cause != driver.ErrClosed && errors.Is(cause, context.DeadlineExceeded) {
 		g.failed() // a store that does not answer by the deadline counts as failing
 	}
 	what := "no answer"
 	if st == queued {
 		what = "not sent"
 	}
-	return nil, fmt.Errorf("%w: %s: %s: %w", ErrStoreUnavailable, q.op, what, cause)
+	return nil, fmt.Errorf("%w: %s: %s: %w", driver.ErrStoreUnavailable, q.op, what, cause)
 }
 
-// later sends e with the other callers' entries, within timeout; to gets the
-// answer. Lazy: it may wait lazyDelay for company.
-func (q *queue) later(ctx context.Context, e driver.Entry, timeout time.Duration, to completionAnswer, lazy bool) {
-	q.add(&call{vals: ctx, deadline: time.Now().Add(timeout), entries: []driver.Entry{e}, to: to, lazy: lazy})
+// CompleteLater sends the completion e with the other callers' entries, within
+// timeout; to gets the answer. Lazy: it may wait LazyDelay for company.
+func (g *Store) CompleteLater(ctx context.Context, e driver.Entry, timeout time.Duration, to Answerer, lazy bool) {
+	g.completes.add(&call{vals: ctx, deadline: time.Now().Add(timeout), entries: []driver.Entry{e}, to: to, lazy: lazy})
 }
 
 func (q *queue) add(c *call) {
 	q.mu.Lock()
 	q.calls = append(q.calls, c)
 	q.eager = q.eager || !c.lazy
-	spawn := q.flushers < inFlight && (q.eager || len(q.calls) >= lazyBatch)
+	spawn := q.flushers < InFlight && (q.eager || len(q.calls) >= lazyBatch)
 	switch {
 	case spawn:
 		q.flushers++
 	case q.flushers == 0 && q.timer == nil:
 		// lazy ones only, and no call out that will take them when it ends
-		q.timer = time.AfterFunc(lazyDelay, q.kick)
+		q.timer = time.AfterFunc(LazyDelay, q.kick)
 	}
 	q.mu.Unlock()
 	if spawn {
@@ -161,11 +164,11 @@ func (q *queue) add(c *call) {
 	}
 }
 
-// kick sends the lazy calls that waited lazyDelay, unless a flush took them.
+// kick sends the lazy calls that waited LazyDelay, unless a flush took them.
 func (q *queue) kick() {
 	q.mu.Lock()
 	q.timer = nil
-	spawn := len(q.calls) > 0 && q.flushers < inFlight
+	spawn := len(q.calls) > 0 && q.flushers < InFlight
 	if spawn {
 		q.flushers++
 	}
@@ -229,7 +232,7 @@ func (q *queue) flush() {
 		}
 		as, err := q.send(ctx, entries)
 		if err == nil && len(as) != len(entries) {
-			err = fmt.Errorf("%w: %s: %d answers to %d entries", ErrStoreUnavailable, q.op, len(as), len(entries))
+			err = fmt.Errorf("%w: %s: %d answers to %d entries", driver.ErrStoreUnavailable, q.op, len(as), len(entries))
 		}
 		q.g.note(ctx, q.entry, err)
 		cancel()
@@ -278,10 +281,23 @@ func (q *queue) answer(batch []*call, entries []driver.Entry, as []driver.Answer
 			if cerr == nil {
 				cerr = c.answers[0].Err
 			}
-			c.to.completionAnswered(cerr)
+			c.to.CompletionAnswered(cerr)
 		default:
 			close(c.done)
 		}
 	}
 	q.g.giveBack(back)
+}
+
+// Queued returns how many calls of operation op ("claim", "mark", ...) wait in its
+// queue.
+func (g *Store) Queued(op string) int {
+	for _, q := range []*queue{g.claims, g.marks, g.completes, g.extends, g.releases} {
+		if q.op == op {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			return len(q.calls)
+		}
+	}
+	return 0
 }
