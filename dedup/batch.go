@@ -471,7 +471,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 		return
 	}
 	if h.cfg.storeFailure == FailOpen {
-		h.met.failOpen()
+		h.met.FailOpen()
 		h.storeWarn(err, "dedup: store unavailable, running without dedup", "key_hash", keyHash(b.k), "err", err)
 		if !b.answered {
 			b.answered = true

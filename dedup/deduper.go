@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"fmt"
+	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"log/slog"
 	"sort"
 	"sync"
@@ -20,8 +21,8 @@ type Deduper struct {
 	store driver.Store   // base behind the guard, and metered when metrics are on
 	g     *batcher.Store // store's guard and batcher
 	cfg   config
-	base  driver.Store // the store given to New
-	met   *metrics     // nil: metrics off
+	base  driver.Store   // the store given to New
+	met   *meter.Metrics // nil: metrics off
 
 	ctx    context.Context // cancelled by Close, and with it every running fn
 	cancel context.CancelCauseFunc
@@ -95,7 +96,7 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		d: d, name: name, cfg: cfg, flights: newFlights(), store: d.store,
 		keyHead: d.cfg.prefix + ":" + name + ":",
 		log:     d.cfg.logger.With("handler", name),
-		met:     d.met.forHandler(name),
+		met:     d.met.Handler(name),
 	}
 	h.leases.h = h
 	if len(cfg.formerNames) > 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -40,7 +41,7 @@ type Handler struct {
 	formerHeads []string // "<prefix>:<former name>:", for each former name
 	log         *slog.Logger
 	stats       counters
-	met         *handlerMetrics // nil: metrics off (metrics.go)
+	met         *meter.Handler // nil: metrics off (internal/meter)
 }
 
 // Name returns the handler's name.
@@ -649,7 +650,7 @@ func (h *Handler) completed(c claimed, cerr error) (Result, error) {
 		}
 		return h.count(Result{Outcome: Processed}), nil
 	case errors.Is(cerr, ErrLeaseLost):
-		h.met.leaseLost(opComplete)
+		h.met.LeaseLost(meter.OpComplete)
 		h.log.Warn("dedup: lease lost before completion; not recorded", "key_hash", keyHash(k))
 		return h.count(Result{Outcome: LeaseLost}), ErrLeaseLost
 	default:
@@ -685,7 +686,7 @@ func (h *Handler) marked(ctx context.Context, since uint64, k, lk string, ans dr
 		fallthrough
 	default:
 		if h.cfg.storeFailure == FailOpen {
-			h.met.failOpen()
+			h.met.FailOpen()
 			h.storeWarn(err, "dedup: store unavailable, running without dedup", "key_hash", keyHash(k), "err", err)
 			return Result{Outcome: First, Unguarded: true}, nil
 		}
@@ -715,7 +716,7 @@ func (h *Handler) marked(ctx context.Context, since uint64, k, lk string, ans dr
 
 // noKey follows the missing-key policy (with step: in a transaction, no marker).
 func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error, step runStep) (Result, error) {
-	h.met.keyMissing()
+	h.met.KeyMissing()
 	if h.cfg.missingKey == RejectMissingKey {
 		return h.count(Result{Outcome: NoKey}), nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -202,7 +203,7 @@ func (l *leases) lost(b *batchItem, end int64) {
 		return
 	}
 	h.stats.leaseLost.Add(1)
-	h.met.leaseLost(opExtend)
+	h.met.LeaseLost(meter.OpExtend)
 	b.lost.Store(true)
 	delete(l.live, b)
 	if cancel, ok := l.running[b]; ok {

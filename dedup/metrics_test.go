@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
+	"github.com/dedupkit/dedupkit/dedup/internal/meter"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +18,17 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
+
+// The instruments' attribute keys, as docs/operating.md names them.
+const (
+	attrHandler   = attribute.Key("dedup.handler.name")
+	attrOutcome   = attribute.Key("dedup.outcome")
+	attrTier      = attribute.Key("dedup.tier")
+	attrOperation = attribute.Key("dedup.operation.name")
+)
+
+// outcomeAttr is o as a dedup.outcome value: snake_case.
+func outcomeAttr(o Outcome) string { return strings.ReplaceAll(o.String(), "-", "_") }
 
 // metered is a Deduper over a hook store, with metrics read by a manual reader.
 type metered struct {
@@ -61,8 +74,8 @@ func (m *metered) collect() map[string]metricdata.Metrics {
 	}
 	out := make(map[string]metricdata.Metrics)
 	for _, sm := range rm.ScopeMetrics {
-		if sm.Scope.Name != meterName {
-			m.t.Fatalf("instrument scope %q, want %q", sm.Scope.Name, meterName)
+		if sm.Scope.Name != meter.Name {
+			m.t.Fatalf("instrument scope %q, want %q", sm.Scope.Name, meter.Name)
 		}
 		for _, mt := range sm.Metrics {
 			out[mt.Name] = mt
@@ -308,7 +321,7 @@ func TestMetricsCountAWholeBatchFailureOnceAndCancellationsNever(t *testing.T) {
 
 	// item errors, straight through the metered store
 	items := &allItemsFailStore{Store: m.d.base}
-	ms := &meteredStore{s: items, m: m.d.met}
+	ms := m.d.met.Store(items)
 	entries := []driver.Entry{{Key: "x:orders:1", Token: "t", TTL: time.Minute}, {Key: "x:orders:2", Token: "t", TTL: time.Minute}}
 	if _, err := ms.Claim(ctx, entries); err != nil {
 		t.Fatal(err)
