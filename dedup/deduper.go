@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
+	"github.com/dedupkit/dedupkit/dedup/internal/notices"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/lru"
 )
@@ -33,7 +34,7 @@ type Deduper struct {
 	quiet    chan struct{}  // closed once they have ended: the lease tables stop
 	handlers map[string]*Handler
 	byName   map[string]*Handler // handlers with a local tier, by name and former names
-	notices  *noticeListener     // nil until such a handler registers
+	notices  *notices.Listener   // nil until a handler with a local tier registers
 	// abandon is closed closeWait after Close began: store calls still out are given up
 	abandon     chan struct{}
 	abandonOnce sync.Once
