@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
+	"github.com/dedupkit/dedupkit/dedup/internal/former"
 	"github.com/dedupkit/dedupkit/dedup/internal/notices"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/lru"
@@ -108,7 +109,8 @@ func (d *Deduper) Register(name string, opts ...HandlerOption) (*Handler, error)
 		for _, n := range cfg.formerNames {
 			h.formerHeads = append(h.formerHeads, d.cfg.prefix+":"+n+":")
 		}
-		h.store = &formerStore{Store: d.store, h: h, records: rs}
+		h.store = &former.Store{Store: d.store, Records: rs, Head: h.keyHead, Formers: h.formerHeads,
+			Log: h.log, Wait: min(cfg.lease, batcher.ReleaseTimeout)}
 	}
 	if cfg.localSize > 0 {
 		c, err := lru.New(cfg.localSize, cfg.localTTL, cfg.localOpts...)

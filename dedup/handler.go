@@ -778,7 +778,4 @@ func invoke(ctx context.Context, fn func(context.Context) error) (panicked bool,
 }
 
 // keyHash names a key in log lines without revealing it.
-func keyHash(k string) string {
-	sum := sha256.Sum256([]byte(k))
-	return hex.EncodeToString(sum[:8])
-}
+func keyHash(k string) string { return storekit.KeyHash(k) }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/former"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -75,7 +76,7 @@ func (h *Handler) LookupMany(ctx context.Context, keys []string) ([]RecordInfo, 
 	out := make([]RecordInfo, len(ks))
 	for i := range ks {
 		row := recs[i*len(names) : (i+1)*len(names)]
-		j := decide(row)
+		j := former.Decide(row)
 		out[i] = RecordInfo{Handler: names[j], RecordKey: h.d.cfg.prefix + ":" + names[j] + ":" + ks[i], Record: row[j]}
 	}
 	return out, nil
@@ -114,7 +115,7 @@ func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) 
 	if err != nil {
 		return RecordInfo{}, err
 	}
-	j, refused := decide(recs), error(nil)
+	j, refused := former.Decide(recs), error(nil)
 	for i, r := range recs {
 		if r.Err == nil {
 			// this process at once; the store's notice tells the others
@@ -164,28 +165,6 @@ func (h *Handler) recordKeys(ks []string) []string {
 		}
 	}
 	return out
-}
-
-// decide picks the record that answers among a key's records under names(): its own
-// if present, else the first DONE, else the first IN PROGRESS. Failing that, an item
-// that failed decides, so that its error is not taken for an absence.
-func decide(row []driver.Record) int {
-	if row[0].State != driver.RecordAbsent || row[0].Err != nil {
-		return 0
-	}
-	for _, want := range []driver.RecordState{driver.RecordDone, driver.RecordInProgress} {
-		for j, r := range row[1:] {
-			if r.Err == nil && r.State == want {
-				return j + 1
-			}
-		}
-	}
-	for j, r := range row[1:] {
-		if r.Err != nil {
-			return j + 1
-		}
-	}
-	return 0
 }
 
 func normalizeAll(raw []string) ([]string, error) {

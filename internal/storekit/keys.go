@@ -1,6 +1,8 @@
 package storekit
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"reflect"
@@ -134,4 +136,11 @@ func OnlyErr(errs []error, err error) error {
 		return fmt.Errorf("%w: %d answers to one entry", driver.ErrStoreUnavailable, len(errs))
 	}
 	return errs[0]
+}
+
+// KeyHash names a key in log lines without revealing it: the hex of the first 8
+// bytes of its SHA-256.
+func KeyHash(k string) string {
+	sum := sha256.Sum256([]byte(k))
+	return hex.EncodeToString(sum[:8])
 }
