@@ -153,7 +153,6 @@ type batchOut struct {
 	// lead[i] is item i's batchItem when the batch leads its key; its flight is left
 	// as soon as its result is final, not at the end of the batch.
 	lead    []*batchItem
-	leave   func(b *batchItem)
 	checked func() // WhenChecked's, called at the first flush
 	h       *Handler
 	replies *batchReplies // a reply batch's; nil otherwise
@@ -169,8 +168,8 @@ type batchOut struct {
 	held    []int
 }
 
-func newBatchOut(n int, done func(int, ItemResult), leave func(*batchItem), checked func()) *batchOut {
-	return &batchOut{r: make([]ItemResult, n), done: done, lead: make([]*batchItem, n), leave: leave,
+func newBatchOut(n int, done func(int, ItemResult), checked func()) *batchOut {
+	return &batchOut{r: make([]ItemResult, n), done: done, lead: make([]*batchItem, n),
 		checked: checked, isSet: make([]bool, n), holding: true}
 }
 
@@ -199,23 +198,20 @@ func (o *batchOut) setAndLeave(i int, r ItemResult, leave bool) {
 	}
 }
 
-// leaveItem leaves b's flight once. A batch of one first records whether its run
-// processed the key, so that the calls waiting for it answer Duplicate.
+// leaveItem leaves b's flight once (a mark has none). It first records whether the
+// run processed the key, so that the calls waiting for it answer Duplicate.
 func (o *batchOut) leaveItem(b *batchItem) {
-	if !o.single {
-		o.leave(b)
+	if b.f == nil || !b.left.CompareAndSwap(false, true) {
 		return
 	}
-	if b.left.CompareAndSwap(false, true) {
-		b.settleFlight(Result{Outcome: Cancelled}, ErrClosed) // no-op unless a path forgot
-		o.mu.Lock()
-		processed := o.r[0].Outcome == Processed
-		o.mu.Unlock()
-		if processed {
-			b.f.processed.Store(true)
-		}
-		o.h.flights.leave(b.k, b.f)
+	b.settleFlight(Result{Outcome: Cancelled}, ErrClosed) // no-op unless a path forgot
+	o.mu.Lock()
+	processed := o.isSet[b.i] && o.r[b.i].Outcome == Processed
+	o.mu.Unlock()
+	if processed {
+		b.f.processed.Store(true)
 	}
+	o.h.flights.leave(b.k, b.f)
 }
 
 // oneRun is a batch of one (Handler.do) in one allocation.
@@ -271,13 +267,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		ctx = context.WithValue(ctx, whenCheckedKey{}, nil) // not to the fns' calls
 	}
 	filter := h.cfg.mode == ModeFilter && step == nil && rb == nil
-	leave := func(b *batchItem) {
-		if b.f != nil && b.left.CompareAndSwap(false, true) {
-			b.settleFlight(Result{Outcome: Cancelled}, ErrClosed) // no-op unless a path forgot
-			h.flights.leave(b.k, b.f)
-		}
-	}
-	out := newBatchOut(len(items), done, leave, checked)
+	out := newBatchOut(len(items), done, checked)
 	out.h, out.replies = h, rb
 	defer out.sweep(h) // last: also when an fn ends this goroutine (runtime.Goexit)
 	var joiners sync.WaitGroup
@@ -288,7 +278,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 	follows := make(map[int]*batchItem)
 	defer func() {
 		for _, b := range leads {
-			leave(b) // those a path left without a result
+			out.leaveItem(b) // those a path left without a result
 		}
 	}()
 	var keyless []int
@@ -708,8 +698,6 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			finished++
 			switch {
 			case !ok:
-			case step == nil && out.single:
-				h.completeNow(ctx, b, out)
 			case step == nil:
 				c.add(b)
 			default:
@@ -809,17 +797,6 @@ func (o *batchOut) oneFn(fn func(context.Context, int) error, i int) func(contex
 	return func(c context.Context) error { return fn(c, i) }
 }
 
-// completeNow completes a batch of one's claim inline, by the caller's deadline.
-func (h *Handler) completeNow(ctx context.Context, b *batchItem, out *batchOut) {
-	h.leases.forget(b)
-	bg, done := batcher.Settle(ctx, h.cfg.lease)
-	defer done()
-	c := b.claimed()
-	res, err := h.completed(c, h.complete(bg, c))
-	b.f.processed.Store(res.Outcome == Processed)
-	out.set(b.i, ItemResult{Result: res, Err: err})
-}
-
 // undo takes b's work out of a transactional batch's transaction: back to its
 // savepoint, or, without one (the only item), by rolling back. A transaction that
 // cannot be brought back fails its commit, so the items it held run again.
@@ -878,10 +855,6 @@ func (h *Handler) beginBatch(ctx, fnCtx context.Context, c *completer, claimed [
 		case storekit.FingerprintsDiffer(found[j].Fingerprint, b.fp):
 			h.leases.forget(b)
 			res, rerr := h.stepAnswered(ctx, b.claimed(), found[j], nil, nil, true)
-			out.set(b.i, ItemResult{Result: res, Err: rerr})
-		case out.single:
-			h.leases.forget(b)
-			res, rerr := h.stepAnswered(ctx, b.claimed(), found[j], nil, nil, true) // completed inline
 			out.set(b.i, ItemResult{Result: res, Err: rerr})
 		default:
 			c.addAs(b, completedEarlier)

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )

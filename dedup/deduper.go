@@ -3,7 +3,6 @@ package dedup
 import (
 	"context"
 	"fmt"
-	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"log/slog"
 	"sort"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"github.com/dedupkit/dedupkit/dedup/internal/former"
+	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"github.com/dedupkit/dedupkit/dedup/internal/notices"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/lru"

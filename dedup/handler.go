@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
+	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 	"github.com/dedupkit/dedupkit/lru"
@@ -216,20 +216,7 @@ func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 	if err := h.noReplies(); err != nil {
 		return Result{}, err
 	}
-	if key == "" {
-		return h.noKey(ctx, nil, nil)
-	}
-	k := keys.Normalize(key)
-	lk := localKey(k, "")
-	if h.localDone(lk) {
-		return h.countLocalHit(), nil
-	}
-	if !h.d.enter() {
-		return h.count(Result{Outcome: Cancelled}), ErrClosed
-	}
-	defer h.d.running.Done()
-	res, err := h.markOne(ctx, k, lk, "")
-	return h.count(res), err
+	return h.mark(ctx, key, "", nil)
 }
 
 // Handle reads msg's key with the handler's key strategy and guards fn by the
@@ -267,6 +254,14 @@ func (h *Handler) handleKey(ctx context.Context, key string, payload []byte, fn 
 	if h.cfg.mode == ModeDo {
 		return h.do(ctx, key, fp, fn, nil, nil)
 	}
+	return h.mark(ctx, key, fp, fn)
+}
+
+// mark is Mark, then fn (if any) on First: Handle in ModeFilter.
+func (h *Handler) mark(ctx context.Context, key, fp string, fn func(context.Context) error) (Result, error) {
+	if key == "" {
+		return h.noKey(ctx, fn, nil)
+	}
 	k := keys.Normalize(key)
 	lk := localKey(k, fp)
 	if h.localDone(lk) {
@@ -278,8 +273,10 @@ func (h *Handler) handleKey(ctx context.Context, key string, payload []byte, fn 
 		return h.count(Result{Outcome: Cancelled}), ErrClosed
 	}
 	defer h.d.running.Done()
-	res, err := h.markOne(ctx, k, lk, fp)
-	if res.Outcome != First {
+	since := h.forgets.Load()
+	ans, err := storekit.Only(h.store.Mark(ctx, []driver.Entry{{Key: h.keyHead + k, Token: newToken(), Fingerprint: fp, TTL: h.cfg.retention}}))
+	res, err := h.marked(ctx, since, k, lk, ans, err)
+	if res.Outcome != First || fn == nil {
 		return h.count(res), err
 	}
 	return h.run(ctx, fn, res.Unguarded, !res.Unguarded, nil)
@@ -564,11 +561,6 @@ func (h *Handler) setReply(c *claimed, reply string) {
 // storesReply says c's completion writes a reply with DONE.
 func (c *claimed) storesReply() bool { return c.replied && !c.tooLarge }
 
-// complete completes c's claim.
-func (h *Handler) complete(ctx context.Context, c claimed) error {
-	return storekit.OnlyErr(h.store.Complete(ctx, []driver.Entry{h.completion(&c)}))
-}
-
 // completion is the entry that completes c's claim: with its reply when it has one
 // to store.
 func (h *Handler) completion(c *claimed) driver.Entry {
@@ -663,13 +655,6 @@ func (h *Handler) release(ctx context.Context, k, rk, token string) {
 	if err := storekit.OnlyErr(h.store.Release(ctx, []driver.Entry{{Key: rk, Token: token}})); err != nil {
 		h.log.Warn("dedup: release failed; the key stays claimed until its lease ends", "key_hash", keyHash(k), "err", err)
 	}
-}
-
-// markOne is Mark of normalized key k (lk its localKey) once the caller has entered.
-func (h *Handler) markOne(ctx context.Context, k, lk, fp string) (Result, error) {
-	since := h.forgets.Load()
-	ans, err := storekit.Only(h.store.Mark(ctx, []driver.Entry{{Key: h.keyHead + k, Token: newToken(), Fingerprint: fp, TTL: h.cfg.retention}}))
-	return h.marked(ctx, since, k, lk, ans, err)
 }
 
 // marked turns a mark's answer, or its error, into a result (not counted), caching

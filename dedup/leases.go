@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 

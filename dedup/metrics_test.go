@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
-	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
+	"github.com/dedupkit/dedupkit/dedup/internal/meter"
 	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"runtime"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
+	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/internal/testenv"
 )
