@@ -617,7 +617,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			b.f.answer(Result{}, nil, true)
 			claimed = append(claimed, b)
 		case driver.StatusDuplicate:
-			h.rememberFor(b.f.since, b.lk, a.TTL)
+			h.remember(b.f.since, b.lk, a.TTL)
 			if a.HasReply {
 				h.rememberReply(b.f.since, b.lk, a.Reply, a.TTL)
 			}

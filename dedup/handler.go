@@ -327,20 +327,11 @@ func localKey(k, fp string) string {
 // what a call that began then learnt may predate it.
 func (h *Handler) stale(since uint64) bool { return h.forgets.Load() != since }
 
-// remember caches a DONE key learnt by a call that began at forget count since; a
-// forget meanwhile takes it out again. Order matters: this adds, then reads the
+// remember caches a DONE key learnt by a call that began at forget count since, for
+// no longer than left, what its record has left (a record written now: retention).
+// A forget meanwhile takes it out again. Order matters: this adds, then reads the
 // count; the forgetting side counts, then drops the key.
-func (h *Handler) remember(since uint64, lk string) {
-	if h.local != nil && h.listening.Load() {
-		h.local.Add(lk)
-		if h.stale(since) {
-			h.local.Remove(lk)
-		}
-	}
-}
-
-// rememberFor is remember for no longer than left, what the record has left.
-func (h *Handler) rememberFor(since uint64, lk string, left time.Duration) {
+func (h *Handler) remember(since uint64, lk string, left time.Duration) {
 	if h.local != nil && h.listening.Load() {
 		h.local.AddFor(lk, left)
 		if h.stale(since) {
@@ -630,7 +621,7 @@ func (h *Handler) completed(c claimed, cerr error) (Result, error) {
 	k := c.k
 	switch {
 	case cerr == nil:
-		h.remember(c.f.since, c.lk)
+		h.remember(c.f.since, c.lk, h.cfg.retention)
 		if c.storesReply() {
 			c.f.knowReply(c.reply, true)
 			h.rememberReply(c.f.since, c.lk, c.reply, h.cfg.retention)
@@ -680,7 +671,7 @@ func (h *Handler) marked(ctx context.Context, since uint64, k, lk string, ans dr
 	}
 	switch ans.Status {
 	case driver.StatusAcquired:
-		h.remember(since, lk)
+		h.remember(since, lk, h.cfg.retention)
 		return Result{Outcome: First}, nil
 	case driver.StatusConflict:
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(k))
@@ -695,7 +686,7 @@ func (h *Handler) marked(ctx context.Context, since uint64, k, lk string, ans dr
 	}
 	// cached no longer than the record lives (not at all without a TTL): an entry that
 	// outlived it would answer Duplicate once the key is claimed again
-	h.rememberFor(since, lk, ans.TTL)
+	h.remember(since, lk, ans.TTL)
 	return Result{Outcome: Duplicate, Tier: TierStore}, nil
 }
 

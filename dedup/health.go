@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
-	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
 // LocalTierHealth is the fill of one handler's local tier.
@@ -53,7 +53,7 @@ func (d *Deduper) Health(ctx context.Context) HealthReport {
 		rep.Checks = append(rep.Checks, driver.HealthCheck{Name: driver.CheckDeduper, Status: driver.HealthFail, Detail: "the Deduper is closed"})
 	}
 	if hc, ok := d.base.(driver.HealthChecker); ok {
-		rep.Checks = append(rep.Checks, d.storeHealth(ctx, hc)...)
+		rep.Checks = append(rep.Checks, d.g.CheckHealth(ctx, hc)...)
 	} else {
 		rep.Checks = append(rep.Checks, driver.HealthCheck{Name: driver.CheckStoreReachable, Status: driver.HealthUnknown,
 			Detail: fmt.Sprintf("the store (%T) does not report its health", d.base)})
@@ -70,41 +70,8 @@ func (d *Deduper) Health(ctx context.Context) HealthReport {
 		}
 		rep.Local = append(rep.Local, l)
 	}
-	rep.Status = worst(rep.Checks)
+	rep.Status = storekit.Worst(rep.Checks)
 	return rep
-}
-
-// storeHealth is hc's checks, or CheckStoreReachable failed when they are not in by
-// ctx's deadline plus a grace, which lets a store that honours ctx report its own.
-func (d *Deduper) storeHealth(ctx context.Context, hc driver.HealthChecker) []driver.HealthCheck {
-	wait := ctx
-	if dl, ok := ctx.Deadline(); ok {
-		var cancel context.CancelFunc
-		wait, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl.Add(healthGrace))
-		defer cancel()
-	}
-	checks, err := batcher.Detached(d.g.Quiet(), batcher.WaitBounded(ctx, wait), "health", func(ctx context.Context) ([]driver.HealthCheck, error) {
-		return hc.CheckHealth(ctx), nil
-	})
-	if err != nil {
-		return []driver.HealthCheck{{Name: driver.CheckStoreReachable, Status: driver.HealthFail, Detail: err.Error()}}
-	}
-	return checks
-}
-
-const healthGrace = 50 * time.Millisecond
-
-func worst(cs []driver.HealthCheck) driver.HealthStatus {
-	s := driver.HealthOK
-	for _, c := range cs {
-		switch c.Status {
-		case driver.HealthFail:
-			return driver.HealthFail
-		case driver.HealthWarn:
-			s = driver.HealthWarn
-		}
-	}
-	return s
 }
 
 // HealthHandler returns an http.Handler that writes Health's report as JSON, with

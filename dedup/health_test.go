@@ -301,15 +301,3 @@ func TestHealthOnMiniredisFailsNothing(t *testing.T) {
 	t.Log(body)
 	wantCheck(t, find(t, rep, driver.CheckStoreReachable, "*"), driver.HealthOK)
 }
-
-func TestAReportIsItsWorstCheck(t *testing.T) {
-	if got := worst([]driver.HealthCheck{{Status: driver.HealthOK}, {Status: driver.HealthUnknown}}); got != driver.HealthOK {
-		t.Fatalf("ok+unknown: %s", got)
-	}
-	if got := worst([]driver.HealthCheck{{Status: driver.HealthWarn}, {Status: driver.HealthUnknown}}); got != driver.HealthWarn {
-		t.Fatalf("warn+unknown: %s", got)
-	}
-	if got := worst([]driver.HealthCheck{{Status: driver.HealthWarn}, {Status: driver.HealthFail}, {Status: driver.HealthOK}}); got != driver.HealthFail {
-		t.Fatalf("warn+fail: %s", got)
-	}
-}

@@ -288,7 +288,7 @@ func (h *Handler) repaired(c claimed, cerr error) (Result, error) {
 	if cerr != nil {
 		h.log.Warn("dedup: committed earlier; DONE not repaired in the store", "key_hash", keyHash(c.k), "err", cerr)
 	}
-	h.remember(c.f.since, c.lk)
+	h.remember(c.f.since, c.lk, h.cfg.retention)
 	return h.count(Result{Outcome: Duplicate, Tier: TierDatabase}), nil
 }
 
@@ -310,7 +310,7 @@ func (h *Handler) commitFailed(ctx context.Context, c claimed, cerr error, hasCl
 // its completion (cerr, logged), since the marker answers a redelivery.
 func (h *Handler) committed(c claimed, cerr error) (Result, error) {
 	h.notCompleted(c, cerr)
-	h.remember(c.f.since, c.lk)
+	h.remember(c.f.since, c.lk, h.cfg.retention)
 	return h.count(Result{Outcome: Processed}), nil
 }
 

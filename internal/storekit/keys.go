@@ -144,3 +144,17 @@ func KeyHash(k string) string {
 	sum := sha256.Sum256([]byte(k))
 	return hex.EncodeToString(sum[:8])
 }
+
+// Worst is the worst of the checks' statuses (unknown counts as ok).
+func Worst(cs []driver.HealthCheck) driver.HealthStatus {
+	s := driver.HealthOK
+	for _, c := range cs {
+		switch c.Status {
+		case driver.HealthFail:
+			return driver.HealthFail
+		case driver.HealthWarn:
+			s = driver.HealthWarn
+		}
+	}
+	return s
+}

@@ -304,3 +304,22 @@ func (g *Store) giveBack(entries []driver.Entry) {
 	_, _ = g.s.Release(ctx, entries)
 	cancel()
 }
+
+// CheckHealth is hc's checks, or CheckStoreReachable failed when they are not in by
+// ctx's deadline plus SettleGrace, which lets a store that honours ctx report its
+// own. The breaker does not count it.
+func (g *Store) CheckHealth(ctx context.Context, hc driver.HealthChecker) []driver.HealthCheck {
+	wait := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl.Add(SettleGrace))
+		defer cancel()
+	}
+	checks, err := Detached(g.Quiet(), WaitBounded(ctx, wait), "health", func(ctx context.Context) ([]driver.HealthCheck, error) {
+		return hc.CheckHealth(ctx), nil
+	})
+	if err != nil {
+		return []driver.HealthCheck{{Name: driver.CheckStoreReachable, Status: driver.HealthFail, Detail: err.Error()}}
+	}
+	return checks
+}
