@@ -220,7 +220,8 @@ func (d *Deduper) ping(ctx context.Context) error {
 	if p, ok := d.base.(driver.Pinger); ok {
 		return p.Ping(ctx)
 	}
-	_, err := d.base.Release(ctx, []driver.Entry{{Key: d.cfg.prefix + ":\x00probe", Token: "probe"}})
+	// the store under the guard: metered, when metrics are on
+	_, err := d.g.Unwrap().Release(ctx, []driver.Entry{{Key: d.cfg.prefix + ":\x00probe", Token: "probe"}})
 	return err
 }
 

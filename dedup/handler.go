@@ -115,18 +115,6 @@ func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) e
 	return h.do(ctx, key, "", fn, nil, nil)
 }
 
-// doReply is runOne on a handler WithReplies: fn's reply is stored with DONE.
-func (h *Handler) doReply(ctx context.Context, key, fp string, fn func(context.Context) error) ItemResult {
-	if h.replies != nil {
-		if v, ok := h.replies.Get(localKey(keys.Normalize(key), fp)); ok {
-			return ItemResult{Result: h.countLocalHit(), Reply: v, HasReply: true}
-		}
-	}
-	r := &replyRun{fn: fn}
-	res, err := h.do(ctx, key, fp, r.call, nil, r)
-	return h.replied(res, err, r.reply, r.has)
-}
-
 // noReplies refuses Do, Handle and Mark on a handler WithReplies.
 func (h *Handler) noReplies() error {
 	if h.cfg.replyLimit > 0 {
@@ -238,8 +226,10 @@ func (h *Handler) Handle(ctx context.Context, msg keys.Message, fn func(context.
 
 // runOne is Run for one keyed item: a single call.
 func (h *Handler) runOne(ctx context.Context, it Item, fn func(context.Context) error) ItemResult {
-	if h.cfg.replyLimit > 0 {
-		return h.doReply(ctx, it.Key, h.fingerprint(it.Payload), fn)
+	if h.cfg.replyLimit > 0 { // fn's reply is stored with DONE; a duplicate gets it back
+		r := &replyRun{fn: fn}
+		res, err := h.do(ctx, it.Key, h.fingerprint(it.Payload), r.call, nil, r)
+		return h.replied(res, err, r.reply, r.has)
 	}
 	res, err := h.handleKey(ctx, it.Key, it.Payload, fn)
 	return ItemResult{Result: res, Err: err}
