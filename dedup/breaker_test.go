@@ -200,3 +200,67 @@ func (s *slowClaims) Claim(ctx context.Context, entries []driver.Entry) ([]drive
 	}
 	return s.Store.Claim(ctx, entries)
 }
+
+// Claims the store never answers open the breaker by themselves, though their
+// callers set no deadline: each counts as a failure once it has waited
+// batcher.StallAfter (a client waiting out its dial retries answers nothing for
+// seconds). Then they give up, and a DatabaseOnly handler runs them on the marker
+// alone; the claims that land later are given back.
+func TestClaimsTheStoreDoesNotAnswerOpenTheBreaker(t *testing.T) {
+	mem, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck := make(chan struct{})
+	hung := &hungClaims{Store: mem, stuck: stuck}
+	d, err := New(hung, WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	tx, _ := d.Register("tx", WithStoreFailure(DatabaseOnly))
+	db := newFakeDB()
+	out := make(chan Result, batcher.BreakerTrip)
+	for i := range batcher.BreakerTrip {
+		key := fmt.Sprint("k", i)
+		go func() {
+			res, _ := DoTx(context.Background(), tx, key, Transactor[*fakeTx](db), func(_ context.Context, t *fakeTx) error {
+				t.write(key)
+				return nil
+			})
+			out <- res
+		}()
+	}
+	for range batcher.BreakerTrip {
+		select {
+		case res := <-out:
+			if res.Outcome != Processed {
+				t.Errorf("a claim the store did not answer: %v, want Processed on the marker", res.Outcome)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("claims the store does not answer kept their callers waiting: the breaker did not open")
+		}
+	}
+	close(stuck) // the claims land now, for nobody: they are given back
+	for i := range batcher.BreakerTrip {
+		key := fmt.Sprint("k", i)
+		if db.effectsOf(key) != 1 {
+			t.Errorf("%s: %d effects", key, db.effectsOf(key))
+		}
+		testenv.Eventually(t, 5*time.Second, key+" given back", func() bool {
+			recs, err := mem.Lookup(context.Background(), []string{tx.RecordKey(key)})
+			return err == nil && recs[0].State == driver.RecordAbsent
+		})
+	}
+}
+
+// hungClaims holds every Claim until stuck is closed.
+type hungClaims struct {
+	driver.Store
+	stuck chan struct{}
+}
+
+func (s *hungClaims) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	<-s.stuck
+	return s.Store.Claim(ctx, entries)
+}

@@ -393,7 +393,11 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 				// the run processed the key, and its completion is on its way
 				return nil, h.count(f.duplicate(r)), nil
 			}
-			if !waitsForRunning(ctx) {
+			// A processed run's flight is held only until its completion lands (a
+			// committed run's, lazily: completeCommitted); a call that cannot take its
+			// answer (a forget since it began: stale; another fingerprint) waits for
+			// it and asks again, rather than answer InProgress for the whole lease.
+			if !waitsForRunning(ctx) && !f.processed.Load() {
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
 			// wait up to the run's remaining lease; a slower run answers InProgress

@@ -626,3 +626,45 @@ func TestCallDuringALazyCompletionIsADuplicate(t *testing.T) {
 		t.Error("an effect ran twice")
 	}
 }
+
+// A call for a key whose committed run's completion is still out, after a forget
+// (here the local tier's purge, as when forget notices may have been lost) made the
+// run's flight stale, waits for the completion and answers Duplicate: it does not
+// answer InProgress for what is left of a lease that nothing holds any more (the
+// outage benchmark's 30 s stall).
+func TestCallAfterAForgetDuringALazyCompletionWaitsForIt(t *testing.T) {
+	f := newFixture(t, true)
+	h := f.handler("orders", WithLease(30*time.Second))
+	db := newFakeDB()
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	f.store.onFail(func(op string) error {
+		if op == "complete" {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+			<-release
+		}
+		return nil
+	})
+	ctx := context.Background()
+	if res, _ := DoTx(ctx, h, "k", db, effect("k")); res.Outcome != Processed {
+		t.Fatal(res.Outcome)
+	}
+	<-held // the committed run's completion is out, and held
+	h.purgeLocal()
+	time.AfterFunc(100*time.Millisecond, func() { close(release) })
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := DoTx(cctx, h, "k", db, effect("k"))
+	if res.Outcome != Duplicate || err != nil {
+		t.Fatalf("the call after the forget answered %v (RetryAfter %v) %v, want Duplicate once the completion lands", res.Outcome, res.RetryAfter, err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("it took %v", took)
+	}
+	if db.effectsOf("k") != 1 {
+		t.Error("the effect ran twice")
+	}
+}

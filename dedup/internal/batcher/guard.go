@@ -53,6 +53,9 @@ const (
 	// The probe tries after probeFirst, then at doubling intervals up to probeMax.
 	probeFirst = 50 * time.Millisecond
 	probeMax   = time.Second
+	// StallAfter is how long a claim or mark may go unanswered before it counts as a
+	// store failure for the breaker (it goes on waiting; any answer resets the count).
+	StallAfter = 250 * time.Millisecond
 	// ReleaseTimeout bounds a best-effort release.
 	ReleaseTimeout = 2 * time.Second
 )
@@ -158,21 +161,34 @@ func Detached[T any](g *Store, ctx context.Context, op string, f func(context.Co
 }
 
 // wait waits for done and returns nil, or what ended the wait first: bound's end,
-// Abandon (ErrClosed), or, for a claim or mark (entry), the breaker opening.
+// Abandon (ErrClosed), or, for a claim or mark (entry), the breaker opening. A claim
+// or mark still unanswered after StallAfter counts as a store failure (once): a
+// caller without a deadline would otherwise wait out the client's retries (go-redis's
+// dial retries: about 1.7 s per command with its defaults) before the breaker heard
+// of an outage.
 func (g *Store) wait(done <-chan struct{}, bound context.Context, entry bool) error {
 	var opened <-chan struct{} // nil (never) unless a claim or mark may give up on the breaker
+	var stalled <-chan time.Time
 	if entry {
 		opened = *g.opened.Load()
+		t := time.NewTimer(StallAfter)
+		defer t.Stop()
+		stalled = t.C
 	}
-	select {
-	case <-done:
-		return nil
-	case <-bound.Done():
-		return context.Cause(bound)
-	case <-g.cfg.Abandon:
-		return driver.ErrClosed
-	case <-opened:
-		return ErrBreakerOpen
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-bound.Done():
+			return context.Cause(bound)
+		case <-g.cfg.Abandon:
+			return driver.ErrClosed
+		case <-opened:
+			return ErrBreakerOpen
+		case <-stalled:
+			stalled = nil
+			g.failed() // may open the breaker: opened fires then
+		}
 	}
 }
 
