@@ -377,8 +377,12 @@ func (h *Handler) joined(ctx context.Context, f *flight, fp string, r *replyRun)
 		return ItemResult{Result: h.count(Result{Outcome: Cancelled}), Err: context.Cause(ctx)}
 	}
 	switch {
-	case f.running:
+	case f.running && f.processed.Load() && f.fp == fp && !h.stale(f.since) && (r == nil || f.replyKnown):
+		// the run processed the key, and its completion is on its way (as check)
+		return ItemResult{Result: h.count(f.duplicate(r))}
+	case f.running && !f.processed.Load():
 		return ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)})}
+	case f.running: // processed, but not an answer of ours: its completion lands soon
 	case (f.res.Outcome == First || f.res.Outcome == Duplicate || f.res.Outcome == Processed) && f.fp == fp &&
 		(r == nil || f.replyKnown):
 		return ItemResult{Result: h.count(f.duplicate(r))}

@@ -668,3 +668,70 @@ func TestCallAfterAForgetDuringALazyCompletionWaitsForIt(t *testing.T) {
 		t.Error("the effect ran twice")
 	}
 }
+
+// A batch item whose key's committed run is still completing (its completion is
+// lazy, and held here) answers as a single call does: Duplicate, or, after a forget
+// made the run's flight stale, InProgress to be retried within a second, not after
+// the rest of the lease.
+func TestBatchItemDuringALazyCompletion(t *testing.T) {
+	for _, purge := range []bool{false, true} {
+		mem, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hold := &heldCompletions{Store: mem, key: ":k", held: make(chan struct{}, 1), release: make(chan struct{})}
+		d, err := New(hold, WithLogger(quiet))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := []HandlerOption{WithLocalCache(0, 0)} // nothing else in the process knows the key
+		if purge {
+			opts = nil // a local tier, purged: what the run learnt may predate a forget
+		}
+		h, _ := d.Register("orders", opts...)
+		db := newFakeDB()
+		ctx := context.Background()
+		if res, _ := DoTx(ctx, h, "k", db, effect("k")); res.Outcome != Processed {
+			t.Fatal(res.Outcome)
+		}
+		<-hold.held // its completion is out, and held
+		if purge {
+			h.purgeLocal()
+		}
+		items := []Item{{Key: "k"}, {Key: "other"}}
+		rs := RunTx(ctx, h, items, Transactor[*fakeTx](db), func(_ context.Context, tx *fakeTx, i int) error {
+			tx.write(items[i].Key)
+			return nil
+		})
+		switch {
+		case !purge && rs[0].Outcome != Duplicate:
+			t.Errorf("the item of the key being completed answered %v (RetryAfter %v), want Duplicate", rs[0].Outcome, rs[0].RetryAfter)
+		case purge && (rs[0].Outcome != InProgress || rs[0].RetryAfter > time.Second):
+			t.Errorf("after a purge, the item of the key being completed answered %v (RetryAfter %v), want InProgress within a second", rs[0].Outcome, rs[0].RetryAfter)
+		}
+		if rs[1].Outcome != Processed || db.effectsOf("k") != 1 {
+			t.Errorf("the other item: %v; effects of k: %d", rs[1].Outcome, db.effectsOf("k"))
+		}
+		close(hold.release)
+		d.Close()
+	}
+}
+
+// heldCompletions holds each Complete of an entry whose key ends with key, until
+// release is closed, telling held.
+type heldCompletions struct {
+	driver.Store
+	key           string
+	held, release chan struct{}
+}
+
+func (s *heldCompletions) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	for _, e := range entries {
+		if strings.HasSuffix(e.Key, s.key) {
+			s.held <- struct{}{}
+			<-s.release
+			break
+		}
+	}
+	return s.Store.Complete(ctx, entries)
+}
