@@ -134,8 +134,12 @@ type whenCheckedKey struct{}
 
 // WhenChecked returns a context under which Run and RunTx call f once, as soon as the
 // store has answered the batch's checks and before its fns run (whose contexts do
-// not carry f): a caller can then start checking its next batch.
+// not carry f): a caller can then start checking its next batch. A nil ctx gives
+// nil, which Run and RunTx then refuse (ErrInvalidOption).
 func WhenChecked(ctx context.Context, f func()) context.Context {
+	if ctx == nil {
+		return nil
+	}
 	return context.WithValue(ctx, whenCheckedKey{}, f)
 }
 
@@ -683,7 +687,9 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			// fn called runtime.Goexit: roll back, give back every unsettled claim
 			bg, bgDone := batcher.Settle(ctx, min(h.cfg.lease, batcher.ReleaseTimeout))
 			defer bgDone()
-			stepRollback(bg, step)
+			if step != nil {
+				step.rollback(bg)
+			}
 			for _, b := range append(held, claimed[finished:]...) {
 				h.leases.forget(b)
 				h.release(bg, b.k, b.rk, b.token)
@@ -769,9 +775,12 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Boo
 	}
 	var panicked bool
 	var ferr error
-	if fctx.Err() == nil { // a cancelled batch leaves the remaining items unrun
-		panicked, ferr = h.invoke(withStep(fctx, step), run)
-	} else {
+	switch {
+	case fctx.Err() == nil && step != nil:
+		panicked, ferr = h.invoke(step.with(fctx), run)
+	case fctx.Err() == nil: // a cancelled batch leaves the remaining items unrun
+		panicked, ferr = h.invoke(fctx, run)
+	default:
 		ferr = fctx.Err()
 	}
 	if ferr == nil {

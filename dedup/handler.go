@@ -444,8 +444,12 @@ type waitForRunningKey struct{}
 // InProgress at once; then the key is DONE (Duplicate) or free (they claim it). The
 // wait ends with ctx, or with InProgress after what is left of the run's lease. fn's
 // context does not carry it, so that two runs never wait for each other. A key held
-// by another process still answers InProgress.
+// by another process still answers InProgress. A nil ctx gives nil, which the
+// calls then refuse (ErrInvalidOption).
 func WaitForRunning(ctx context.Context) context.Context {
+	if ctx == nil {
+		return nil
+	}
 	return context.WithValue(ctx, waitForRunningKey{}, true)
 }
 

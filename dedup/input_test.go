@@ -55,7 +55,11 @@ func TestBadInputIsAnErrorAtEveryEntryPoint(t *testing.T) {
 			_, err := runReply(replies, nilCtx, "k", nil, rfn)
 			return err
 		},
-		"Mark, nil ctx":         func() error { _, err := h.Mark(nilCtx, "k"); return err },
+		"Mark, nil ctx":           func() error { _, err := h.Mark(nilCtx, "k"); return err },
+		"Do, WaitForRunning(nil)": func() error { _, err := h.Do(WaitForRunning(nilCtx), "k", fn); return err },
+		"Run, WhenChecked(nil)": func() error {
+			return batchErr(h.Run(WhenChecked(nilCtx, func() {}), items, bfn))
+		},
 		"Mark, nil handler":     func() error { _, err := none.Mark(ctx, "k"); return err },
 		"Handle, nil msg":       func() error { _, err := h.Handle(ctx, nil, fn); return err },
 		"Handle, typed nil msg": func() error { _, err := h.Handle(ctx, (*nilMsg)(nil), fn); return err },

@@ -213,26 +213,12 @@ func (r *txRun[T]) rollback(ctx context.Context) {
 	}
 }
 
-func stepRollback(ctx context.Context, step runStep) {
-	if step != nil {
-		step.rollback(ctx)
-	}
-}
-
 // freshOf is step.fresh(), or nil for a plain run.
 func freshOf(step runStep) runStep {
 	if step == nil {
 		return nil
 	}
 	return step.fresh()
-}
-
-// withStep is step.with(ctx), or ctx for a plain run.
-func withStep(ctx context.Context, step runStep) context.Context {
-	if step == nil {
-		return ctx
-	}
-	return step.with(ctx)
 }
 
 // marker is the marker of a run of c.
