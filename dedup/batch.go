@@ -381,7 +381,7 @@ func (h *Handler) joined(ctx context.Context, f *flight, fp string, r *replyRun)
 		return ItemResult{Result: h.count(Result{Outcome: Cancelled}), Err: context.Cause(ctx)}
 	}
 	switch {
-	case f.running && f.processed.Load() && f.fp == fp && !h.stale(f.since) && (r == nil || f.replyKnown):
+	case f.running && h.processedFor(f, fp) && (r == nil || f.replyKnown):
 		// the run processed the key, and its completion is on its way (as check)
 		return ItemResult{Result: h.count(f.duplicate(r))}
 	case f.running && !f.processed.Load():

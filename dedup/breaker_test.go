@@ -183,7 +183,7 @@ func TestBreakerOpeningEndsTheClaimsStillWaiting(t *testing.T) {
 	}
 }
 
-// slowClaims holds the claim of key until stuck is closed.
+// slowClaims holds the claim of key (every claim, for key "") until stuck is closed.
 type slowClaims struct {
 	driver.Store
 	key   string
@@ -193,7 +193,7 @@ type slowClaims struct {
 
 func (s *slowClaims) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	for _, e := range entries {
-		if strings.HasSuffix(e.Key, ":"+s.key) {
+		if s.key == "" || strings.HasSuffix(e.Key, ":"+s.key) {
 			s.out.Store(true)
 			<-s.stuck
 		}
@@ -212,7 +212,7 @@ func TestClaimsTheStoreDoesNotAnswerOpenTheBreaker(t *testing.T) {
 		t.Fatal(err)
 	}
 	stuck := make(chan struct{})
-	hung := &hungClaims{Store: mem, stuck: stuck}
+	hung := &slowClaims{Store: mem, stuck: stuck} // every key
 	d, err := New(hung, WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)
@@ -252,15 +252,4 @@ func TestClaimsTheStoreDoesNotAnswerOpenTheBreaker(t *testing.T) {
 			return err == nil && recs[0].State == driver.RecordAbsent
 		})
 	}
-}
-
-// hungClaims holds every Claim until stuck is closed.
-type hungClaims struct {
-	driver.Store
-	stuck chan struct{}
-}
-
-func (s *hungClaims) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	<-s.stuck
-	return s.Store.Claim(ctx, entries)
 }

@@ -313,6 +313,11 @@ func localKey(k, fp string) string {
 	return k + "#" + fp
 }
 
+// processedFor: f's run processed the key for fingerprint fp, no forget since.
+func (h *Handler) processedFor(f *flight, fp string) bool {
+	return f.processed.Load() && f.fp == fp && !h.stale(f.since)
+}
+
 // stale reports whether a forget reached the local tier since forget count since:
 // what a call that began then learnt may predate it.
 func (h *Handler) stale(since uint64) bool { return h.forgets.Load() != since }
@@ -389,14 +394,12 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 			return nil, h.count(Result{Outcome: Cancelled}), err
 		}
 		if f.running {
-			if f.processed.Load() && f.fp == fp && !h.stale(f.since) {
+			if h.processedFor(f, fp) {
 				// the run processed the key, and its completion is on its way
 				return nil, h.count(f.duplicate(r)), nil
 			}
-			// A processed run's flight is held only until its completion lands (a
-			// committed run's, lazily: completeCommitted); a call that cannot take its
-			// answer (a forget since it began: stale; another fingerprint) waits for
-			// it and asks again, rather than answer InProgress for the whole lease.
+			// a processed run's answer not ours (stale, another fp): wait for its
+			// completion (completeCommitted's) and ask again, not InProgress for a lease
 			if !waitsForRunning(ctx) && !f.processed.Load() {
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
@@ -408,7 +411,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 			if !done {
 				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
-			if f.processed.Load() && f.fp == fp && !h.stale(f.since) {
+			if h.processedFor(f, fp) {
 				// a duplicate, though its DONE record may not have landed yet
 				return nil, h.count(f.duplicate(r)), nil
 			}
