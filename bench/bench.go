@@ -38,7 +38,7 @@ type bench struct {
 	started time.Time
 
 	// storeRDB carries the library's commands; plainRDB the naive, direct and ceiling
-	// ones, and the clean-up. Both have go-redis's default options.
+	// ones, and the clean-up. Both have go-redis's defaults but ContextTimeoutEnabled.
 	storeRDB, plainRDB *redis.Client
 	rue                rueidis.Client       // the rueidis-* reference variants of scenario b
 	goAuto             *redis.AutoPipeliner // scenario b's goredis-auto-setnx, on a client of its own
@@ -161,8 +161,10 @@ func (b *bench) embeddedWarning() string {
 
 // connect makes the Redis clients and the Deduper, and checks the server answers.
 func (b *bench) connect(ctx context.Context) error {
-	b.storeRDB = redis.NewClient(&redis.Options{Addr: b.srv.redisAddr})
-	b.plainRDB = redis.NewClient(&redis.Options{Addr: b.srv.redisAddr})
+	// Both built as the README builds its client (ContextTimeoutEnabled, so that the
+	// client ends a call by its deadline), the same for ours and the hand-written.
+	b.storeRDB = redis.NewClient(&redis.Options{Addr: b.srv.redisAddr, ContextTimeoutEnabled: true})
+	b.plainRDB = redis.NewClient(&redis.Options{Addr: b.srv.redisAddr, ContextTimeoutEnabled: true})
 	b.closers = append(b.closers, b.storeRDB.Close, b.plainRDB.Close, b.deleteKeys)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

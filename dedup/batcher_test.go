@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -138,4 +139,116 @@ func TestBatcherDropsAClaimGivenUpBeforeItWasSent(t *testing.T) {
 			}
 		}
 	}
+}
+
+// honouringStore answers from memory and reports whether it honours deadlines. Each
+// Mark and Claim sends the goroutine it runs on; with hang, a Claim waits for its
+// context to end. It records the keys it was asked to release.
+type honouringStore struct {
+	driver.Store
+	honours bool
+	hang    bool
+	on      chan uint64
+
+	mu       sync.Mutex
+	released []string
+}
+
+func (s *honouringStore) HonoursDeadlines() bool { return s.honours }
+
+func (s *honouringStore) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	s.on <- goroutineID()
+	return s.Store.Mark(ctx, entries)
+}
+
+func (s *honouringStore) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	s.on <- goroutineID()
+	if s.hang {
+		<-ctx.Done()
+		return nil, fmt.Errorf("%w: %w", ErrStoreUnavailable, ctx.Err())
+	}
+	return s.Store.Claim(ctx, entries)
+}
+
+func (s *honouringStore) Release(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	s.mu.Lock()
+	for _, e := range entries {
+		s.released = append(s.released, e.Key)
+	}
+	s.mu.Unlock()
+	return s.Store.Release(ctx, entries)
+}
+
+func (s *honouringStore) releasedKeys() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.released...)
+}
+
+// goroutineID is the number of the calling goroutine, from its stack's first line.
+func goroutineID() uint64 {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	var id uint64
+	fmt.Sscanf(string(buf), "goroutine %d ", &id)
+	return id
+}
+
+// A store that honours deadlines gets a lone claim or mark from its caller's
+// goroutine, which saves the batcher's hand-off each way; one that does not, from a
+// goroutine of the batcher's, so that the caller returns by its deadline whatever the
+// store does. Sent alone, a call with no deadline is cut at batcher.CloseWait, so
+// that Close's bound holds, and the claim cut short is given back once.
+func TestALoneCallGoesFromItsCallerWhenTheStoreHonoursDeadlines(t *testing.T) {
+	for _, honours := range []bool{true, false} {
+		t.Run(fmt.Sprintf("honours=%v", honours), func(t *testing.T) {
+			mem, _ := memstore.New()
+			s := &honouringStore{Store: mem, honours: honours, on: make(chan uint64, 4)}
+			d, err := New(s, WithLogger(quiet))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			filter, _ := d.Register("filter", WithMode(ModeFilter))
+			h, _ := d.Register("orders")
+			ctx := context.Background()
+			me := goroutineID()
+			if res, err := filter.Mark(ctx, "m"); err != nil || res.Outcome != First {
+				t.Fatalf("Mark: %v %v", res.Outcome, err)
+			}
+			if on := <-s.on; (on == me) != honours {
+				t.Errorf("the Mark ran on goroutine %d, its caller is %d", on, me)
+			}
+			if res, err := h.Do(ctx, "d", func(context.Context) error { return nil }); err != nil || res.Outcome != Processed {
+				t.Fatalf("Do: %v %v", res.Outcome, err)
+			}
+			if on := <-s.on; (on == me) != honours {
+				t.Errorf("the Claim ran on goroutine %d, its caller is %d", on, me)
+			}
+		})
+	}
+	t.Run("cut at CloseWait", func(t *testing.T) {
+		mem, _ := memstore.New()
+		s := &honouringStore{Store: mem, honours: true, hang: true, on: make(chan uint64, 4)}
+		d, err := New(s, WithLogger(quiet))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, _ := d.Register("orders")
+		start := time.Now()
+		res, err := h.Do(context.Background(), "hung", func(context.Context) error { return nil })
+		took := time.Since(start)
+		if res.Outcome != StoreUnavailable || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("a claim the store does not answer: %v %v", res.Outcome, err)
+		}
+		if took < batcher.CloseWait-50*time.Millisecond || took > batcher.CloseWait+time.Second {
+			t.Errorf("it returned after %v, want about %v", took, batcher.CloseWait)
+		}
+		if err := d.Close(); err != nil { // Close waits for the give-back
+			t.Fatal(err)
+		}
+		if got := s.releasedKeys(); len(got) != 1 || !strings.HasSuffix(got[0], ":hung") {
+			t.Errorf("released %q, want the claim cut short", got)
+		}
+	})
 }

@@ -64,7 +64,7 @@ func New(store driver.Store, opts ...Option) (*Deduper, error) {
 		cancel(err)
 		return nil, err
 	}
-	d.g = batcher.New(d.store, batcher.Config{Logger: cfg.logger, Closing: ctx, Abandon: d.abandon, Ping: d.ping})
+	d.g = batcher.New(d.store, batcher.Config{Logger: cfg.logger, Closing: ctx, Abandon: d.abandon, Ping: d.ping, Base: store})
 	d.store = d.g
 	return d, nil
 }
@@ -213,7 +213,7 @@ func (d *Deduper) Close() error {
 }
 
 // closeWait is how long Close waits for the answers of store calls in flight.
-const closeWait = time.Second
+const closeWait = batcher.CloseWait
 
 // ping is the breaker's probe: the store's Ping, or a release of a key nobody holds.
 func (d *Deduper) ping(ctx context.Context) error {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
@@ -82,5 +84,34 @@ func TestClaimManyCommandAllocations(t *testing.T) {
 	allocs := testing.AllocsPerRun(20, func() { claimCmds(ctx, entries) })
 	if limit := float64(6*n + 6); allocs > limit {
 		t.Errorf("building %d entries' commands allocates %.0f times, want at most %.0f", n, allocs, limit)
+	}
+}
+
+// A Store honours deadlines when its client ends every call by its context's
+// deadline or its own read and write timeouts: ContextTimeoutEnabled and both
+// timeouts, on each kind of client. Without one of them a call may outlast its
+// deadline, and the Deduper must wait for it on a goroutine of its own.
+func TestHonoursDeadlinesOnlyWithContextTimeoutsAndReadAndWriteTimeouts(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		c    redis.UniversalClient
+		want bool
+	}{
+		{"defaults", redis.NewClient(&redis.Options{}), false},
+		{"ContextTimeoutEnabled", redis.NewClient(&redis.Options{ContextTimeoutEnabled: true}), true},
+		{"no read timeout", redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, ReadTimeout: -1}), false},
+		{"no write deadline", redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, WriteTimeout: -2}), false},
+		{"cluster", redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true}), true},
+		{"cluster defaults", redis.NewClusterClient(&redis.ClusterOptions{}), false},
+		{"failover", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", ContextTimeoutEnabled: true}), true},
+	} {
+		s, err := New(c.c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.HonoursDeadlines(); got != c.want {
+			t.Errorf("%s: HonoursDeadlines %v, want %v", c.name, got, c.want)
+		}
+		c.c.Close()
 	}
 }

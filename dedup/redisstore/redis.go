@@ -51,6 +51,7 @@ type Store struct {
 	scripts  atomic.Int32
 	probedAt atomic.Int64
 	probing  atomic.Bool // one probe at a time; calls meanwhile go per key
+	honours  bool        // the client was built with ContextTimeoutEnabled
 }
 
 // How a *redis.Client's batch calls go (Store.scripts).
@@ -163,8 +164,28 @@ func New(c redis.UniversalClient, opts ...Option) (*Store, error) {
 	if _, single := c.(*redis.Client); !single { // a cluster or ring: per key, for good
 		s.scripts.Store(scriptsOff)
 	}
+	switch c := c.(type) { // the options after go-redis's defaults: a timeout ≤ 0 is none
+	case *redis.Client:
+		o := c.Options()
+		s.honours = o.ContextTimeoutEnabled && o.ReadTimeout > 0 && o.WriteTimeout > 0
+	case *redis.ClusterClient:
+		o := c.Options()
+		s.honours = o.ContextTimeoutEnabled && o.ReadTimeout > 0 && o.WriteTimeout > 0
+	case *redis.Ring:
+		o := c.Options()
+		s.honours = o.ContextTimeoutEnabled && o.ReadTimeout > 0 && o.WriteTimeout > 0
+	}
 	return s, nil
 }
+
+// HonoursDeadlines reports whether every call ends by its context's deadline, or by
+// the client's ReadTimeout and WriteTimeout at the latest: the client was built with
+// ContextTimeoutEnabled and both timeouts. A Deduper then sends a claim or mark with
+// nothing else out from its caller's goroutine while the store answers, which saves
+// a goroutine hand-off each way (docs/design.md §3); otherwise it waits for each call
+// on a goroutine of its own, so that the caller returns by its deadline whatever the
+// client does.
+func (s *Store) HonoursDeadlines() bool { return s.honours }
 
 func ms(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)

@@ -17,6 +17,9 @@ import (
 // caller still returns by its own deadline: the call it gave up on goes on, and a
 // claim that lands for nobody is given back.
 const (
+	// CloseWait is how long Close waits for the store calls still out: a call sent
+	// from its caller's goroutine (sendAlone) is cut short at it.
+	CloseWait = time.Second
 	// InFlight is how many store calls of an operation are out at once.
 	InFlight = 4
 	// maxBatch is how many entries a store call holds, unless one caller's are more.
@@ -44,6 +47,7 @@ type queue struct {
 	mu       sync.Mutex
 	calls    []*call
 	flushers int
+	alone    int         // calls sent from their caller's goroutine, out now (sendAlone)
 	eager    bool        // calls holds a call that is not lazy
 	timer    *time.Timer // set while lazy calls wait for company
 }
@@ -113,6 +117,9 @@ func (q *queue) do(ctx context.Context, entries []driver.Entry) ([]driver.Answer
 	if err := ctx.Err(); err != nil { // the store would not send it either
 		return nil, fmt.Errorf("%w: %s: not sent: %w", driver.ErrStoreUnavailable, q.op, context.Cause(ctx))
 	}
+	if q.entry && g.honours && g.fails.Load() == 0 && boundOf(ctx) == ctx && q.takeAlone() {
+		return q.sendAlone(ctx, entries)
+	}
 	c := &call{vals: ctx, entries: entries, done: make(chan struct{})}
 	c.deadline, _ = ctx.Deadline()
 	q.add(c)
@@ -138,6 +145,45 @@ func (q *queue) do(ctx context.Context, entries []driver.Entry) ([]driver.Answer
 		what = "not sent"
 	}
 	return nil, fmt.Errorf("%w: %s: %s: %w", driver.ErrStoreUnavailable, q.op, what, cause)
+}
+
+// takeAlone reports whether nothing is queued or out, and then counts a call out
+// alone. Nor has Close given up on the store's calls.
+func (q *queue) takeAlone() bool {
+	select {
+	case <-q.g.cfg.Abandon:
+		return false
+	default:
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.flushers > 0 || q.alone > 0 || len(q.calls) > 0 {
+		return false
+	}
+	q.alone++
+	return true
+}
+
+// sendAlone sends a lone caller's entries from its goroutine: the store ends the call
+// by ctx's deadline, or CloseWait from now if that is sooner (deadlineHonourer), and
+// no failure since its last answer says it may take that long. Callers that come
+// meanwhile go as usual, watched for stalls. Its caller has the answer, whatever it
+// is: the engine gives back a claim that failed (it may have landed).
+func (q *queue) sendAlone(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > CloseWait {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, CloseWait)
+		defer cancel()
+	}
+	as, err := q.send(ctx, entries)
+	if err == nil && len(as) != len(entries) {
+		err = fmt.Errorf("%w: %s: %d answers to %d entries", driver.ErrStoreUnavailable, q.op, len(as), len(entries))
+	}
+	q.g.note(ctx, q.entry, err)
+	q.mu.Lock()
+	q.alone--
+	q.mu.Unlock()
+	return as, err
 }
 
 // CompleteLater sends the completion e with the other callers' entries, within
