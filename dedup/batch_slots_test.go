@@ -68,11 +68,13 @@ func TestBatchCallsOverManySlotsAnswerEachEntryInOrder(t *testing.T) {
 				}
 			}
 
-			// CompleteMany: the entries this token holds complete, the others' lease is lost.
+			// CompleteMany with replies (owner-checked; one without writes DONE whoever
+			// holds the key): the entries this token holds complete, the others' lease
+			// is lost.
 			done := make([]error, n)
 			cs := make([]driver.Entry, n)
 			for i := range n {
-				cs[i] = driver.Entry{Key: key("claim", i), Token: "A", TTL: cRetention}
+				cs[i] = driver.Entry{Key: key("claim", i), Token: "A", TTL: cRetention, Reply: "r", HasReply: true}
 			}
 			errs, err := s.Complete(ctx, cs)
 			if err != nil {

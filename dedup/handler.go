@@ -556,7 +556,7 @@ func (c *claimed) storesReply() bool { return c.replied && !c.tooLarge }
 // completion is the entry that completes c's claim: with its reply when it has one
 // to store.
 func (h *Handler) completion(c *claimed) driver.Entry {
-	e := driver.Entry{Key: c.rk, Token: c.token, TTL: h.cfg.retention}
+	e := driver.Entry{Key: c.rk, Token: c.token, Fingerprint: c.fp, TTL: h.cfg.retention}
 	if c.storesReply() {
 		e.Reply, e.HasReply = c.reply, true
 	}

@@ -46,8 +46,7 @@ func (d *Deduper) instrument() error {
 	return nil
 }
 
-// snapshots hands f every handler's counters (Stats) and, until Close, local tier
-// fill.
+// snapshots hands f every handler's counters (Stats) and, until Close, local tier fill.
 func (d *Deduper) snapshots(f func(meter.Snapshot)) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()

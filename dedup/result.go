@@ -30,7 +30,8 @@ const (
 	// NotRecorded: fn succeeded but writing DONE failed; the error wraps
 	// ErrNotRecorded. Ack: running fn again would repeat its side effects.
 	NotRecorded
-	// LeaseLost: the lease was lost while fn ran (ErrLeaseLost). Neither complete nor ack.
+	// LeaseLost: the lease was lost and fn failed for it, or its reply found another
+	// owner's (ErrLeaseLost). Neither complete nor ack. A fn that succeeds is Processed.
 	LeaseLost
 	// Cancelled: ctx was cancelled, or the Deduper closed, before fn finished. Leave it
 	// for redelivery.

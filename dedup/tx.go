@@ -263,7 +263,7 @@ func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState
 	}
 	var cerr error
 	if hasClaim {
-		cerr = storekit.OnlyErr(h.store.Complete(bg, []driver.Entry{{Key: c.rk, Token: c.token, TTL: h.cfg.retention}}))
+		cerr = storekit.OnlyErr(h.store.Complete(bg, []driver.Entry{{Key: c.rk, Token: c.token, Fingerprint: c.fp, TTL: h.cfg.retention}}))
 	}
 	return h.repaired(c, cerr)
 }

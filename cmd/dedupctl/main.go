@@ -599,7 +599,7 @@ func forget(ctx context.Context, c *command) int {
 		r.Deleted, r.Notified = &deleted, &notified
 		switch {
 		case errors.Is(err, dedup.ErrRecordInProgress):
-			r.Error += "; -force forgets it, at the cost of its owner's lease"
+			r.Error += "; -force forgets it, at the cost of its owner's lease (a run that succeeds all the same writes DONE)"
 			code = worst(code, exitRefused)
 		case err != nil:
 			code = worst(code, exitFailed)

@@ -181,7 +181,8 @@ func TestLookupReportsRecordsAndForgetMakesTheKeyRunAgain(t *testing.T) {
 }
 
 // forget leaves a record IN PROGRESS alone (exit 4) unless -force, which forgets it
-// and costs the running owner its lease.
+// and costs the running owner its lease: its next heartbeat fails. A run that
+// succeeds before that writes DONE all the same (docs/design.md §3).
 func TestForgetRefusesARecordInProgressUnlessForced(t *testing.T) {
 	t.Parallel()
 	a := newApp(t)
@@ -200,10 +201,12 @@ func TestForgetRefusesARecordInProgressUnlessForced(t *testing.T) {
 	dedupctl(t, a.args("lookup", "-handler", "orders", "order-1")...).want(t, exitOK, "IN PROGRESS under orders", "")
 	dedupctl(t, a.args("forget", "-handler", "orders", "order-1")...).want(t, exitRefused, "-force forgets it", "")
 	dedupctl(t, a.args("forget", "-handler", "orders", "-force", "order-1")...).want(t, exitOK, "forgotten", "")
-	close(finish)
-	if res := <-done; res.Outcome != dedup.LeaseLost {
-		t.Fatalf("the owner: %v, want LeaseLost", res.Outcome)
+	dedupctl(t, a.args("lookup", "-handler", "orders", "order-1")...).want(t, exitNotFound, "no record under orders", "")
+	close(finish) // before the owner's first heartbeat (a minute's lease)
+	if res := <-done; res.Outcome != dedup.Processed {
+		t.Fatalf("the owner: %v, want Processed", res.Outcome)
 	}
+	dedupctl(t, a.args("lookup", "-handler", "orders", "order-1")...).want(t, exitOK, "DONE under orders", "")
 }
 
 // count gives the records per handler (all, or one), and -json the same.

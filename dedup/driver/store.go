@@ -59,13 +59,18 @@ type Entry struct {
 //
 //	op        | absent            | IN PROGRESS, mine | IN PROGRESS, other | DONE
 //	Claim     | IN PROGRESS, Acq. | Acquired          | InProgress(PTTL)   | Duplicate (Conflict if fingerprints differ)
-//	Complete  | ErrLeaseLost      | DONE, PX retention| ErrLeaseLost       | nil if mine (retried), else ErrLeaseLost
+//	Complete  | DONE, PX retention| DONE, PX retention| DONE, PX retention | DONE, PX retention
+//	+ Reply   | ErrLeaseLost      | DONE, PX retention| ErrLeaseLost       | nil if mine (retried), else ErrLeaseLost
 //	Release   | no-op             | delete            | no-op              | no-op
 //	Extend    | ErrLeaseLost      | PEXPIRE lease     | ErrLeaseLost       | ErrLeaseLost
 //	Mark      | DONE, Acquired    | -                 | InProgress         | Duplicate (Conflict if fingerprints differ), Acquired if mine
 //
 // Entry.TTL is the lease for Claim and Extend, the retention for Mark and Complete.
-// Complete stores Entry.Reply when HasReply; a Claim that answers StatusDuplicate
+// A Complete without a reply writes DONE under its token and fingerprint whatever
+// the record holds: once fn has succeeded, DONE is true whoever holds the lease now
+// (a rival that took the key over fails its next Extend, and its Release leaves
+// DONE alone). A Complete with a reply (HasReply) checks the owner, so that the
+// first reply wins, and stores Entry.Reply; a Claim that answers StatusDuplicate
 // returns it. Tokens are 1 to 64 bytes without ':'; an empty fingerprint is not
 // compared. Every record expires on the server.
 //

@@ -153,9 +153,14 @@ func (s *Store) claim(e driver.Entry) driver.Answer {
 	}
 }
 
-// complete completes e's claim, with its reply if any. Callers hold mu and checked e.
+// complete completes e's claim: without a reply it writes DONE whatever the record
+// holds; with one, only under its own lease (driver.Store). Callers hold mu and
+// checked e.
 func (s *Store) complete(e driver.Entry) error {
 	now := s.now()
+	if !e.HasReply {
+		return s.put(e.Key, memRecord{state: storekit.StateDone, token: e.Token, fp: e.Fingerprint, expires: now.Add(e.TTL)}, now)
+	}
 	r, ok := s.get(e.Key, now)
 	if !ok || r.token != e.Token {
 		return driver.ErrLeaseLost

@@ -40,7 +40,7 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if _, err := s.Complete(ctx, warm); err != nil {
+			if _, err := s.Complete(ctx, withReply(warm)); err != nil { // the complete_many script
 				t.Fatal(err)
 			}
 			// what is there before: a DONE record with a reply, another's claim, our own
@@ -98,10 +98,11 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 				}
 			}
 
-			// complete every entry: the other owner's claim and records are left alone
+			// complete every entry with a reply (the script, which checks the owners):
+			// the other owner's claim and records are left alone
 			entries[2].Token = "T"
 			tc.Reset()
-			errs, err := s.Complete(ctx, entries)
+			errs, err := s.Complete(ctx, withReply(entries))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -117,10 +118,27 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 				}
 			}
 			for i, want := range map[int]string{
-				0: "d:T:fp", 1: storekit.EncodeReply("X", "fp", "the reply"), 2: "p:X:", 3: "d:T:fp", 4: "d:X:other", 5: "garbage", n - 1: "d:T:fp",
+				0: storekit.EncodeReply("T", "fp", "r"), 1: storekit.EncodeReply("X", "fp", "the reply"), 2: "p:X:", 3: storekit.EncodeReply("T", "fp", "r"),
+				4: "d:X:other", 5: "garbage", n - 1: storekit.EncodeReply("T", "fp", "r"),
 			} {
 				if v := s.c.Get(ctx, key(i)).Val(); v != want {
 					t.Errorf("key %d after CompleteMany: %q, want %q", i, v, want)
+				}
+			}
+			// without replies: DONE whoever holds the key, a SET PX each
+			tc.Reset()
+			if errs, err = s.Complete(ctx, entries); err != nil {
+				t.Fatal(err)
+			}
+			testenv.ExpectTrips(t, "CompleteMany without replies", tc, 1, n)
+			for i, e := range errs {
+				if e != nil {
+					t.Errorf("complete %d without a reply: %v", i, e)
+				}
+			}
+			for _, i := range []int{1, 2, 5, n - 1} {
+				if v := s.c.Get(ctx, key(i)).Val(); v != "d:T:fp" {
+					t.Errorf("key %d after CompleteMany without replies: %q, want DONE", i, v)
 				}
 			}
 			// a completion with a reply, and one retried after it landed
@@ -162,7 +180,7 @@ func TestWithoutBatchScriptsCallsGoPerKeyWithTheSameAnswers(t *testing.T) {
 				t.Fatalf("ClaimMany: %d round trips carrying %d commands (%s), want 1 carrying 6", tc.Trips(), tc.Cmds(), tc)
 			}
 			tc.Reset()
-			errs, err := s.Complete(ctx, entries)
+			errs, err := s.Complete(ctx, withReply(entries))
 			if err != nil || errs[0] != nil || !errors.Is(errs[1], driver.ErrLeaseLost) {
 				t.Fatal(errs, err)
 			}
@@ -250,18 +268,20 @@ func TestBatchScriptsTurnOffBehindAShardingProxy(t *testing.T) {
 			if s.scripts.Load() != scriptsOff {
 				t.Fatal("batch scripts still on behind the proxy")
 			}
-			errs, err := s.Complete(ctx, entries)
+			errs, err := s.Complete(ctx, withReply(entries))
 			if err != nil || !errors.Is(errs[0], driver.ErrLeaseLost) || !errors.Is(errs[1], driver.ErrLeaseLost) || errs[2] != nil {
 				t.Fatal(errs, err)
 			}
-			if v := plain.Get(ctx, entries[2].Key).Val(); v != "d:T:" {
+			if v := plain.Get(ctx, entries[2].Key).Val(); v != storekit.EncodeReply("T", "", "r") {
 				t.Fatalf("record %q after CompleteMany, want DONE", v)
 			}
 		})
 	}
 }
 
-// A key of another type in a complete_many call fails that completion alone: the
+// A key of another type in a complete_many call (completions with replies; one
+// without is a SET, which replaces the key whatever its type) fails that completion
+// alone: the
 // others are completed and say so (GET's error aborted the script
 // half-way, the keys before it DONE but reported failed, those after it left IN
 // PROGRESS).
@@ -285,7 +305,7 @@ func TestCompleteManyKeyOfAnotherTypeFailsAlone(t *testing.T) {
 			if !s.batchScripts(ctx) {
 				t.Fatal("batch scripts off on a Redis server")
 			}
-			errs, err := s.Complete(ctx, entries)
+			errs, err := s.Complete(ctx, withReply(entries))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -294,7 +314,7 @@ func TestCompleteManyKeyOfAnotherTypeFailsAlone(t *testing.T) {
 					t.Fatalf("complete %d: %v", i, e)
 				}
 				if i != 2 {
-					if v := s.c.Get(ctx, entries[i].Key).Val(); v != "d:T:" {
+					if v := s.c.Get(ctx, entries[i].Key).Val(); v != storekit.EncodeReply("T", "", "r") {
 						t.Fatalf("key %d: %q, want DONE", i, v)
 					}
 				}

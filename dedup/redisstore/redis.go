@@ -332,6 +332,11 @@ func (b *batchArgs) setNXGet(state byte, key any, e driver.Entry) []any {
 	return b.since(i)
 }
 
+// setDone is SET key <DONE record> PX retention for e.
+func (b *batchArgs) setDone(e driver.Entry) []any {
+	return b.add("set", e.Key, storekit.Encode(storekit.StateDone, e.Token, e.Fingerprint), "px", b.ms(e.TTL))
+}
+
 // claimSetAnswer settles a fast claim that found the key free; the rest go to the
 // claim script.
 func claimSetAnswer(err error) (driver.Answer, bool) {
@@ -366,21 +371,84 @@ func claimAnswer(v any) (driver.Answer, error) {
 	return ans, nil
 }
 
-// Complete implements driver.Store: the complete script checks the owner token and
-// writes DONE, with the entry's reply if any. WithWaitReplicas adds a WAIT.
+// Complete implements driver.Store. An entry without a reply is one SET PX of its
+// DONE record, no script: DONE whoever holds the key. One with a reply goes to the
+// complete script, which checks the owner token, so that the first reply wins. A
+// batch of both is two round trips. WithWaitReplicas adds a WAIT.
 func (s *Store) Complete(ctx context.Context, entries []driver.Entry) ([]error, error) {
 	if err := storekit.CheckEntries(entries, "retention"); err != nil {
 		return nil, err
+	}
+	replies := 0
+	for _, e := range entries {
+		if e.HasReply {
+			replies++
+		}
 	}
 	switch {
 	case len(entries) == 0:
 		return nil, nil
 	case s.wait != nil:
 		return s.completeManyWaiting(ctx, entries)
+	case replies == 0:
+		return s.completeDone(ctx, entries)
 	case len(entries) == 1:
 		return oneErr(s.completeOne(ctx, entries[0]))
+	case replies == len(entries):
+		return s.completeMany(ctx, entries)
 	}
-	return s.completeMany(ctx, entries)
+	var plain, scripted []int
+	for i, e := range entries {
+		if e.HasReply {
+			scripted = append(scripted, i)
+		} else {
+			plain = append(plain, i)
+		}
+	}
+	out := make([]error, len(entries))
+	for _, part := range [][]int{plain, scripted} {
+		sub := make([]driver.Entry, len(part))
+		for j, i := range part {
+			sub[j] = entries[i]
+		}
+		errs, err := s.Complete(ctx, sub)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range part {
+			out[i] = errs[j]
+		}
+	}
+	return out, nil
+}
+
+// completeDone writes each entry's DONE record with SET PX, in one round trip.
+func (s *Store) completeDone(ctx context.Context, entries []driver.Entry) ([]error, error) {
+	args := newBatchArgs(len(entries), 5)
+	cmds := make([]*redis.StatusCmd, len(entries))
+	for i, e := range entries {
+		cmds[i] = redis.NewStatusCmd(ctx, args.setDone(e)...)
+	}
+	if len(cmds) == 1 {
+		if err := s.process(ctx, cmds[0]); err != nil {
+			return oneErr(failedOne("complete", err))
+		}
+		return []error{nil}, nil
+	}
+	sent := make([]redis.Cmder, len(cmds))
+	for i, c := range cmds {
+		sent[i] = c
+	}
+	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
+		return nil, storekit.StoreErr("complete", err)
+	}
+	out := make([]error, len(entries))
+	for i, c := range cmds {
+		if err := c.Err(); err != nil {
+			out[i] = storekit.StoreErr("complete", err)
+		}
+	}
+	return out, nil
 }
 
 // completeOne completes one entry.

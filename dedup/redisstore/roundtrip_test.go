@@ -49,7 +49,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if _, err := s.Complete(ctx, warm); err != nil {
+			if _, err := s.Complete(ctx, withReply(warm)); err != nil { // the complete_many script
 				t.Fatal(err)
 			}
 			// some keys already taken, so the answers differ and order matters
@@ -75,15 +75,32 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 					t.Fatalf("claim %d: %v %v, want %v", i, a.Status, a.Err, wantSt)
 				}
 			}
+			// with replies: one complete_many script call, which checks the owners
+			withReplies := make([]driver.Entry, n)
+			for i, e := range entries {
+				e.Reply, e.HasReply = "r", true
+				withReplies[i] = e
+			}
 			tc.Reset()
-			errs, err := s.Complete(ctx, entries)
+			errs, err := s.Complete(ctx, withReplies)
 			if err != nil {
 				t.Fatal(err)
 			}
-			testenv.ExpectTrips(t, "CompleteMany", tc, 1, 1) // one complete_many script call
+			testenv.ExpectTrips(t, "CompleteMany", tc, 1, 1)
 			for i, e := range errs {
 				if (i%10 == 0) != (e != nil) {
 					t.Fatalf("complete %d: %v", i, e)
+				}
+			}
+			// without: a SET PX of DONE per key, no script, in one round trip
+			tc.Reset()
+			if errs, err = s.Complete(ctx, entries); err != nil {
+				t.Fatal(err)
+			}
+			testenv.ExpectTrips(t, "CompleteMany without replies", tc, 1, n)
+			for i, e := range errs {
+				if e != nil {
+					t.Fatalf("complete %d without a reply: %v", i, e)
 				}
 			}
 			for i := range entries {
@@ -227,7 +244,7 @@ func TestBatchOfOneFailuresAreWhereABatchPutsThem(t *testing.T) {
 		for what, call := range map[string]func() ([]error, error){
 			"claim":    func() ([]error, error) { as, err := s.Claim(ctx, entries); return answerErrs(as), err },
 			"mark":     func() ([]error, error) { as, err := s.Mark(ctx, entries); return answerErrs(as), err },
-			"complete": func() ([]error, error) { return s.Complete(ctx, entries) },
+			"complete": func() ([]error, error) { return s.Complete(ctx, withReply(entries)) },
 			"extend":   func() ([]error, error) { return s.Extend(ctx, entries) },
 		} {
 			errs, err := call()
@@ -276,4 +293,14 @@ func answerErrs(as []driver.Answer) []error {
 		errs[i] = a.Err
 	}
 	return errs
+}
+
+// withReply is entries, each with a reply to store: a completion the script checks.
+func withReply(entries []driver.Entry) []driver.Entry {
+	out := make([]driver.Entry, len(entries))
+	for i, e := range entries {
+		e.Reply, e.HasReply = "r", true
+		out[i] = e
+	}
+	return out
 }

@@ -92,11 +92,16 @@ func (s *Store) completeManyWaiting(ctx context.Context, entries []driver.Entry)
 	for eval := false; len(todo) > 0; eval = true {
 		pipe := s.c.Pipeline()
 		cmds := make([]*redis.Cmd, len(todo))
+		args := newBatchArgs(len(todo), 5)
 		for j, i := range todo {
 			e := entries[i]
-			if eval {
+			switch {
+			case !e.HasReply: // DONE whoever holds the key (Complete)
+				cmds[j] = redis.NewCmd(ctx, args.setDone(e)...)
+				_ = pipe.Process(ctx, cmds[j])
+			case eval:
 				cmds[j] = completeScript.Eval(ctx, pipe, []string{e.Key}, completeArgs(e)...)
-			} else {
+			default:
 				cmds[j] = completeScript.EvalSha(ctx, pipe, []string{e.Key}, completeArgs(e)...)
 			}
 		}
@@ -107,11 +112,17 @@ func (s *Store) completeManyWaiting(ctx context.Context, entries []driver.Entry)
 		var again []int
 		for j, i := range todo {
 			err := cmds[j].Err()
-			if err != nil && !eval && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			switch {
+			case err != nil && !eval && redis.HasErrorPrefix(err, "NOSCRIPT"):
 				again = append(again, i)
 				continue
+			case !entries[i].HasReply && err != nil:
+				out[i] = storekit.StoreErr("complete", err)
+			case !entries[i].HasReply:
+			default:
+				out[i] = ownedReply("complete", cmds[j], err)
 			}
-			if out[i] = ownedReply("complete", cmds[j], err); out[i] == nil {
+			if out[i] == nil {
 				out[i] = s.wait.acked(wait, "complete")
 			}
 		}

@@ -91,6 +91,7 @@ type suite struct {
 	b   Backend
 	ctx context.Context
 	n   int
+	fps map[[2]string]string // the fingerprint of each key and token's claim: its completion's
 }
 
 func (s *suite) key() string {
@@ -127,6 +128,10 @@ func (s *suite) claim(key, token, fp string) driver.Answer {
 	if err != nil {
 		s.t.Fatalf("Claim: %v", err)
 	}
+	if s.fps == nil {
+		s.fps = make(map[[2]string]string)
+	}
+	s.fps[[2]string{key, token}] = fp
 	s.checkTTL(key)
 	return a
 }
@@ -141,9 +146,11 @@ func (s *suite) mark(key, token, fp string) driver.Answer {
 	return a
 }
 
+// complete completes token's claim of key, with the claim's fingerprint as dedup
+// does ("" for a key token did not claim).
 func (s *suite) complete(key, token string) error {
 	s.t.Helper()
-	err := onlyErr(s.b.Store.Complete(s.ctx, one(key, token, "", cRetention)))
+	err := onlyErr(s.b.Store.Complete(s.ctx, one(key, token, s.fps[[2]string{key, token}], cRetention)))
 	s.checkTTL(key)
 	return err
 }
@@ -292,15 +299,34 @@ var conformanceCases = []conformanceCase{
 		s.wantStatus(s.claim(k, "B", "fp2"), driver.StatusConflict)
 	}},
 	{"claim/lease-expiry", func(t *testing.T, s *suite) {
+		// A's lease runs out mid-run and B takes the key over; both runs succeed
 		k := s.key()
 		s.claim(k, "A", "")
 		s.b.Advance(cLease + cMargin)
 		s.wantStatus(s.claim(k, "B", ""), driver.StatusAcquired)
-		s.wantLeaseLost(s.complete(k, "A"))
+		s.must(s.complete(k, "A")) // fn succeeded: DONE, whoever holds the lease
+		s.wantLeaseLost(s.extend(k, "B"))
 		s.must(s.complete(k, "B"))
+		s.wantStatus(s.claim(k, "C", ""), driver.StatusDuplicate)
+	}},
+	{"complete/rival-fails-after-done", func(t *testing.T, s *suite) {
+		// B took the key over from A; A completes; B's run fails: its heartbeat finds
+		// the lease lost, and its release leaves A's DONE, so a redelivery is a duplicate
+		k := s.key()
+		s.claim(k, "A", "fp1")
+		s.b.Advance(cLease + cMargin)
+		s.wantStatus(s.claim(k, "B", "fp1"), driver.StatusAcquired)
+		s.must(s.complete(k, "A"))
+		s.wantLeaseLost(s.extend(k, "B"))
+		s.must(s.release(k, "B"))
+		s.wantStatus(s.claim(k, "C", "fp1"), driver.StatusDuplicate)
+		s.wantRecord(s.lookup(k)[0], driver.RecordDone, "A", "fp1", cRetention)
 	}},
 	{"complete/absent", func(t *testing.T, s *suite) {
-		s.wantLeaseLost(s.complete(s.key(), "A"))
+		// the lease ran out and nobody claimed the key: DONE all the same
+		k := s.key()
+		s.must(s.complete(k, "A"))
+		s.wantStatus(s.claim(k, "B", ""), driver.StatusDuplicate)
 	}},
 	{"complete/in-progress-mine", func(t *testing.T, s *suite) {
 		k := s.key()
@@ -315,8 +341,9 @@ var conformanceCases = []conformanceCase{
 	{"complete/in-progress-other", func(t *testing.T, s *suite) {
 		k := s.key()
 		s.claim(k, "A", "")
-		s.wantLeaseLost(s.complete(k, "B"))
-		s.wantStatus(s.claim(k, "C", ""), driver.StatusInProgress)
+		s.must(s.complete(k, "B"))
+		s.wantStatus(s.claim(k, "C", ""), driver.StatusDuplicate)
+		s.wantLeaseLost(s.extend(k, "A"))
 	}},
 	{"complete/done-mine-retried", func(t *testing.T, s *suite) {
 		k := s.key()
@@ -328,7 +355,8 @@ var conformanceCases = []conformanceCase{
 		k := s.key()
 		s.claim(k, "A", "")
 		s.must(s.complete(k, "A"))
-		s.wantLeaseLost(s.complete(k, "B"))
+		s.must(s.complete(k, "B"))
+		s.wantStatus(s.claim(k, "C", ""), driver.StatusDuplicate)
 	}},
 	{"release/absent", func(t *testing.T, s *suite) {
 		k := s.key()
@@ -479,10 +507,12 @@ var conformanceCases = []conformanceCase{
 			{Key: absent, Token: "A", TTL: cRetention},
 		})
 		s.must(err)
-		if got[0] != nil || !errors.Is(got[1], driver.ErrLeaseLost) || !errors.Is(got[2], driver.ErrLeaseLost) {
-			t.Fatalf("got %v", got)
+		if got[0] != nil || got[1] != nil || got[2] != nil {
+			t.Fatalf("got %v, want DONE written for each", got)
 		}
-		s.wantStatus(s.claim(mine, "B", ""), driver.StatusDuplicate)
+		for _, k := range []string{mine, other, absent} {
+			s.wantStatus(s.claim(k, "B", ""), driver.StatusDuplicate)
+		}
 		s.checkTTL(mine)
 	}},
 	{"batch/extend-many", func(t *testing.T, s *suite) {
@@ -645,8 +675,13 @@ var conformanceCases = []conformanceCase{
 		if got[0].Err != nil || got[0].State != driver.RecordInProgress {
 			t.Fatalf("forced forget: %+v", got[0])
 		}
-		s.wantLeaseLost(s.complete(k, "A")) // the owner finds its lease lost
+		s.wantLeaseLost(s.extend(k, "A")) // the owner's heartbeat finds its lease lost
 		s.wantStatus(s.claim(k, "B", ""), driver.StatusAcquired)
+		s.must(s.release(k, "B"))
+		s.claim(k, "C", "")
+		s.forget(true, k)
+		s.must(s.complete(k, "C")) // a run forgotten mid-way that succeeds writes DONE
+		s.wantStatus(s.claim(k, "D", ""), driver.StatusDuplicate)
 	}},
 	{"forget/many", func(t *testing.T, s *suite) {
 		done, inProgress, absent := s.key(), s.key(), s.key()
@@ -700,7 +735,6 @@ var replyCases = []conformanceCase{
 			t.Fatalf("unfingerprinted duplicate: %+v", a)
 		}
 		s.must(s.completeReply(k, "A", reply)) // retried, its first attempt landed
-		s.must(s.complete(k, "A"))
 		s.wantLeaseLost(s.completeReply(k, "B", reply))
 		s.wantLeaseLost(s.extend(k, "A"))
 		s.must(s.release(k, "A"))

@@ -216,15 +216,8 @@ func apply(o mOp, cur *mRec, s, r time.Duration) (mAns, *mRec) {
 			lo, hi := left()
 			return mAns{status: driver.StatusDuplicate, ttlLo: lo, ttlHi: hi}, cur
 		}
-	case "complete":
-		switch {
-		case !mine:
-			return mAns{err: errLeaseLost}, cur
-		case cur.state == storekit.StateInProgress:
-			return mAns{}, set(storekit.StateDone, cur.token, cur.fp)
-		default:
-			return mAns{}, cur // my retried complete
-		}
+	case "complete": // without a reply: DONE whoever holds the key (driver.Store)
+		return mAns{}, set(storekit.StateDone, o.token, o.fp)
 	case "release":
 		if mine && cur.state == storekit.StateInProgress {
 			return mAns{}, nil
@@ -318,8 +311,16 @@ func genOps(seed uint64, n int, engine bool) []mOp {
 		switch kind {
 		case "claim", "extend":
 			o.ttl = lease()
-		case "complete", "mark":
+		case "mark":
 			o.ttl = retention()
+		case "complete":
+			o.ttl = retention()
+			if engine && o.ttl >= time.Millisecond {
+				// a completion writes DONE whoever holds the key; dedup's own of a key
+				// carry its handler's retention, so never one shorter than the
+				// engine's, which would end its DONE before its local tier's entry
+				o.ttl = max(o.ttl, engineRet)
+			}
 		}
 		return o
 	}
