@@ -129,9 +129,9 @@ func (c *dropConn) timeout() error {
 // key answers (RESP2 or RESP3): proof that the lost read was the trial's own reply.
 func firstReplyOK(op string, reply string) bool {
 	switch op {
-	case "Claim", "Mark": // SET NX PX GET on a free key
+	case "Mark": // SET NX PX GET on a free key
 		return reply == "_\r\n" || reply == "$-1\r\n"
-	default:
+	default: // Claim's SET NX PX on a free key, a plain SET
 		return reply == "+OK\r\n"
 	}
 }

@@ -223,8 +223,8 @@ func scriptCmd(ctx context.Context, op, body, key string, args ...any) *redis.Cm
 	return redis.NewCmd(ctx, append([]any{op, body, 1, key}, args...)...)
 }
 
-// Claim implements driver.Store. A free key costs one SET NX PX GET; a key that holds
-// a record costs a second round trip, to the claim script.
+// Claim implements driver.Store. A free key costs one SET NX PX; a key that holds a
+// record costs a second round trip, to the claim script.
 func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := storekit.CheckEntries(entries, "lease"); err != nil {
 		return nil, err
@@ -240,13 +240,13 @@ func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Ans
 
 // claimOne claims one entry; its error is the call's (failedOne).
 func (s *Store) claimOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
-	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateInProgress, e.Key, e.Token, e.Fingerprint, e.TTL)...)
+	cmd := redis.NewStatusCmd(ctx, newBatchArgs(1, 6).setNX(storekit.StateInProgress, e)...)
 	err := s.process(ctx, cmd)
-	if err != nil && !errors.Is(err, redis.Nil) {
+	switch {
+	case err == nil: // OK: the key was free
+		return driver.Answer{Status: driver.StatusAcquired}, nil
+	case !errors.Is(err, redis.Nil):
 		return failedAnswer("claim", err)
-	}
-	if ans, ok := claimSetAnswer(err); ok {
-		return ans, nil
 	}
 	v, err := s.eval(ctx, claimScript, claimLua, e.Key, e.Token, e.Fingerprint, ms(e.TTL))
 	if err != nil {
@@ -337,13 +337,11 @@ func (b *batchArgs) setDone(e driver.Entry) []any {
 	return b.add("set", e.Key, storekit.Encode(storekit.StateDone, e.Token, e.Fingerprint), "px", b.ms(e.TTL))
 }
 
-// claimSetAnswer settles a fast claim that found the key free; the rest go to the
-// claim script.
-func claimSetAnswer(err error) (driver.Answer, bool) {
-	if errors.Is(err, redis.Nil) {
-		return driver.Answer{Status: driver.StatusAcquired}, true
-	}
-	return driver.Answer{}, false
+// setNX is SET key <record> PX ttl NX for e: OK when the key was free, nil (no GET:
+// the claim script reads what is there) when not. An OK reply also spares go-redis
+// its error path.
+func (b *batchArgs) setNX(state byte, e driver.Entry) []any {
+	return b.add("set", e.Key, storekit.Encode(state, e.Token, e.Fingerprint), "px", b.ms(e.TTL), "nx")
 }
 
 func claimAnswer(v any) (driver.Answer, error) {
@@ -661,7 +659,13 @@ func foundAnswer(e driver.Entry, old string, pttl int64, same bool) (a driver.An
 // claimManySingle is claimMany on a single server: SET NX PX GET per entry, then the
 // claim_many script for those that found a record. A key named twice sees its first.
 func (s *Store) claimManySingle(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	cmds, sent := setNXGetCmds(ctx, storekit.StateInProgress, entries)
+	cmds := make([]*redis.StatusCmd, len(entries))
+	sent := make([]redis.Cmder, len(entries))
+	args := newBatchArgs(len(entries), 6)
+	for i, e := range entries {
+		cmds[i] = redis.NewStatusCmd(ctx, args.setNX(storekit.StateInProgress, e)...)
+		sent[i] = cmds[i]
+	}
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, storekit.StoreErr("claim", err)
 	}
@@ -669,12 +673,12 @@ func (s *Store) claimManySingle(ctx context.Context, entries []driver.Entry) ([]
 	var found []int
 	for i, c := range cmds {
 		switch err := c.Err(); {
-		case errors.Is(err, redis.Nil):
+		case err == nil: // OK: the key was free
 			out[i] = driver.Answer{Status: driver.StatusAcquired}
-		case err != nil:
-			out[i].Err = storekit.StoreErr("claim", err)
-		default:
+		case errors.Is(err, redis.Nil):
 			found = append(found, i)
+		default:
+			out[i].Err = storekit.StoreErr("claim", err)
 		}
 	}
 	if len(found) == 0 {

@@ -35,6 +35,9 @@ type Store struct {
 	fails  atomic.Int32 // store failures in a row
 	open   atomic.Bool
 	probes sync.WaitGroup // the probe goroutine; Wait waits for it
+	// probeMu guards waiting: Wait has begun, and no probe may start
+	probeMu sync.Mutex
+	waiting bool
 	// opened is closed when the breaker opens: claims and marks still waiting give up
 	opened atomic.Pointer[chan struct{}]
 }
@@ -102,8 +105,17 @@ func New(s driver.Store, cfg Config) *Store {
 // Unwrap returns the store it guards.
 func (g *Store) Unwrap() driver.Store { return g.s }
 
-// Wait waits for the probe goroutine, which ends with Config.Closing.
-func (g *Store) Wait() { g.probes.Wait() }
+// Wait waits for the probe goroutine and the idle flushers, which end with
+// Config.Closing.
+func (g *Store) Wait() {
+	g.probeMu.Lock()
+	g.waiting = true
+	g.probeMu.Unlock()
+	g.probes.Wait()
+	for _, q := range []*queue{g.claims, g.marks, g.completes, g.extends, g.releases} {
+		q.waitIdle()
+	}
+}
 
 // Quiet returns a guard of g's store whose calls the breaker does not count: for the
 // probe and the health check.
@@ -181,34 +193,22 @@ func Detached[T any](g *Store, ctx context.Context, op string, f func(context.Co
 }
 
 // wait waits for done and returns nil, or what ended the wait first: bound's end,
-// Abandon (ErrClosed), or, for a claim or mark (entry), the breaker opening. A claim
-// or mark still unanswered after StallAfter counts as a store failure (once): a
-// caller without a deadline would otherwise wait out the client's retries (go-redis's
-// dial retries: about 1.7 s per command with its defaults) before the breaker heard
-// of an outage.
+// Abandon (ErrClosed), or, for a claim or mark (entry), the breaker opening (a store
+// call of claims or marks unanswered after StallAfter counts: queue.flush).
 func (g *Store) wait(done <-chan struct{}, bound context.Context, entry bool) error {
 	var opened <-chan struct{} // nil (never) unless a claim or mark may give up on the breaker
-	var stalled <-chan time.Time
 	if entry {
 		opened = *g.opened.Load()
-		t := time.NewTimer(StallAfter)
-		defer t.Stop()
-		stalled = t.C
 	}
-	for {
-		select {
-		case <-done:
-			return nil
-		case <-bound.Done():
-			return context.Cause(bound)
-		case <-g.cfg.Abandon:
-			return driver.ErrClosed
-		case <-opened:
-			return ErrBreakerOpen
-		case <-stalled:
-			stalled = nil
-			g.failed() // may open the breaker: opened fires then
-		}
+	select {
+	case <-done:
+		return nil
+	case <-bound.Done():
+		return context.Cause(bound)
+	case <-g.cfg.Abandon:
+		return driver.ErrClosed
+	case <-opened:
+		return ErrBreakerOpen
 	}
 }
 
@@ -225,13 +225,31 @@ func (g *Store) note(ctx context.Context, entry bool, err error) {
 	}
 }
 
+// stalled returns what a store call of n callers' claims or marks, unanswered after
+// StallAfter, counts: a failure per caller (it goes on waiting; any answer resets the
+// count). A caller without a deadline would otherwise wait out the client's retries
+// (go-redis's dial retries: about 1.7 s per command with its defaults) before the
+// breaker heard of an outage.
+func (g *Store) stalled(n int) func() {
+	return func() {
+		for range n {
+			g.failed() // may open the breaker: the callers' waits end then
+		}
+	}
+}
+
 // failed counts one store failure and opens the breaker at BreakerTrip in a row.
 func (g *Store) failed() {
 	if g.fails.Add(1) >= BreakerTrip && g.open.CompareAndSwap(false, true) {
 		close(*g.opened.Load()) // the claims and marks still out give up
 		g.cfg.Logger.Warn("dedup: store not answering; claims and marks fail at once (handlers FailOpen and DatabaseOnly go on without it) until a probe gets an answer", "failures", BreakerTrip)
-		g.probes.Add(1)
-		go g.probe()
+		// a stall timer may fire as Close waits: no probe starts once Wait has begun
+		g.probeMu.Lock()
+		if !g.waiting {
+			g.probes.Add(1)
+			go g.probe()
+		}
+		g.probeMu.Unlock()
 	}
 }
 

@@ -47,6 +47,11 @@ type queue struct {
 	mu       sync.Mutex
 	calls    []*call
 	flushers int
+	// idle flushers wait on wake for work, up to InFlight of them, until Closing ends:
+	// a new goroutine would grow its stack in the client at every call
+	idle     int
+	wake     chan struct{}
+	idleDone sync.Cond   // signalled when a flusher stops waiting (Store.Wait)
 	alone    int         // calls sent from their caller's goroutine, out now (sendAlone)
 	eager    bool        // calls holds a call that is not lazy
 	timer    *time.Timer // set while lazy calls wait for company
@@ -80,7 +85,9 @@ const (
 type Answerer interface{ CompletionAnswered(cerr error) }
 
 func newQueue(g *Store, op string, entry bool, send func(context.Context, []driver.Entry) ([]driver.Answer, error)) *queue {
-	return &queue{g: g, op: op, entry: entry, send: send}
+	q := &queue{g: g, op: op, entry: entry, send: send, wake: make(chan struct{}, InFlight)}
+	q.idleDone.L = &q.mu
+	return q
 }
 
 // asAnswers adapts a store operation that answers errors to the queue's answers.
@@ -198,6 +205,11 @@ func (q *queue) add(c *call) {
 	q.eager = q.eager || !c.lazy
 	spawn := q.flushers < InFlight && (q.eager || len(q.calls) >= lazyBatch)
 	switch {
+	case spawn && q.idle > 0:
+		q.flushers++
+		q.idle--
+		q.wake <- struct{}{} // never blocks: one token per idle flusher at most
+		spawn = false
 	case spawn:
 		q.flushers++
 	case q.flushers == 0 && q.timer == nil:
@@ -261,8 +273,12 @@ func (q *queue) flush() {
 		}
 		if taken == 0 {
 			q.flushers--
+			woken := q.park()
 			q.mu.Unlock()
-			return
+			if !woken {
+				return
+			}
+			continue
 		}
 		q.mu.Unlock()
 		if len(batch) == 0 {
@@ -276,7 +292,14 @@ func (q *queue) flush() {
 				ctx, cancel = context.WithDeadline(ctx, deadline)
 			}
 		}
+		var stall *time.Timer
+		if q.entry {
+			stall = time.AfterFunc(StallAfter, q.g.stalled(len(batch)))
+		}
 		as, err := q.send(ctx, entries)
+		if stall != nil {
+			stall.Stop()
+		}
 		if err == nil && len(as) != len(entries) {
 			err = fmt.Errorf("%w: %s: %d answers to %d entries", driver.ErrStoreUnavailable, q.op, len(as), len(entries))
 		}
@@ -286,6 +309,44 @@ func (q *queue) flush() {
 		clear(batch)
 		clear(entries)
 	}
+}
+
+// park waits, holding q.mu when called and on return, for work (true: add counted
+// the flusher again) or Closing's end (false). A flusher parks only while fewer than
+// InFlight are idle and the Deduper is open.
+func (q *queue) park() bool {
+	closing := q.g.cfg.Closing
+	if closing == nil || closing.Err() != nil || q.idle >= InFlight {
+		return false
+	}
+	q.idle++
+	q.mu.Unlock()
+	woken := false
+	select {
+	case <-q.wake:
+		woken = true
+	case <-closing.Done():
+	}
+	q.mu.Lock()
+	if !woken {
+		select {
+		case <-q.wake: // add counted it meanwhile
+			woken = true
+		default:
+			q.idle--
+		}
+	}
+	q.idleDone.Broadcast()
+	return woken
+}
+
+// waitIdle waits until no flusher is parked: after Closing has ended, they all leave.
+func (q *queue) waitIdle() {
+	q.mu.Lock()
+	for q.idle > 0 {
+		q.idleDone.Wait()
+	}
+	q.mu.Unlock()
 }
 
 // scratch is a flusher's buffers, kept between flushes.
