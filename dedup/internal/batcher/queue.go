@@ -124,12 +124,11 @@ func (q *queue) do(ctx context.Context, entries []driver.Entry) ([]driver.Answer
 	if err := ctx.Err(); err != nil { // the store would not send it either
 		return nil, fmt.Errorf("%w: %s: not sent: %w", driver.ErrStoreUnavailable, q.op, context.Cause(ctx))
 	}
-	if q.entry && g.honours && g.fails.Load() == 0 && boundOf(ctx) == ctx && q.takeAlone() {
-		return q.sendAlone(ctx, entries)
-	}
 	c := &call{vals: ctx, entries: entries, done: make(chan struct{})}
 	c.deadline, _ = ctx.Deadline()
-	q.add(c)
+	if q.add(c, q.entry && g.honours && g.fails.Load() == 0 && boundOf(ctx) == ctx && !closed(g.cfg.Abandon)) {
+		return q.sendAlone(ctx, entries)
+	}
 	cause := g.wait(c.done, boundOf(ctx), q.entry)
 	if cause == nil {
 		return c.answers, c.err
@@ -152,23 +151,6 @@ func (q *queue) do(ctx context.Context, entries []driver.Entry) ([]driver.Answer
 		what = "not sent"
 	}
 	return nil, fmt.Errorf("%w: %s: %s: %w", driver.ErrStoreUnavailable, q.op, what, cause)
-}
-
-// takeAlone reports whether nothing is queued or out, and then counts a call out
-// alone. Nor has Close given up on the store's calls.
-func (q *queue) takeAlone() bool {
-	select {
-	case <-q.g.cfg.Abandon:
-		return false
-	default:
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.flushers > 0 || q.alone > 0 || len(q.calls) > 0 {
-		return false
-	}
-	q.alone++
-	return true
 }
 
 // sendAlone sends a lone caller's entries from its goroutine: the store ends the call
@@ -196,11 +178,18 @@ func (q *queue) sendAlone(ctx context.Context, entries []driver.Entry) ([]driver
 // CompleteLater sends the completion e with the other callers' entries, within
 // timeout; to gets the answer. Lazy: it may wait LazyDelay for company.
 func (g *Store) CompleteLater(ctx context.Context, e driver.Entry, timeout time.Duration, to Answerer, lazy bool) {
-	g.completes.add(&call{vals: ctx, deadline: time.Now().Add(timeout), entries: []driver.Entry{e}, to: to, lazy: lazy})
+	g.completes.add(&call{vals: ctx, deadline: time.Now().Add(timeout), entries: []driver.Entry{e}, to: to, lazy: lazy}, false)
 }
 
-func (q *queue) add(c *call) {
+// add queues c, or, when mayAlone and nothing is queued or out, counts a call out
+// alone and reports true: its caller sends it (sendAlone).
+func (q *queue) add(c *call, mayAlone bool) (alone bool) {
 	q.mu.Lock()
+	if mayAlone && q.flushers == 0 && q.alone == 0 && len(q.calls) == 0 {
+		q.alone++
+		q.mu.Unlock()
+		return true
+	}
 	q.calls = append(q.calls, c)
 	q.eager = q.eager || !c.lazy
 	spawn := q.flushers < InFlight && (q.eager || len(q.calls) >= lazyBatch)
@@ -219,6 +208,17 @@ func (q *queue) add(c *call) {
 	q.mu.Unlock()
 	if spawn {
 		go q.flush()
+	}
+	return false
+}
+
+// closed reports whether c is closed.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
