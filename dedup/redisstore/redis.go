@@ -51,7 +51,7 @@ type Store struct {
 	scripts  atomic.Int32
 	probedAt atomic.Int64
 	probing  atomic.Bool // one probe at a time; calls meanwhile go per key
-	honours  bool        // the client was built with ContextTimeoutEnabled
+	honours  bool        // the client has ContextTimeoutEnabled and read and write timeouts
 }
 
 // How a *redis.Client's batch calls go (Store.scripts).
