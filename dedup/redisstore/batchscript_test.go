@@ -126,16 +126,7 @@ func TestBatchScriptsAnswerEachEntryAsTheSingleCall(t *testing.T) {
 				}
 			}
 			// without replies: DONE whoever holds the key, a SET PX each
-			tc.Reset()
-			if errs, err = s.Complete(ctx, entries); err != nil {
-				t.Fatal(err)
-			}
-			testenv.ExpectTrips(t, "CompleteMany without replies", tc, 1, n)
-			for i, e := range errs {
-				if e != nil {
-					t.Errorf("complete %d without a reply: %v", i, e)
-				}
-			}
+			completeWithoutReplies(t, s, tc, entries)
 			for _, i := range []int{1, 2, 5, n - 1} {
 				if v := s.c.Get(ctx, key(i)).Val(); v != "d:T:fp" {
 					t.Errorf("key %d after CompleteMany without replies: %q, want DONE", i, v)

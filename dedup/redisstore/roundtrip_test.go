@@ -92,17 +92,7 @@ func TestBatchIsOneRoundTrip(t *testing.T) {
 					t.Fatalf("complete %d: %v", i, e)
 				}
 			}
-			// without: a SET PX of DONE per key, no script, in one round trip
-			tc.Reset()
-			if errs, err = s.Complete(ctx, entries); err != nil {
-				t.Fatal(err)
-			}
-			testenv.ExpectTrips(t, "CompleteMany without replies", tc, 1, n)
-			for i, e := range errs {
-				if e != nil {
-					t.Fatalf("complete %d without a reply: %v", i, e)
-				}
-			}
+			completeWithoutReplies(t, s, tc, entries)
 			for i := range entries {
 				entries[i].Key += ":m"
 			}
@@ -293,6 +283,23 @@ func answerErrs(as []driver.Answer) []error {
 		errs[i] = a.Err
 	}
 	return errs
+}
+
+// completeWithoutReplies completes entries, none with a reply: a SET PX of DONE per
+// key, no script, in one round trip, each answered nil.
+func completeWithoutReplies(t *testing.T, s *Store, tc *testenv.TripCounter, entries []driver.Entry) {
+	t.Helper()
+	tc.Reset()
+	errs, err := s.Complete(context.Background(), entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.ExpectTrips(t, "CompleteMany without replies", tc, 1, int64(len(entries)))
+	for i, e := range errs {
+		if e != nil {
+			t.Fatalf("complete %d without a reply: %v", i, e)
+		}
+	}
 }
 
 // withReply is entries, each with a reply to store: a completion the script checks.
