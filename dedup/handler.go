@@ -109,9 +109,6 @@ func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) e
 	if err := h.noReplies(); err != nil {
 		return Result{}, err
 	}
-	if key == "" {
-		return h.noKey(ctx, fn, nil)
-	}
 	return h.do(ctx, key, "", fn, nil, nil)
 }
 
@@ -237,9 +234,6 @@ func (h *Handler) runOne(ctx context.Context, it Item, fn func(context.Context) 
 
 // handleKey is Handle once the key is read: ModeDo as Do, ModeFilter as Mark then fn.
 func (h *Handler) handleKey(ctx context.Context, key string, payload []byte, fn func(context.Context) error) (Result, error) {
-	if key == "" {
-		return h.noKey(ctx, fn, nil)
-	}
 	fp := h.fingerprint(payload)
 	if h.cfg.mode == ModeDo {
 		return h.do(ctx, key, fp, fn, nil, nil)
@@ -494,9 +488,12 @@ func wait(ctx context.Context, ch <-chan struct{}) error {
 }
 
 // do runs fn once for key: Do, Handle in ModeDo, and the transactional runs (step;
-// nil for a plain run). r is a reply form's run (fn is r.call). Past check, the key
-// is a batch of one (claimBatch), completed inline.
+// nil for a plain run). r is a reply form's run (fn is r.call). An empty key follows
+// the missing-key policy; past check, the key is a batch of one (claimBatch).
 func (h *Handler) do(ctx context.Context, key, fp string, fn func(context.Context) error, step runStep, r *replyRun) (Result, error) {
+	if key == "" {
+		return h.noKey(ctx, fn, step)
+	}
 	k := keys.Normalize(key)
 	lk := localKey(k, fp)
 	f, res, err := h.check(ctx, k, lk, fp, r)

@@ -497,6 +497,8 @@ func TestConcurrentChecksShareStoreCalls(t *testing.T) {
 	}
 }
 
+// A local hit allocates nothing and calls no store, through Do, Mark and DoTx
+// (which answers it before building its transactional step), and each is counted.
 func TestLocalHitDoesNotAllocate(t *testing.T) {
 	f := newFixture(t, false)
 	h := f.handler("orders")
@@ -504,17 +506,29 @@ func TestLocalHitDoesNotAllocate(t *testing.T) {
 	if res, err := h.Do(ctx, "order-42", ok); res.Outcome != Processed {
 		t.Fatal(res, err)
 	}
+	db := newFakeDB()
+	okTx := func(context.Context, *fakeTx) error { return nil }
 	claims := f.store.claims.Load()
-	allocs := testing.AllocsPerRun(1000, func() {
-		if res, _ := h.Do(ctx, "order-42", ok); res.Tier != TierLocal {
-			t.Fatal("not a local hit")
+	for name, call := range map[string]func() (Result, error){
+		"Do":   func() (Result, error) { return h.Do(ctx, "order-42", ok) },
+		"Mark": func() (Result, error) { return h.Mark(ctx, "order-42") },
+		"DoTx": func() (Result, error) { return DoTx(ctx, h, "order-42", db, okTx) },
+	} {
+		before := h.Stats().LocalDuplicates
+		allocs := testing.AllocsPerRun(1000, func() {
+			if res, _ := call(); res.Tier != TierLocal || res.Outcome != Duplicate {
+				t.Fatal("not a local hit")
+			}
+		})
+		if allocs != 0 {
+			t.Fatalf("%s: %v allocs per local hit", name, allocs)
 		}
-	})
-	if allocs != 0 {
-		t.Fatalf("%v allocs per local hit", allocs)
+		if got := h.Stats().LocalDuplicates - before; got != 1001 { // AllocsPerRun runs once more
+			t.Fatalf("%s: %d local hits counted, want 1001", name, got)
+		}
 	}
-	if f.store.claims.Load() != claims {
-		t.Fatal("a local hit called the store")
+	if begins, _, _, _ := db.counts(); f.store.claims.Load() != claims || begins != 0 {
+		t.Fatal("a local hit called the store or the database")
 	}
 }
 

@@ -1,7 +1,7 @@
 package dedup
 
 import (
-	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 )
 
@@ -17,6 +17,8 @@ type counters struct {
 	// localHits is striped, a cache line each, so that the hottest path writes no
 	// line other cores write; Stats adds it to outcomes[Duplicate] and local.
 	localHits [localStripes]stripe
+	pins      sync.Pool     // *stripe: the one this P used last (a random one hit
+	nextPin   atomic.Uint32 // a stripe the other core wrote last half the time)
 }
 
 const localStripes = 16
@@ -26,10 +28,14 @@ type stripe struct {
 	_ [56]byte // the rest of a 64-byte cache line
 }
 
-// countLocalHit counts a local-tier Duplicate on a random stripe: math/rand/v2's
-// global source is per thread, so the pick writes nothing shared either.
+// countLocalHit counts a local-tier Duplicate on the stripe of the caller's P.
 func (h *Handler) countLocalHit() Result {
-	h.stats.localHits[rand.Uint32()%localStripes].n.Add(1)
+	s, _ := h.stats.pins.Get().(*stripe)
+	if s == nil { // the P's first, or the pool emptied by a GC
+		s = &h.stats.localHits[h.stats.nextPin.Add(1)%localStripes]
+	}
+	s.n.Add(1)
+	h.stats.pins.Put(s)
 	return Result{Outcome: Duplicate, Tier: TierLocal}
 }
 
@@ -76,21 +82,17 @@ func (h *Handler) Stats() Stats {
 	if h == nil {
 		return Stats{}
 	}
-	var s Stats
+	c := &h.stats
+	s := Stats{LocalDuplicates: c.local.Load(), StoreDuplicates: c.store.Load(), DatabaseDuplicates: c.database.Load(),
+		Unguarded: c.unguarded.Load(), HeartbeatLeaseLost: c.leaseLost.Load(),
+		RepliesTooLarge: c.repliesTooLarge.Load(), RepliesMissing: c.repliesMissing.Load()}
 	for i := range s.outcomes {
-		s.outcomes[i] = h.stats.outcomes[i].Load()
+		s.outcomes[i] = c.outcomes[i].Load()
 	}
-	s.LocalDuplicates = h.stats.local.Load()
-	for i := range h.stats.localHits {
-		n := h.stats.localHits[i].n.Load()
+	for i := range c.localHits {
+		n := c.localHits[i].n.Load()
 		s.outcomes[Duplicate] += n
 		s.LocalDuplicates += n
 	}
-	s.StoreDuplicates = h.stats.store.Load()
-	s.DatabaseDuplicates = h.stats.database.Load()
-	s.Unguarded = h.stats.unguarded.Load()
-	s.HeartbeatLeaseLost = h.stats.leaseLost.Load()
-	s.RepliesTooLarge = h.stats.repliesTooLarge.Load()
-	s.RepliesMissing = h.stats.repliesMissing.Load()
 	return s
 }

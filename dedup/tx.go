@@ -10,6 +10,7 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"github.com/dedupkit/dedupkit/internal/storekit"
+	"github.com/dedupkit/dedupkit/keys"
 )
 
 // Transactional runs: a marker row written in fn's own transaction makes its effects
@@ -79,12 +80,11 @@ func DoTx[T any](ctx context.Context, h *Handler, key string, t Transactor[T], f
 }
 
 func doTx[T any](ctx context.Context, h *Handler, key, fp string, t Transactor[T], fn func(context.Context, T) error) (Result, error) {
-	r := &txRun[T]{t: t}
-	run := func(ctx context.Context) error { return fn(ctx, txOf[T](ctx)) }
-	if key == "" {
-		return h.noKey(ctx, run, r)
+	if key != "" && h.localDone(localKey(keys.Normalize(key), fp)) { // before allocating
+		return h.countLocalHit(), nil
 	}
-	return h.do(ctx, key, fp, run, r, nil)
+	r := &txRun[T]{t: t}
+	return h.do(ctx, key, fp, func(ctx context.Context) error { return fn(ctx, txOf[T](ctx)) }, r, nil)
 }
 
 // MaxTxBatch is the most items RunTx runs in one transaction; a longer batch runs as

@@ -52,6 +52,45 @@ type Store struct {
 	probedAt atomic.Int64
 	probing  atomic.Bool // one probe at a time; calls meanwhile go per key
 	honours  bool        // the client has ContextTimeoutEnabled and read and write timeouts
+	// found rises by one for each recent claim that found a record and falls by one
+	// for each that found the key free, within [0, foundMax] (see findsRecords)
+	found atomic.Int32
+}
+
+// sawBatch is sawClaims for a batch's answers; failed entries count neither way.
+func (s *Store) sawBatch(answers []driver.Answer) {
+	var found, free int
+	for _, a := range answers {
+		switch {
+		case a.Err != nil:
+		case a.Status == driver.StatusAcquired:
+			free++
+		default:
+			found++
+		}
+	}
+	s.sawClaims(found, free)
+}
+
+// foundMax bounds Store.found; at half of it claims go straight to the claim script.
+const foundMax = 8
+
+// findsRecords reports whether recent claims found records more often than free keys.
+// Claims then go straight to the claim script, one round trip where SET NX first costs
+// two for a key that holds a record; otherwise SET NX first, no script for a free key.
+// Either way the answers are the same; only the cost differs.
+func (s *Store) findsRecords() bool { return s.found.Load() >= foundMax/2 }
+
+// sawClaims moves found by the claims that found a record less those that found the
+// key free. It writes only to move: a run of free keys, or of records, writes nothing.
+func (s *Store) sawClaims(found, free int) {
+	for {
+		n := s.found.Load()
+		m := int32(min(max(int(n)+found-free, 0), foundMax))
+		if m == n || s.found.CompareAndSwap(n, m) {
+			return
+		}
+	}
 }
 
 // How a *redis.Client's batch calls go (Store.scripts).
@@ -224,7 +263,8 @@ func scriptCmd(ctx context.Context, op, body, key string, args ...any) *redis.Cm
 }
 
 // Claim implements driver.Store. A free key costs one SET NX PX; a key that holds a
-// record costs a second round trip, to the claim script.
+// record costs a second round trip, to the claim script, unless recent claims found
+// records more often than free keys: then claims go straight to the script.
 func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := storekit.CheckEntries(entries, "lease"); err != nil {
 		return nil, err
@@ -240,19 +280,27 @@ func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Ans
 
 // claimOne claims one entry; its error is the call's (failedOne).
 func (s *Store) claimOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
-	cmd := redis.NewStatusCmd(ctx, newBatchArgs(1, 6).setNX(storekit.StateInProgress, e)...)
-	err := s.process(ctx, cmd)
-	switch {
-	case err == nil: // OK: the key was free
-		return driver.Answer{Status: driver.StatusAcquired}, nil
-	case !errors.Is(err, redis.Nil):
-		return failedAnswer("claim", err)
+	if !s.findsRecords() {
+		cmd := redis.NewStatusCmd(ctx, newBatchArgs(1, 6).setNX(storekit.StateInProgress, e)...)
+		err := s.process(ctx, cmd)
+		switch {
+		case err == nil: // OK: the key was free
+			s.sawClaims(0, 1)
+			return driver.Answer{Status: driver.StatusAcquired}, nil
+		case !errors.Is(err, redis.Nil):
+			return failedAnswer("claim", err)
+		}
 	}
 	v, err := s.eval(ctx, claimScript, claimLua, e.Key, e.Token, e.Fingerprint, ms(e.TTL))
 	if err != nil {
 		return failedAnswer("claim", err)
 	}
 	a, err := claimAnswer(v.Val())
+	if a.Status == driver.StatusAcquired {
+		s.sawClaims(0, 1)
+	} else {
+		s.sawClaims(1, 0)
+	}
 	a.Err = err
 	return a, nil
 }
@@ -659,6 +707,16 @@ func foundAnswer(e driver.Entry, old string, pttl int64, same bool) (a driver.An
 // claimManySingle is claimMany on a single server: SET NX PX GET per entry, then the
 // claim_many script for those that found a record. A key named twice sees its first.
 func (s *Store) claimManySingle(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	if s.findsRecords() {
+		answers, err := s.claimManyScript(ctx, entries)
+		if errors.Is(err, errCrossSlot) { // nothing ran: the claim script per entry
+			answers, err = s.claimManyScripts(ctx, entries)
+		}
+		if err == nil {
+			s.sawBatch(answers)
+		}
+		return answers, err
+	}
 	cmds := make([]*redis.StatusCmd, len(entries))
 	sent := make([]redis.Cmder, len(entries))
 	args := newBatchArgs(len(entries), 6)
@@ -681,6 +739,7 @@ func (s *Store) claimManySingle(ctx context.Context, entries []driver.Entry) ([]
 			out[i].Err = storekit.StoreErr("claim", err)
 		}
 	}
+	s.sawClaims(len(found), len(entries)-len(found))
 	if len(found) == 0 {
 		return out, nil
 	}

@@ -311,3 +311,81 @@ func withReply(entries []driver.Entry) []driver.Entry {
 	}
 	return out
 }
+
+// Claims that keep finding records go straight to the claim script: one round trip
+// for a duplicate where SET NX first costs two. Once free keys are the rule again, a
+// claim is SET NX first. The answers are the same either way, alone or in a batch.
+func TestClaimsThatKeepFindingRecordsGoStraightToTheScript(t *testing.T) {
+	for name, mk := range countedRedis(t) {
+		t.Run(name, func(t *testing.T) {
+			s, tc, prefix := mk(t)
+			ctx := context.Background()
+			key := func(what string, i int) string { return fmt.Sprintf("%s:h:%s%d", prefix, what, i) }
+			const n = 2 * foundMax
+			// warm the scripts and the batch probe: a key held, then free ones, which
+			// leave found at 0
+			for i, tok := range []string{"T", "X", "X"} {
+				if _, err := only(s.Claim(ctx, entry(key("warm", i/2), tok, "", time.Minute))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := s.Claim(ctx, append(entry(key("warm", 0), "X", "", time.Minute), entry(key("warm", 2), "T", "", time.Minute)...)); err != nil {
+				t.Fatal(err)
+			}
+			for i := range n {
+				if _, err := only(s.Mark(ctx, entry(key("done", i), "T", "", time.Minute))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			claim := func(k string, want driver.Status) []string {
+				t.Helper()
+				tc.Reset()
+				a, err := only(s.Claim(ctx, entry(k, "X", "", time.Minute)))
+				if err != nil || a.Err != nil || a.Status != want {
+					t.Fatalf("claim of %s: %v %v %v, want %v", k, a.Status, err, a.Err, want)
+				}
+				return strings.Split(tc.String(), ", ")
+			}
+			for i := range n { // duplicates: SET NX then the script, until they are the rule
+				got := claim(key("done", i), driver.StatusDuplicate)
+				wantCmds := 2
+				if i >= foundMax/2 {
+					wantCmds = 1
+				}
+				if len(got) != wantCmds || !strings.HasPrefix(got[len(got)-1], "evalsha") {
+					t.Fatalf("duplicate %d sent %v, want %d commands ending with the claim script", i, got, wantCmds)
+				}
+			}
+			for i := range n { // free keys: the script until SET NX is the rule again
+				got := claim(key("free", i), driver.StatusAcquired)
+				wantFirst := "set"
+				if i <= foundMax/2 { // from foundMax down to foundMax/2
+					wantFirst = "evalsha"
+				}
+				if len(got) != 1 || !strings.HasPrefix(got[0], wantFirst) {
+					t.Fatalf("free key %d sent %v, want one %s", i, got, wantFirst)
+				}
+			}
+			// a batch of duplicates moves it too: the next batch is one claim_many call
+			batch := make([]driver.Entry, n)
+			for i := range batch {
+				batch[i] = driver.Entry{Key: key("done", i), Token: "Y", TTL: time.Minute}
+			}
+			for round, trips := range []int64{2, 1} {
+				tc.Reset()
+				answers, err := s.Claim(ctx, batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, a := range answers {
+					if a.Err != nil || a.Status != driver.StatusDuplicate {
+						t.Fatalf("round %d, entry %d: %v %v", round, i, a.Status, a.Err)
+					}
+				}
+				if tc.Trips() != trips {
+					t.Fatalf("round %d of a batch of duplicates: %d round trips (%s), want %d", round, tc.Trips(), tc, trips)
+				}
+			}
+		})
+	}
+}
