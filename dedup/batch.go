@@ -658,8 +658,9 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 // fn returns (completer). With parallel 1 they run in order on the caller's
 // goroutine, and an fn that calls runtime.Goexit ends the batch, giving back the
 // claims not run yet; otherwise they run as runParallel does. With step (RunTx) they
-// run in one transaction (beginBatch, commitBatch), each behind a savepoint when
-// there are several.
+// run in one transaction (beginBatch, commitBatch), with no savepoint until one
+// fails: runClaimedItem then rolls it back, and the others run again in a new one,
+// each behind a savepoint (a failure costs a rerun; a batch that fails none, none).
 func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
 	out.flush() // every flight is answered and the lease table has the claims: now the results known so far
 	c := &out.comp
@@ -695,8 +696,9 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 				h.release(bg, b.k, b.rk, b.token)
 			}
 		}()
-		savepoints := step != nil && len(claimed) > 1
-		for _, b := range claimed {
+		savepoints := false
+		for finished < len(claimed) {
+			b := claimed[finished]
 			if savepoints {
 				if err := step.savepoint(fnCtx); err != nil {
 					h.unrun(ctx, b, out, fmt.Errorf("%w: database: savepoint: %w", ErrStoreUnavailable, err))
@@ -707,6 +709,10 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			ok := h.runClaimedItem(ctx, fnCtx, noRenew, b, fn, out, step, savepoints)
 			finished++
 			switch {
+			case !ok && step != nil && !savepoints && len(claimed) > 1:
+				// b was one of several and the first to fail: the others are at least one
+				claimed, finished, held, savepoints = append(held, claimed[finished:]...), 0, nil, true
+				claimed = h.beginBatch(ctx, fnCtx, c, claimed, step, out)
 			case !ok:
 			case step == nil:
 				c.add(b)

@@ -88,14 +88,15 @@ func doTx[T any](ctx context.Context, h *Handler, key, fp string, t Transactor[T
 }
 
 // MaxTxBatch is the most items RunTx runs in one transaction; a longer batch runs as
-// several, one after the other. Each item runs behind a savepoint, and past 64
-// subtransactions PostgreSQL slows down every session's snapshots.
+// several, one after the other. After a failure each item runs behind a savepoint,
+// and past 64 subtransactions PostgreSQL slows down every session's snapshots.
 const MaxTxBatch = 64
 
 // RunTx is Run for fns that write to a database through t: the claimed items' fns run
-// in order in one transaction (MaxTxBatch items at most), each behind a savepoint
-// with its marker, so that a failed item is rolled back alone; items answer as in
-// DoTx. Keyless items, and items whose claim failed under DatabaseOnly or FailOpen,
+// in order in one transaction (MaxTxBatch items at most) with their markers. An item
+// that fails rolls it back; the others then run again in a new one, each behind a
+// savepoint, so that a failed item is rolled back alone (an fn may run twice, its
+// transaction's effects once); items answer as in DoTx. Keyless items, and items whose claim failed under DatabaseOnly or FailOpen,
 // run each in a transaction of their own. It takes OnResult; Parallel(n > 1) is an
 // error wrapping ErrInvalidOption.
 func RunTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T], fn func(ctx context.Context, tx T, i int) error, opts ...RunOption) []ItemResult {
@@ -163,15 +164,9 @@ func (r *txRun[T]) with(ctx context.Context) context.Context {
 	return context.WithValue(ctx, txKey{}, r)
 }
 
-// txOf returns the transaction of the run ctx belongs to.
-func txOf[T any](ctx context.Context) T {
-	r, _ := ctx.Value(txKey{}).(*txRun[T])
-	if r == nil { // not reached: every transactional fn runs under its step's with
-		var zero T
-		return zero
-	}
-	return r.tx
-}
+// txOf returns the transaction of the run ctx belongs to: every transactional fn runs
+// under its step's with.
+func txOf[T any](ctx context.Context) T { return ctx.Value(txKey{}).(*txRun[T]).tx }
 
 func (r *txRun[T]) fresh() runStep { return &txRun[T]{t: r.t} }
 

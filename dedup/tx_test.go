@@ -350,7 +350,38 @@ func TestDoTxKeylessMessageRunsWithoutAMarker(t *testing.T) {
 // A batch: one transaction with every claimed item's marker, fn behind a savepoint
 // per item, one commit, then the completions. Found markers are Duplicates from the
 // database; a failing item's work and marker are rolled back to its savepoint.
-func TestRunTxCommitsABatchInOneTransactionWithASavepointPerItem(t *testing.T) {
+// A batch that fails no item is one transaction with no savepoint: each fn runs once.
+func TestRunTxWithoutFailuresIsOneTransactionWithoutSavepoints(t *testing.T) {
+	db := newFakeDB()
+	ctx := context.Background()
+	h := newFixture(t, true).handler("orders")
+	items := []Item{{Key: "a"}, {Key: "b"}, {Key: "c"}, {Key: "d"}}
+	runs := map[string]int{}
+	for i, r := range RunTx(ctx, h, items, db, func(_ context.Context, tx *fakeTx, i int) error {
+		runs[items[i].Key]++
+		tx.write(items[i].Key)
+		return nil
+	}) {
+		if r.Outcome != Processed || r.Err != nil {
+			t.Fatalf("item %d: %v %v", i, r.Outcome, r.Err)
+		}
+	}
+	begins, commits, rollbacks, savepoints := db.counts()
+	if begins != 1 || commits != 1 || rollbacks != 0 || savepoints != 0 {
+		t.Errorf("%d begins, %d commits, %d rollbacks, %d savepoints; want one transaction and no savepoint", begins, commits, rollbacks, savepoints)
+	}
+	for _, it := range items {
+		if runs[it.Key] != 1 || db.effectsOf(it.Key) != 1 || !db.markerOf(h, it.Key) {
+			t.Errorf("%s: fn ran %d times, %d effects, marker %v", it.Key, runs[it.Key], db.effectsOf(it.Key), db.markerOf(h, it.Key))
+		}
+	}
+}
+
+// An item that fails rolls the batch's transaction back (there is no savepoint to go
+// back to); the items before it and after it run again in a new transaction, each
+// behind a savepoint, so a later failure is rolled back alone. Each item's outcome is
+// what a batch with a savepoint per item gave, and each committed effect is there once.
+func TestRunTxRerunsABatchAfterAFailureWithASavepointPerItem(t *testing.T) {
 	db := newFakeDB()
 	ctx := context.Background()
 	f := newFixture(t, true)
@@ -385,12 +416,13 @@ func TestRunTxCommitsABatchInOneTransactionWithASavepointPerItem(t *testing.T) {
 	if got[1].Tier != TierDatabase || got[3].Tier != TierLocal {
 		t.Errorf("tiers: known %v, local %v", got[1].Tier, got[3].Tier)
 	}
-	if fmt.Sprint(ran) != "[0 2 4 5]" {
-		t.Errorf("fn ran for %v, want [0 2 4 5]", ran)
+	// a, then fails: rolled back; a again, panics and b, each behind a savepoint
+	if fmt.Sprint(ran) != "[0 2 0 4 5]" {
+		t.Errorf("fn ran for %v, want [0 2 0 4 5]", ran)
 	}
 	b1, c1, _, sp := db.counts()
-	if b1-b0 != 1 || c1-c0 != 1 || sp != 4 {
-		t.Errorf("%d begins, %d commits, %d savepoints; want one transaction, a savepoint per item run", b1-b0, c1-c0, sp)
+	if b1-b0 != 2 || c1-c0 != 1 || sp != 3 {
+		t.Errorf("%d begins, %d commits, %d savepoints; want two transactions, the second committed with a savepoint per item run", b1-b0, c1-c0, sp)
 	}
 	for k, n := range map[string]int{"a": 1, "b": 1, "known": 1, "fails": 0, "panics": 0} {
 		if db.effectsOf(k) != n {
