@@ -62,8 +62,9 @@ func TxHandler[T any](ctx context.Context, j *JetStream, t dedup.Transactor[T], 
 
 // HandleBatchTx is JetStream.HandleBatch for a transactional fn: one store round
 // trip claims the batch, and the messages claimed run in one transaction (at most
-// dedup.MaxTxBatch per transaction), each behind a savepoint. Each message is
-// acknowledged once its result is final. It returns batch.Error().
+// dedup.MaxTxBatch per transaction), as dedup.RunTx runs them: with no savepoint
+// until one fails, then again, each behind a savepoint. Each message is acknowledged
+// once its result is final. It returns batch.Error().
 func HandleBatchTx[T any](ctx context.Context, j *JetStream, batch jetstream.MessageBatch, t dedup.Transactor[T], fn TxFunc[T]) ([]dedup.ItemResult, error) {
 	if j == nil || isNil(batch) {
 		return nil, ErrBadInput

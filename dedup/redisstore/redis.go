@@ -57,21 +57,6 @@ type Store struct {
 	found atomic.Int32
 }
 
-// sawBatch is sawClaims for a batch's answers; failed entries count neither way.
-func (s *Store) sawBatch(answers []driver.Answer) {
-	var found, free int
-	for _, a := range answers {
-		switch {
-		case a.Err != nil:
-		case a.Status == driver.StatusAcquired:
-			free++
-		default:
-			found++
-		}
-	}
-	s.sawClaims(found, free)
-}
-
 // foundMax bounds Store.found; at half of it claims go straight to the claim script.
 const foundMax = 8
 
@@ -91,6 +76,21 @@ func (s *Store) sawClaims(found, free int) {
 			return
 		}
 	}
+}
+
+// sawBatch is sawClaims for a batch's answers; failed entries count neither way.
+func (s *Store) sawBatch(answers []driver.Answer) {
+	var found, free int
+	for _, a := range answers {
+		switch {
+		case a.Err != nil:
+		case a.Status == driver.StatusAcquired:
+			free++
+		default:
+			found++
+		}
+	}
+	s.sawClaims(found, free)
 }
 
 // How a *redis.Client's batch calls go (Store.scripts).
