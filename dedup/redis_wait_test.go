@@ -57,20 +57,24 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 	})
 
 	const waitFor = 500 * time.Millisecond
-	store, err := redisstore.New(pc, redisstore.WithWaitReplicas(1, waitFor))
-	if err != nil {
-		t.Fatal(err)
-	}
 	prefix := testenv.Prefix()
-	d, err := New(store, WithPrefix(prefix), WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
+	open := func(wait time.Duration) (*redisstore.Store, *Deduper, *Handler) {
+		store, err := redisstore.New(pc, redisstore.WithWaitReplicas(1, wait))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := New(store, WithPrefix(prefix), WithLogger(quiet))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		h, err := d.Register("wait", WithLocalCache(0, 0), WithLease(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return store, d, h
 	}
-	t.Cleanup(func() { d.Close() })
-	h, err := d.Register("wait", WithLocalCache(0, 0), WithLease(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, _, h := open(waitFor)
 	ctx := context.Background()
 	onReplica := func(key string) byte { // the record's state on the replica, 0 if none
 		v, err := rc.Get(ctx, h.RecordKey(key)).Result()
@@ -97,6 +101,9 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 	}
 
 	t.Run("replica up", func(t *testing.T) {
+		// WAIT returns once the replica acknowledges, so a longer timeout costs nothing
+		// here; a replica starved by the full -race run took over 500ms to acknowledge
+		store, d, h := open(2 * time.Second) // below go-redis's 3s ReadTimeout
 		runs := newTally()
 		if res, err := h.Do(ctx, "up-1", runs.fn("up-1")); res.Outcome != Processed || err != nil {
 			t.Fatalf("Do: %v %v", res.Outcome, err)
