@@ -45,11 +45,27 @@ func newStore(t *testing.T, c redis.UniversalClient) *redisstore.Store {
 	return s
 }
 
+// scriptFirst is b with every Claim sent straight to the claim scripts, as a store
+// whose claims keep finding records sends it (redisstore.ScriptFirst).
+func scriptFirst(b func(t *testing.T) storetest.Backend) func(t *testing.T) storetest.Backend {
+	return func(t *testing.T) storetest.Backend {
+		be := b(t)
+		be.Store = redisstore.ScriptFirst(be.Store.(*redisstore.Store))
+		return be
+	}
+}
+
 func TestTheRedisStorePassesTheConformanceSuite(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			storetest.Run(t, b.new)
+		})
+	}
+	for _, b := range backends[:2] {
+		t.Run(b.name+"/script-first", func(t *testing.T) {
+			t.Parallel()
+			storetest.Run(t, scriptFirst(b.new))
 		})
 	}
 }
@@ -59,6 +75,10 @@ func TestTheRedisStoreAgreesWithTheReferenceModel(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			storetest.RunModel(t, b.new, storetest.ModelConfig{})
+		})
+		t.Run(b.name+"/script-first", func(t *testing.T) {
+			t.Parallel()
+			storetest.RunModel(t, scriptFirst(b.new), storetest.ModelConfig{})
 		})
 	}
 }

@@ -1,0 +1,22 @@
+package redisstore
+
+import (
+	"context"
+
+	"github.com/dedupkit/dedupkit/dedup/driver"
+)
+
+// ScriptFirst returns s with every Claim sent as a store whose recent claims keep
+// finding records sends it: straight to the claim scripts. The conformance suite and
+// the model run it too, so that both ways of claiming answer alike.
+func ScriptFirst(s *Store) driver.Store { return scriptFirst{s} }
+
+type scriptFirst struct{ *Store }
+
+func (s scriptFirst) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	s.found.Store(foundMax)
+	if !s.findsRecords() {
+		panic("ScriptFirst: the store would send SET NX first")
+	}
+	return s.Store.Claim(ctx, entries)
+}
