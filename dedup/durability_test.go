@@ -30,7 +30,14 @@ type instance struct {
 
 func newInstance(t *testing.T, c redis.UniversalClient, prefix string, opts ...HandlerOption) instance {
 	t.Helper()
-	store, err := redisstore.New(c)
+	return instanceOn(t, c, nil, prefix, "orders", append([]HandlerOption{WithLease(2 * time.Second)}, opts...)...)
+}
+
+// instanceOn is an instance over a Redis store of c with storeOpts, and the handler
+// name with opts.
+func instanceOn(t *testing.T, c redis.UniversalClient, storeOpts []redisstore.Option, prefix, name string, opts ...HandlerOption) instance {
+	t.Helper()
+	store, err := redisstore.New(c, storeOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +46,7 @@ func newInstance(t *testing.T, c redis.UniversalClient, prefix string, opts ...H
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	h, err := d.Register("orders", append([]HandlerOption{WithLease(2 * time.Second)}, opts...)...)
+	h, err := d.Register(name, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

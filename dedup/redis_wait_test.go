@@ -59,20 +59,8 @@ func TestWaitReplicasPrimaryAndReplica(t *testing.T) {
 	const waitFor = 500 * time.Millisecond
 	prefix := testenv.Prefix()
 	open := func(wait time.Duration) (*redisstore.Store, *Deduper, *Handler) {
-		store, err := redisstore.New(pc, redisstore.WithWaitReplicas(1, wait))
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := New(store, WithPrefix(prefix), WithLogger(quiet))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		h, err := d.Register("wait", WithLocalCache(0, 0), WithLease(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return store, d, h
+		in := instanceOn(t, pc, []redisstore.Option{redisstore.WithWaitReplicas(1, wait)}, prefix, "wait", WithLocalCache(0, 0), WithLease(5*time.Second))
+		return in.d.Store().(*redisstore.Store), in.d, in.h
 	}
 	store, _, h := open(waitFor)
 	ctx := context.Background()
