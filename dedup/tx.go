@@ -93,12 +93,12 @@ func doTx[T any](ctx context.Context, h *Handler, key, fp string, t Transactor[T
 const MaxTxBatch = 64
 
 // RunTx is Run for fns that write to a database through t: the claimed items' fns run
-// in order in one transaction (MaxTxBatch items at most) with their markers. An item
-// that fails rolls it back; the others then run again in a new one, each behind a
-// savepoint, so that a failed item is rolled back alone (an fn may run twice, its
-// transaction's effects once); items answer as in DoTx. Keyless items, and items whose claim failed under DatabaseOnly or FailOpen,
-// run each in a transaction of their own. It takes OnResult; Parallel(n > 1) is an
-// error wrapping ErrInvalidOption.
+// in order in one transaction (MaxTxBatch items at most) with their markers. A failed
+// item rolls it back; the others run again in a new one, each behind a savepoint (an
+// fn may run twice, its transaction's effects once); items answer as in DoTx. Keyless
+// items, and items whose claim failed under DatabaseOnly or FailOpen, run each in a
+// transaction of their own. It takes OnResult; Parallel(n > 1) is an error wrapping
+// ErrInvalidOption.
 func RunTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T], fn func(ctx context.Context, tx T, i int) error, opts ...RunOption) []ItemResult {
 	rc, err := runOptions(opts)
 	if err == nil && rc.parallel != 1 {

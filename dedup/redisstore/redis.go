@@ -453,11 +453,7 @@ func (s *Store) Complete(ctx context.Context, entries []driver.Entry) ([]error, 
 	}
 	out := make([]error, len(entries))
 	for _, part := range [][]int{plain, scripted} {
-		sub := make([]driver.Entry, len(part))
-		for j, i := range part {
-			sub[j] = entries[i]
-		}
-		errs, err := s.Complete(ctx, sub)
+		errs, err := s.Complete(ctx, entriesAt(entries, part))
 		if err != nil {
 			return nil, err
 		}
