@@ -103,21 +103,18 @@ func (h *Handler) RecordKey(key string) string {
 // error; it wraps ErrInvalidOption for a nil fn or context, or on a handler
 // WithReplies (use Run).
 func (h *Handler) Do(ctx context.Context, key string, fn func(context.Context) error) (Result, error) {
-	if err := h.checkInput(ctx, fn == nil); err != nil {
-		return Result{}, err
-	}
-	if err := h.noReplies(); err != nil {
+	if err := h.checkPlain(ctx, fn == nil); err != nil {
 		return Result{}, err
 	}
 	return h.do(ctx, key, "", fn, nil, nil)
 }
 
-// noReplies refuses Do, Handle and Mark on a handler WithReplies.
-func (h *Handler) noReplies() error {
-	if h.cfg.replyLimit > 0 {
-		return fmt.Errorf("%w: handler %q stores replies (WithReplies): run it with Run, whose results carry them", ErrInvalidOption, h.name)
+// checkPlain is checkInput for Do, Handle and Mark, which a handler WithReplies refuses.
+func (h *Handler) checkPlain(ctx context.Context, fnNil bool) error {
+	if err := h.checkInput(ctx, fnNil); err != nil || h.cfg.replyLimit == 0 {
+		return err
 	}
-	return nil
+	return fmt.Errorf("%w: handler %q stores replies (WithReplies): run it with Run, whose results carry them", ErrInvalidOption, h.name)
 }
 
 // replyRun is a reply-form call's reply: fn's, from fn's return on, or a Duplicate's
@@ -195,10 +192,7 @@ func (h *Handler) replied(res Result, err error, reply string, has bool) ItemRes
 // a run of this process holds answers InProgress; one another process runs,
 // Duplicate. Concurrent Marks of a key go to the store, which answers one First.
 func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
-	if err := h.checkInput(ctx, false); err != nil {
-		return Result{}, err
-	}
-	if err := h.noReplies(); err != nil {
+	if err := h.checkPlain(ctx, false); err != nil {
 		return Result{}, err
 	}
 	return h.mark(ctx, key, "", nil)
@@ -208,10 +202,7 @@ func (h *Handler) Mark(ctx context.Context, key string) (Result, error) {
 // handler's mode: ModeDo as Do, ModeFilter as Mark then fn on First. With
 // fingerprinting on, the payload's fingerprint is stored and compared (KeyReuse).
 func (h *Handler) Handle(ctx context.Context, msg keys.Message, fn func(context.Context) error) (Result, error) {
-	if err := h.checkInput(ctx, fn == nil); err != nil {
-		return Result{}, err
-	}
-	if err := h.noReplies(); err != nil {
+	if err := h.checkPlain(ctx, fn == nil); err != nil {
 		return Result{}, err
 	}
 	key, payload, err := h.readMessage(msg)
@@ -280,9 +271,7 @@ func (h *Handler) localReply(lk string, r *replyRun) bool {
 
 // localDone reports whether the local tier holds lk as DONE. Callers ask it before
 // enter, so that a local hit writes nothing the Deduper shares.
-func (h *Handler) localDone(lk string) bool {
-	return h.local != nil && h.local.Contains(lk)
-}
+func (h *Handler) localDone(lk string) bool { return h.local != nil && h.local.Contains(lk) }
 
 // Fingerprint returns the payload fingerprint stored with records when fingerprinting
 // is on: the hex of the first 16 bytes of the payload's SHA-256.
@@ -606,11 +595,20 @@ func (h *Handler) failed(k string, panicked bool, err, cause error) (Result, err
 		h.log.Error("dedup: handler panicked; claim released", "key_hash", keyHash(k))
 		return h.count(Result{Outcome: Panicked}), err
 	case errors.Is(cause, ErrLeaseLost):
-		return h.count(Result{Outcome: LeaseLost}), errors.Join(ErrLeaseLost, err)
+		return h.count(Result{Outcome: LeaseLost}), withCause(err, ErrLeaseLost)
 	case cause != nil:
-		return h.count(Result{Outcome: Cancelled}), errors.Join(err, cause)
+		return h.count(Result{Outcome: Cancelled}), withCause(err, cause)
 	}
 	return h.count(Result{Outcome: Failed}), err
+}
+
+// withCause is fn's error err with cause, what ended its context, on one line; err
+// alone when it already wraps cause (fn returned ctx.Err()).
+func withCause(err, cause error) error {
+	if errors.Is(err, cause) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, cause)
 }
 
 // completed turns Complete's answer into a successful fn's result. A completion that
@@ -652,9 +650,9 @@ func (h *Handler) release(ctx context.Context, k, rk, token string) {
 // StoreUnavailable.
 func (h *Handler) marked(ctx context.Context, since uint64, k, lk string, ans driver.Answer, err error) (Result, error) {
 	switch cerr := cutShort(ctx, err); {
+	case err == nil: // the store's answer stands, even if ctx ended since: DONE may be written
 	case cerr != nil:
 		return Result{Outcome: Cancelled}, cerr
-	case err == nil:
 	case !errors.Is(err, ErrStoreUnavailable):
 		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 		fallthrough
@@ -735,7 +733,7 @@ func (h *Handler) runIn(fctx context.Context, fn func(context.Context) error, un
 	case panicked:
 		res.Outcome = Panicked
 	case err != nil && context.Cause(fctx) != nil && !marked:
-		res.Outcome, err = Cancelled, errors.Join(err, context.Cause(fctx))
+		res.Outcome, err = Cancelled, withCause(err, context.Cause(fctx))
 	case err != nil:
 		res.Outcome = Failed
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/memstore"
 	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/dedup/storetest"
+	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -397,6 +398,94 @@ func TestShutdownMidHandlerReleases(t *testing.T) {
 	// released: another consumer can take the message now
 	if a, _ := claim1(context.Background(), f.mem, h.RecordKey("k"), "next", "", time.Minute); a.Status != driver.StatusAcquired {
 		t.Fatalf("claim after shutdown: %v", a.Status)
+	}
+}
+
+// TestCancelledCallsRecordNothing: a call whose context has ended before it starts
+// answers Cancelled, on the memory store as on Redis, and leaves the key free: the
+// redelivery runs. The memory store once recorded the Mark (and the claim) anyway, so
+// the redelivery was a Duplicate and the message was lost.
+func TestCancelledCallsRecordNothing(t *testing.T) {
+	mem, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(mem, WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	filter, _ := d.Register("filter", WithMode(ModeFilter))
+	do, _ := d.Register("do")
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	ctx := context.Background()
+	res, err := filter.Mark(ended, "k")
+	want(t, res, err, Cancelled)
+	if res, err = filter.Mark(ctx, "k"); res.Outcome != First {
+		t.Fatalf("the Mark after a cancelled one answered %v (%v), want first: the cancelled one recorded the key", res.Outcome, err)
+	}
+	res, err = do.Do(ended, "k", func(context.Context) error { t.Error("fn ran on a cancelled context"); return nil })
+	want(t, res, err, Cancelled)
+	if strings.Contains(err.Error(), "\n") || !errors.Is(err, context.Canceled) {
+		t.Errorf("error %q: want one line wrapping context.Canceled", err)
+	}
+	runs := 0
+	res, err = do.Do(ctx, "k", func(context.Context) error { runs++; return nil })
+	if want(t, res, err, Processed); runs != 1 {
+		t.Fatalf("fn ran %d times after a cancelled Do, want 1", runs)
+	}
+}
+
+// answerThenCancel is an in-process store whose Mark ends its caller's context after
+// the memory store has answered: an answer the caller can no longer use as such.
+type answerThenCancel struct {
+	*memstore.Store
+	cancel context.CancelFunc
+}
+
+func init() { storekit.RegisterInProcess(answerThenCancel{}) }
+
+func (s answerThenCancel) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	as, err := s.Store.Mark(ctx, entries)
+	s.cancel()
+	return as, err
+}
+
+// TestAMarkAnsweredAsTheContextEndsStands: the store wrote DONE and answered, and the
+// caller's context ended meanwhile. The answer is First, so that the caller runs its
+// effect (or acks). Cancelled would leave the message for a redelivery that then
+// finds DONE: lost.
+func TestAMarkAnsweredAsTheContextEndsStands(t *testing.T) {
+	mem, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := New(answerThenCancel{Store: mem, cancel: cancel}, WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	h, _ := d.Register("filter", WithMode(ModeFilter))
+	res, err := h.Mark(ctx, "k")
+	want(t, res, err, First)
+	if err != nil || ctx.Err() == nil {
+		t.Fatalf("err %v, ctx %v: the store should have ended ctx", err, ctx.Err())
+	}
+}
+
+// TestFnReturningItsContextsErrorSaysItOnce: fn returns ctx.Err() at its deadline;
+// the error says so once, on one line, not joined with the same cause again.
+func TestFnReturningItsContextsErrorSaysItOnce(t *testing.T) {
+	f := newFixture(t, true)
+	h := f.handler("orders")
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	res, err := h.Do(ctx, "k", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+	want(t, res, err, Cancelled)
+	if err.Error() != context.DeadlineExceeded.Error() || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("error %q, want %q", err, context.DeadlineExceeded)
 	}
 }
 

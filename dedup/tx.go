@@ -243,9 +243,9 @@ func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState
 		}
 		switch {
 		case errors.Is(cause, ErrLeaseLost):
-			return h.count(Result{Outcome: LeaseLost}), errors.Join(ErrLeaseLost, err)
+			return h.count(Result{Outcome: LeaseLost}), withCause(err, ErrLeaseLost)
 		case cause != nil:
-			return h.count(Result{Outcome: Cancelled}), errors.Join(err, cause)
+			return h.count(Result{Outcome: Cancelled}), withCause(err, cause)
 		}
 		h.log.Warn("dedup: database unavailable; not run", "key_hash", keyHash(c.k), "err", err)
 		return h.count(Result{Outcome: StoreUnavailable}), fmt.Errorf("%w: database: %w", ErrStoreUnavailable, err)

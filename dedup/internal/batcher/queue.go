@@ -116,19 +116,20 @@ func (q *queue) do(ctx context.Context, entries []driver.Entry) ([]driver.Answer
 			return nil, err
 		}
 	}
+	if err := ctx.Err(); err != nil { // a store would not send it either: one answer for all
+		return nil, fmt.Errorf("%w: %s: not sent: %w", driver.ErrStoreUnavailable, q.op, context.Cause(ctx))
+	}
 	if !g.detach {
 		as, err := q.send(ctx, entries)
 		g.note(ctx, q.entry, err)
 		return as, err
 	}
-	if err := ctx.Err(); err != nil { // the store would not send it either
-		return nil, fmt.Errorf("%w: %s: not sent: %w", driver.ErrStoreUnavailable, q.op, context.Cause(ctx))
+	if q.entry && g.honours && g.fails.Load() == 0 && boundOf(ctx) == ctx && !closed(g.cfg.Abandon) && q.goAlone() {
+		return q.sendAlone(ctx, entries)
 	}
 	c := &call{vals: ctx, entries: entries, done: make(chan struct{})}
 	c.deadline, _ = ctx.Deadline()
-	if q.add(c, q.entry && g.honours && g.fails.Load() == 0 && boundOf(ctx) == ctx && !closed(g.cfg.Abandon)) {
-		return q.sendAlone(ctx, entries)
-	}
+	q.add(c)
 	cause := g.wait(c.done, boundOf(ctx), q.entry)
 	if cause == nil {
 		return c.answers, c.err
@@ -178,18 +179,24 @@ func (q *queue) sendAlone(ctx context.Context, entries []driver.Entry) ([]driver
 // CompleteLater sends the completion e with the other callers' entries, within
 // timeout; to gets the answer. Lazy: it may wait LazyDelay for company.
 func (g *Store) CompleteLater(ctx context.Context, e driver.Entry, timeout time.Duration, to Answerer, lazy bool) {
-	g.completes.add(&call{vals: ctx, deadline: time.Now().Add(timeout), entries: []driver.Entry{e}, to: to, lazy: lazy}, false)
+	g.completes.add(&call{vals: ctx, deadline: time.Now().Add(timeout), entries: []driver.Entry{e}, to: to, lazy: lazy})
 }
 
-// add queues c, or, when mayAlone and nothing is queued or out, counts a call out
-// alone and reports true: its caller sends it (sendAlone).
-func (q *queue) add(c *call, mayAlone bool) (alone bool) {
+// goAlone counts a call out alone and reports true when nothing is queued or out:
+// its caller sends it (sendAlone).
+func (q *queue) goAlone() bool {
 	q.mu.Lock()
-	if mayAlone && q.flushers == 0 && q.alone == 0 && len(q.calls) == 0 {
+	defer q.mu.Unlock()
+	alone := q.flushers == 0 && q.alone == 0 && len(q.calls) == 0
+	if alone {
 		q.alone++
-		q.mu.Unlock()
-		return true
 	}
+	return alone
+}
+
+// add queues c for a flusher.
+func (q *queue) add(c *call) {
+	q.mu.Lock()
 	q.calls = append(q.calls, c)
 	q.eager = q.eager || !c.lazy
 	spawn := q.flushers < InFlight && (q.eager || len(q.calls) >= lazyBatch)
@@ -209,7 +216,6 @@ func (q *queue) add(c *call, mayAlone bool) (alone bool) {
 	if spawn {
 		go q.flush()
 	}
-	return false
 }
 
 // closed reports whether c is closed.
