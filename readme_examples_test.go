@@ -54,12 +54,12 @@ func consumeOrders(ctx context.Context, js jetstream.JetStream, rdb redis.Univer
 	if err != nil {
 		return err
 	}
-	adapter, err := dnats.NewJetStream(inventory, cons) // refuses a retention shorter than redelivery
+	adapter, err := dnats.NewJetStream(inventory, cons) // refuses a retention shorter than redelivery, or MaxDeliver -1
 	if err != nil {
 		return err
 	}
 	cc, err := cons.Consume(adapter.Handler(ctx, func(ctx context.Context, m *dnats.Msg) error {
-		return reserveStock(ctx, m.Data()) // once per Idempotency-Key, else Nats-Msg-Id
+		return reserveStock(ctx, m.Data()) // once per Idempotency-Key, else Nats-Msg-Id, else stream sequence
 	}), jetstream.PullHeartbeat(time.Second)) // see docs/nats.md, Operational notes
 	if err != nil {
 		return err
