@@ -99,6 +99,7 @@ type config struct {
 	cpuProfile         string
 	postgres           string // scenario e's database; "" skips it
 	txConcurrency      int    // scenario e's consumers
+	txDupKeys          int    // committed messages each dup-* variant of scenario e cycles through
 }
 
 // scenarioLetters are the scenarios, in the order each round runs them.
@@ -117,6 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&only, "only", "a,b,c,d,e", "scenarios to run: a local tier, b unique keys, c Zipf mix, d JetStream, e transactional marker (needs -postgres)")
 	fs.StringVar(&c.postgres, "postgres", os.Getenv("DEDUP_POSTGRES_URL"), "PostgreSQL URL of scenario e (env DEDUP_POSTGRES_URL; without it scenario e is skipped)")
 	fs.IntVar(&c.txConcurrency, "tx-concurrency", 8, "consumers (goroutines) of scenario e")
+	fs.IntVar(&c.txDupKeys, "tx-dup-keys", 2000, "committed messages each dup-* variant of scenario e cycles through, committed one at a time before each measurement; a multiple of -tx-concurrency")
 	fs.IntVar(&c.ceilingRequests, "ceiling-requests", 500_000, "requests of each redis-benchmark run")
 	// 50k: at 200k msg/s raw-ack still spans 25 ticks of /proc/stat (10 ms each)
 	fs.IntVar(&c.jsMessages, "js-messages", 50_000, "messages in the JetStream stream; each variant reads them all")
@@ -156,8 +158,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("-js-concurrency %d is outside 1..%d", c.jsConcurrency, dnats.MaxConcurrency)
 	case c.jsTimeout <= 0:
 		return c, fmt.Errorf("-js-timeout %v is not positive", c.jsTimeout)
-	case c.txConcurrency < 1 || c.txConcurrency > 256 || dupKeys%c.txConcurrency != 0:
-		return c, fmt.Errorf("-tx-concurrency %d is outside 1..256 or does not divide %d", c.txConcurrency, dupKeys)
+	case c.txConcurrency < 1 || c.txConcurrency > 256:
+		return c, fmt.Errorf("-tx-concurrency %d is outside 1..256", c.txConcurrency)
+	case c.txDupKeys < c.txConcurrency || c.txDupKeys%c.txConcurrency != 0:
+		return c, fmt.Errorf("-tx-dup-keys %d is not a positive multiple of -tx-concurrency %d", c.txDupKeys, c.txConcurrency)
 	}
 	return c, nil
 }

@@ -41,6 +41,7 @@ func tinyArgs(dir string) []string {
 	return []string{
 		"-rounds", "2", "-duration", "20ms", "-concurrency", "1,64",
 		"-js-messages", "300", "-js-concurrency", "3", "-ceiling-requests", "2000", "-js-timeout", "30s",
+		"-tx-dup-keys", "64",
 		"-json", filepath.Join(dir, "out.json"), "-svg", filepath.Join(dir, "out.svg"),
 	}
 }
@@ -252,7 +253,7 @@ func checkCPU(t *testing.T, doc jsonReport, realRedis bool) {
 func TestFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-rounds", "0"}, {"-duration", "0s"}, {"-concurrency", "0"}, {"-concurrency", "a"},
-		{"-only", "f"}, {"-js-messages", "0"}, {"-tx-concurrency", "0"}, {"-tx-concurrency", "7"}, {"-js-timeout", "0s"}, {"-ceiling-requests", "0"},
+		{"-only", "f"}, {"-js-messages", "0"}, {"-tx-concurrency", "0"}, {"-tx-concurrency", "7"}, {"-tx-dup-keys", "12"}, {"-js-timeout", "0s"}, {"-ceiling-requests", "0"},
 		{"-js-concurrency", "0"}, {"-js-concurrency", "4097"},
 		{"extra"},
 	} {

@@ -35,8 +35,8 @@ import (
 //     tier (answered by Redis).
 //
 // Before each measurement both tables are emptied (outside the timer and the CPU
-// meters) and, for the dup-* variants, dupKeys messages committed through the variant's
-// own path.
+// meters) and, for the dup-* variants, -tx-dup-keys messages (2000) committed through
+// the variant's own path.
 
 const (
 	txPlain       = "plain-tx"
@@ -47,8 +47,7 @@ const (
 	txDupDedup    = "dup-dedup"
 	txDupDedupSto = "dup-dedup-store"
 
-	txBatch = 64   // messages per RunTx
-	dupKeys = 2000 // committed messages each dup-* measurement cycles through
+	txBatch = 64 // messages per RunTx
 )
 
 var txVariants = []string{txPlain, txMarkerOnly, txDedup, txDedupBatch, txDupMarker, txDupDedup, txDupDedupSto}
@@ -138,10 +137,10 @@ func markerOf(h *dedup.Handler, key string) dedup.Marker {
 var markerRuns atomic.Uint64
 
 // txOp returns variant's operation on the keys of km (dup-* variants: the first
-// dupKeys of them, committed beforehand, over and over).
+// -tx-dup-keys of them, committed beforehand, over and over).
 func (b *bench) txOp(variant string, km keyMaker) op {
 	st := &b.tx
-	dupKey := func(w, i int) string { return km.key(w%b.cfg.txConcurrency, i%(dupKeys/b.cfg.txConcurrency)) }
+	dupKey := func(w, i int) string { return km.key(w%b.cfg.txConcurrency, i%(b.cfg.txDupKeys/b.cfg.txConcurrency)) }
 	work := func(key string) func(context.Context, pgx.Tx) error {
 		return func(ctx context.Context, tx pgx.Tx) error { return b.insertEffect(ctx, tx, key) }
 	}
@@ -217,12 +216,12 @@ func (b *bench) txOp(variant string, km keyMaker) op {
 	}
 }
 
-// prepareDups commits the dupKeys messages a dup-* variant of km repeats, through
+// prepareDups commits the -tx-dup-keys messages a dup-* variant of km repeats, through
 // its own path.
 func (b *bench) prepareDups(ctx context.Context, variant string, km keyMaker) error {
 	st := &b.tx
 	c := b.cfg.txConcurrency
-	per := dupKeys / c
+	per := b.cfg.txDupKeys / c
 	h := st.h
 	if variant == txDupDedupSto {
 		h = st.hStore
