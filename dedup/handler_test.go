@@ -406,17 +406,9 @@ func TestShutdownMidHandlerReleases(t *testing.T) {
 // redelivery runs. The memory store once recorded the Mark (and the claim) anyway, so
 // the redelivery was a Duplicate and the message was lost.
 func TestCancelledCallsRecordNothing(t *testing.T) {
-	mem, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(mem, WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	filter, _ := d.Register("filter", WithMode(ModeFilter))
-	do, _ := d.Register("do")
+	mem, _ := memstore.New()
+	d := newDeduperOver(t, mem)
+	filter, do := d.mustRegister(t, "filter", WithMode(ModeFilter)), d.mustRegister(t, "do")
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
 	ctx := context.Background()
@@ -457,17 +449,9 @@ func (s answerThenCancel) Mark(ctx context.Context, entries []driver.Entry) ([]d
 // effect (or acks). Cancelled would leave the message for a redelivery that then
 // finds DONE: lost.
 func TestAMarkAnsweredAsTheContextEndsStands(t *testing.T) {
-	mem, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem, _ := memstore.New()
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := New(answerThenCancel{Store: mem, cancel: cancel}, WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	h, _ := d.Register("filter", WithMode(ModeFilter))
+	h := newDeduperOver(t, answerThenCancel{Store: mem, cancel: cancel}).mustRegister(t, "filter", WithMode(ModeFilter))
 	res, err := h.Mark(ctx, "k")
 	want(t, res, err, First)
 	if err != nil || ctx.Err() == nil {
