@@ -296,12 +296,8 @@ func (s *Store) claimOne(ctx context.Context, e driver.Entry) (driver.Answer, er
 		return failedAnswer("claim", err)
 	}
 	a, err := claimAnswer(v.Val())
-	if a.Status == driver.StatusAcquired {
-		s.sawClaims(0, 1)
-	} else {
-		s.sawClaims(1, 0)
-	}
 	a.Err = err
+	s.sawBatch([]driver.Answer{a})
 	return a, nil
 }
 
