@@ -219,7 +219,8 @@ func (a *adapter) settle(ctx context.Context, ack acker, m *Msg, res dedup.Resul
 		if a.cfg.exhausted != nil {
 			a.cfg.exhausted(ctx, m, herr)
 		} else {
-			a.cfg.logger.Warn("dedup: handler failed on the last delivery; terminating", a.where(m)...)
+			// the outcome, not "failed": Close or a cancelled context ends a run too
+			a.cfg.logger.Warn("dedup: not processed on the last delivery; terminating", append(a.where(m), "outcome", res.Outcome.String())...)
 		}
 	}
 	var err error

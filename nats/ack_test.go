@@ -364,7 +364,18 @@ func TestExhaustedWithoutHookIsLogged(t *testing.T) {
 		t.Fatalf("action %v, exhausted %d", act, j.Stats().Exhausted)
 	}
 	out := logs.String()
-	if !strings.Contains(out, "last delivery") || !strings.Contains(out, "stream_seq=7") || strings.Contains(out, "order-1") || strings.Contains(out, "secret") {
+	if !strings.Contains(out, "last delivery") || !strings.Contains(out, "outcome=failed") || !strings.Contains(out, "stream_seq=7") || strings.Contains(out, "order-1") || strings.Contains(out, "secret") {
+		t.Fatalf("log %q", out)
+	}
+	// A run cut short by its context, as at shutdown, is logged as that, not as a
+	// handler that failed.
+	before := len(logs.String())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if res, act := j.Handle(ctx, newFake("order-2", "secret payload", 2), func(context.Context, *Msg) error { return nil }); res.Outcome != dedup.Cancelled || act != ActTerm {
+		t.Fatalf("cancelled on the last delivery: %v, %v", res.Outcome, act)
+	}
+	if out := logs.String()[before:]; !strings.Contains(out, "outcome=cancelled") || strings.Contains(out, "failed") || strings.Contains(out, "order-2") {
 		t.Fatalf("log %q", out)
 	}
 }
