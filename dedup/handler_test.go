@@ -17,6 +17,7 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/redisstore"
 	"github.com/dedupkit/dedupkit/dedup/storetest"
 	"github.com/dedupkit/dedupkit/internal/storekit"
+	"github.com/dedupkit/dedupkit/internal/testenv"
 	"github.com/dedupkit/dedupkit/keys"
 )
 
@@ -308,6 +309,57 @@ func TestCompleteFailureIsReportedDistinctly(t *testing.T) {
 	want(t, res, err, NotRecorded)
 	if !errors.Is(err, ErrNotRecorded) || !errors.Is(err, down) {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// A completion the store did not answer is sent again until it lands: after a short
+// outage DONE is written, and a redelivery after the claim's lease is a Duplicate,
+// not a second run.
+func TestAFailedCompletionLandsOnceTheStoreAnswers(t *testing.T) {
+	f := newFixture(t, false)
+	h := f.handler("orders")
+	ctx := context.Background()
+	var down atomic.Bool
+	down.Store(true)
+	f.store.onFail(func(op string) error {
+		if op == "complete" && down.Load() {
+			return fmt.Errorf("%w: connection refused", ErrStoreUnavailable)
+		}
+		return nil
+	})
+	res, err := h.Do(ctx, "k", ok)
+	want(t, res, err, NotRecorded)
+	down.Store(false)
+	testenv.Eventually(t, 5*time.Second, "DONE written on a retry", func() bool {
+		rs, err := f.mem.Lookup(ctx, []string{h.RecordKey("k")})
+		return err == nil && rs[0].State == driver.RecordDone
+	})
+	f.clk.Add(h.cfg.lease + time.Second) // the claim alone would have lapsed by now
+	res, err = h.Do(ctx, "k", func(context.Context) error { t.Fatal("ran twice"); return nil })
+	want(t, res, err, Duplicate)
+}
+
+// Close ends the retries of completions the store never answers: none is sent after
+// it returns.
+func TestCloseEndsTheRetriesOfCompletions(t *testing.T) {
+	f := newFixture(t, false)
+	h := f.handler("orders")
+	f.store.onFail(func(op string) error {
+		if op == "complete" {
+			return fmt.Errorf("%w: connection refused", ErrStoreUnavailable)
+		}
+		return nil
+	})
+	res, err := h.Do(context.Background(), "k", ok)
+	want(t, res, err, NotRecorded)
+	testenv.Eventually(t, 5*time.Second, "retried", func() bool { return f.store.completes.Load() >= 3 })
+	if err := f.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n := f.store.completes.Load()
+	time.Sleep(300 * time.Millisecond) // several retry intervals
+	if m := f.store.completes.Load(); m != n {
+		t.Fatalf("%d completions sent after Close", m-n)
 	}
 }
 

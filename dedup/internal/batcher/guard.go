@@ -40,6 +40,7 @@ type Store struct {
 	waiting bool
 	// opened is closed when the breaker opens: claims and marks still waiting give up
 	opened atomic.Pointer[chan struct{}]
+	retry  retries // completions to send again (retry.go)
 }
 
 // Config is what the guard needs from its Deduper.
@@ -95,6 +96,7 @@ func New(s driver.Store, cfg Config) *Store {
 	g.claims.giveBack = true
 	g.marks = newQueue(g, "mark", true, s.Mark)
 	g.completes = newQueue(g, "complete", false, asAnswers(s.Complete))
+	g.completes.retry = true
 	g.extends = newQueue(g, "extend", false, asAnswers(s.Extend))
 	g.releases = newQueue(g, "release", false, asAnswers(s.Release))
 	c := make(chan struct{})
@@ -105,13 +107,14 @@ func New(s driver.Store, cfg Config) *Store {
 // Unwrap returns the store it guards.
 func (g *Store) Unwrap() driver.Store { return g.s }
 
-// Wait waits for the probe goroutine and the idle flushers, which end with
-// Config.Closing.
+// Wait waits for the probe goroutine, the completions' retries and the idle flushers,
+// which end with Config.Closing.
 func (g *Store) Wait() {
 	g.probeMu.Lock()
 	g.waiting = true
 	g.probeMu.Unlock()
 	g.probes.Wait()
+	g.waitRetries()
 	for _, q := range []*queue{g.claims, g.marks, g.completes, g.extends, g.releases} {
 		q.waitIdle()
 	}
@@ -279,6 +282,11 @@ func (g *Store) probe() {
 		})
 		cancel()
 		if err == nil {
+			// completions first, so that the claims the breaker let in find their DONE
+			rctx, rcancel := context.WithTimeout(g.cfg.Closing, probeMax)
+			g.retryNow(rctx)
+			rcancel()
+			g.retryWake()
 			g.fails.Store(0)
 			c := make(chan struct{})
 			g.opened.Store(&c)

@@ -42,7 +42,9 @@ type queue struct {
 	entry bool // a claim or a mark: refused while the breaker is open
 	// giveBack: an entry acquired for a caller that gave up is released (claims)
 	giveBack bool
-	send     func(context.Context, []driver.Entry) ([]driver.Answer, error)
+	// retry: an entry the store did not answer is sent again later (completions)
+	retry bool
+	send  func(context.Context, []driver.Entry) ([]driver.Answer, error)
 
 	mu       sync.Mutex
 	calls    []*call
@@ -363,7 +365,8 @@ type scratch struct {
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
-// answer hands each call its answers. A claim whose caller gave up is given back.
+// answer hands each call its answers. A claim whose caller gave up is given back; the
+// completions of a store call that failed are sent again (retryLater).
 func (q *queue) answer(batch []*call, entries []driver.Entry, as []driver.Answer, err error) {
 	var back []driver.Entry
 	off := 0
@@ -373,6 +376,9 @@ func (q *queue) answer(batch []*call, entries []driver.Entry, as []driver.Answer
 		var mine []driver.Answer
 		if err == nil {
 			mine = as[off : off+n : off+n]
+		}
+		if q.retry && err != nil && retryable(err) {
+			q.g.retryLater(entries[off:off+n], c.deadline)
 		}
 		if c.state == gaveUp && q.giveBack {
 			for j := range n {
