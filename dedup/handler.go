@@ -640,7 +640,7 @@ func (h *Handler) completed(c claimed, cerr error) (Result, error) {
 
 func (h *Handler) release(ctx context.Context, k, rk, token string) {
 	if err := storekit.OnlyErr(h.store.Release(ctx, []driver.Entry{{Key: rk, Token: token}})); err != nil {
-		h.log.Warn("dedup: release failed; the key stays claimed until its lease ends", "key_hash", keyHash(k), "err", err)
+		h.log.Warn("dedup: release failed; the claim, if it landed, stays until its lease ends", "key_hash", keyHash(k), "err", err)
 	}
 }
 

@@ -80,7 +80,7 @@ Every command also takes -prefix P (default dedup), -json and -timeout D (defaul
 Exit codes: 0 done, 1 operational error (Redis unreachable, failing or not answering
 within -timeout; health fail), 2 usage error (bad flags, a bad URL or certificate
 file, a bad or unknown handler, a missing key), 3 not found, 4 refused (forget of a
-record IN PROGRESS without -force).
+record IN PROGRESS without -force; a key holding a value dedup did not write).
 `
 
 func main() {
@@ -547,6 +547,11 @@ func lookup(ctx context.Context, c *command) int {
 	for i, info := range infos {
 		out[i] = recordOf(c.keys[i], info, info.Err)
 		switch {
+		case errors.Is(info.Err, dedup.ErrBadRecord): // an answer, not an outage
+			out[i].Error += notOurs
+			if code != exitFailed {
+				code = exitRefused
+			}
 		case info.Err != nil:
 			code = exitFailed
 		case info.State == driver.RecordAbsent:
@@ -572,6 +577,9 @@ func lookup(ctx context.Context, c *command) int {
 	}
 	return code
 }
+
+// notOurs follows the error of a key holding a value dedup did not write (ErrBadRecord).
+const notOurs = "; the key holds a value dedup did not write: left alone (not a store failure)"
 
 func forget(ctx context.Context, c *command) int {
 	d, h, done, code := c.deduper(ctx)
@@ -600,6 +608,9 @@ func forget(ctx context.Context, c *command) int {
 		switch {
 		case errors.Is(err, dedup.ErrRecordInProgress):
 			r.Error += "; -force forgets it, at the cost of its owner's lease (a run that succeeds all the same writes DONE)"
+			code = worst(code, exitRefused)
+		case errors.Is(err, dedup.ErrBadRecord): // left alone, as the store does
+			r.Error += notOurs
 			code = worst(code, exitRefused)
 		case err != nil:
 			code = worst(code, exitFailed)

@@ -209,6 +209,25 @@ func TestForgetRefusesARecordInProgressUnlessForced(t *testing.T) {
 	dedupctl(t, a.args("lookup", "-handler", "orders", "order-1")...).want(t, exitOK, "DONE under orders", "")
 }
 
+// A key holding a value dedup did not write is an answer, not an outage: lookup and
+// forget say so and exit 4 (refused), and forget leaves the value alone.
+func TestAValueDedupDidNotWriteIsRefusedNotAFailure(t *testing.T) {
+	t.Parallel()
+	a := newApp(t)
+	orders := a.handler(t, "orders")
+	c := redis.NewClient(&redis.Options{Addr: a.addr})
+	defer c.Close()
+	rk := orders.RecordKey("order-1")
+	if err := c.Set(context.Background(), rk, "x", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	dedupctl(t, a.args("lookup", "-handler", "orders", "order-1")...).want(t, exitRefused, "value dedup did not write", "")
+	dedupctl(t, a.args("forget", "-handler", "orders", "order-1")...).want(t, exitRefused, "value dedup did not write", "")
+	if v, err := c.Get(context.Background(), rk).Result(); err != nil || v != "x" {
+		t.Fatalf("the value after forget: %q, %v", v, err)
+	}
+}
+
 // count gives the records per handler (all, or one), and -json the same.
 func TestCountGivesTheRecordsPerHandler(t *testing.T) {
 	t.Parallel()

@@ -121,7 +121,7 @@ func (s *Store) giveBack(ctx context.Context, claims []driver.Entry) {
 	release := func(e driver.Entry) {
 		wg.Go(func() {
 			if err := storekit.OnlyErr(s.Store.Release(bg, []driver.Entry{e})); err != nil {
-				s.Log.Warn("dedup: release failed; the key stays claimed until its lease ends", "key_hash", s.hash(e), "err", err)
+				s.Log.Warn("dedup: release failed; the claim, if it landed, stays until its lease ends", "key_hash", s.hash(e), "err", err)
 			}
 		})
 	}
