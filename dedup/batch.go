@@ -594,7 +594,9 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 		entries[j] = driver.Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
 	}
 	sent := time.Now()
-	answers, err := h.store.Claim(ctx, entries)
+	cctx, stop := batcher.StallBound(ctx, step != nil && h.cfg.storeFailure != FailClosed) // a marker guards the run
+	answers, err := h.store.Claim(cctx, entries)
+	stop()
 	var claimed []*batchItem
 	// Items whose claim failed but that run anyway (FailOpen, or DatabaseOnly in a
 	// transactional batch) run after the claimed ones, which hold leases meanwhile.
@@ -641,8 +643,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 	}
 	if len(claimed) == 0 {
 		out.flush() // the checks are in (WhenChecked), before any unguarded run below
-	}
-	if len(claimed) > 0 {
+	} else {
 		h.runClaimed(ctx, claimed, parallel, fn, out, step) // does not return if a fn calls Goexit (parallel 1)
 	}
 	for _, b := range unguarded {

@@ -253,3 +253,36 @@ func TestClaimsTheStoreDoesNotAnswerOpenTheBreaker(t *testing.T) {
 		})
 	}
 }
+
+// A transactional run that may go on without the store (DatabaseOnly, FailOpen) waits
+// for its claim batcher.StallAfter at most: its marker guards it, so a store that
+// does not answer by then has failed. One such run, alone (the breaker stays shut),
+// goes on with its marker and commits long before its deadline, where it was
+// Cancelled at the deadline without running.
+func TestATxClaimTheStoreDoesNotAnswerRunsOnTheMarker(t *testing.T) {
+	mem, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung := &slowClaims{Store: mem, stuck: make(chan struct{})}
+	d, err := New(hung, WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	defer close(hung.stuck) // before Close: the claim lands for nobody and is given back
+	tx, _ := d.Register("tx", WithStoreFailure(DatabaseOnly))
+	db := newFakeDB()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := DoTx(ctx, tx, "k", Transactor[*fakeTx](db), func(_ context.Context, t *fakeTx) error {
+		t.write("k")
+		return nil
+	})
+	if res.Outcome != Processed || err != nil || ctx.Err() != nil || db.effectsOf("k") != 1 {
+		t.Fatalf("%v %v (context: %v), %d effects; want Processed on the marker, before the deadline", res.Outcome, err, ctx.Err(), db.effectsOf("k"))
+	}
+	if d.Breaker() {
+		t.Fatal("one stalled claim opened the breaker")
+	}
+}

@@ -142,6 +142,17 @@ func Settle(ctx context.Context, d time.Duration) (context.Context, context.Canc
 	return WaitBounded(bg, bound), func() { stop(); cancel() }
 }
 
+// StallBound returns ctx cut at StallAfter when on, else ctx: for a claim that may go
+// without the store (a transactional run its database marker guards, under
+// DatabaseOnly or FailOpen), a store that has not answered by then has failed, and
+// the run goes on with its marker rather than wait out its deadline.
+func StallBound(ctx context.Context, on bool) (context.Context, context.CancelFunc) {
+	if !on {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, StallAfter)
+}
+
 // SettleGrace is how long past the caller's deadline a settling call is waited for:
 // a store that answers at all answers in far less.
 const SettleGrace = 50 * time.Millisecond
