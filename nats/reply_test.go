@@ -50,21 +50,3 @@ func maps2(h natsgo.Header) natsgo.Header {
 	}
 	return out
 }
-
-// FuzzReplyCodec: decodeReply never panics, and what it reads it reads again the same
-// from its own encoding (a form it reads but does not write, with redundant varint
-// bytes or keys out of order, included).
-func FuzzReplyCodec(f *testing.F) {
-	f.Add(string(encodeReply(theReply())))
-	f.Add("\x01\x00data")
-	f.Fuzz(func(t *testing.T, s string) {
-		r, err := decodeReply(s)
-		if err != nil {
-			return
-		}
-		again, err := decodeReply(string(encodeReply(r)))
-		if err != nil || !reflect.DeepEqual(again, r) {
-			t.Fatalf("decodeReply(%q) = %v, and from its encoding %v (%v)", s, r, again, err)
-		}
-	})
-}
