@@ -10,19 +10,18 @@ import (
 )
 
 // Completions that failed for want of the store are sent again in the background
-// until it answers them, for RetryFor at least (longer if their call's deadline is
-// later), or until Close; and first thing when the breaker closes, before claims
-// resume. Once fn has succeeded DONE is true whoever holds the key now
-// (docs/design.md §3), so a redelivery after a short outage is a Duplicate, not a
-// second run. The caller has its answer already (NotRecorded): nothing waits for these.
+// until it answers them, their claim's lease ends (the call's deadline), or Close.
+// Once fn has succeeded DONE is true whoever holds the key now (docs/design.md §3),
+// and while the lease lasts no other run can take the key, so a redelivery after a
+// short outage finds DONE, not a free key. The breaker's probe also sends up to
+// maxBatch of them once before it closes the breaker. The caller has its answer
+// already (NotRecorded): nothing waits for these.
 const (
 	retryFirst = 50 * time.Millisecond // then doubling, up to probeMax; each send is cut at probeMax
 	// maxRetries and maxRetryBytes (their replies) bound the completions waiting to be
 	// sent again; more are dropped
 	maxRetries    = 1 << 16
 	maxRetryBytes = 64 << 20
-	// RetryFor is how long a completion the store did not answer is sent again.
-	RetryFor = 30 * time.Second
 )
 
 // retries holds the completions to send again, and their goroutine's state.
@@ -30,7 +29,7 @@ type retries struct {
 	mu      sync.Mutex
 	pending []retryEntry
 	bytes   int           // the pending entries' replies
-	dropped int           // not sent again: the bound was full
+	dropped int           // not taken since the goroutine started: the bound was full
 	done    chan struct{} // closed when the goroutine ends; nil when none runs
 	closed  bool          // Wait has begun: nothing more is taken
 	wake    chan struct{} // the breaker's probe got an answer: try now
@@ -48,14 +47,14 @@ type retryEntry struct {
 func retryable(err error) bool {
 	return errors.Is(err, driver.ErrStoreUnavailable) && !errors.Is(err, driver.ErrLeaseLost) &&
 		!errors.Is(err, driver.ErrBadRecord) && !errors.Is(err, driver.ErrInvalidOption) &&
-		!errors.Is(err, driver.ErrClosed) && !errors.Is(err, context.Canceled)
+		!errors.Is(err, driver.ErrClosed)
 }
 
 // retryLater takes completions whose store call failed (retryable), to send again
-// for RetryFor, or until deadline if that is later.
+// until deadline, their call's: a run's completion has its claim's lease.
 func (g *Store) retryLater(entries []driver.Entry, deadline time.Time) {
-	if until := time.Now().Add(RetryFor); deadline.Before(until) {
-		deadline = until
+	if !time.Now().Before(deadline) {
+		return
 	}
 	r := &g.retry
 	r.mu.Lock()
@@ -73,13 +72,21 @@ func (g *Store) retryLater(entries []driver.Entry, deadline time.Time) {
 		r.pending = append(r.pending, retryEntry{e: e, deadline: deadline})
 		r.bytes += len(e.Reply)
 	}
-	if r.done == nil && len(r.pending) > 0 {
-		r.done = make(chan struct{})
-		if r.wake == nil {
-			r.wake = make(chan struct{}, 1)
-		}
-		go g.retryLoop(r.done, r.wake)
+	g.loopLocked()
+}
+
+// loopLocked starts the goroutine that sends the pending completions again, unless
+// it runs, none is pending or Close has begun. r.mu is held.
+func (g *Store) loopLocked() {
+	r := &g.retry
+	if r.done != nil || len(r.pending) == 0 || r.closed || g.cfg.Closing.Err() != nil {
+		return
 	}
+	r.done = make(chan struct{})
+	if r.wake == nil {
+		r.wake = make(chan struct{}, 1)
+	}
+	go g.retryLoop(r.done, r.wake)
 }
 
 // retryLoop sends the pending completions again at growing intervals, while any
@@ -105,7 +112,7 @@ func (g *Store) retryLoop(done chan struct{}, wake <-chan struct{}) {
 		r := &g.retry
 		r.mu.Lock()
 		if len(r.pending) == 0 {
-			r.done = nil
+			r.done, r.dropped = nil, 0 // a probe's batch that fails again starts a new one
 			r.mu.Unlock()
 			return
 		}
@@ -140,7 +147,7 @@ func (g *Store) retryNow(ctx context.Context) bool {
 	r.pending = keep
 	r.mu.Unlock()
 	if expired > 0 {
-		g.cfg.Logger.Warn("dedup: processed; DONE still not written, no more retries (the store did not answer)", "completions", expired)
+		g.cfg.Logger.Warn("dedup: processed; DONE not written before the claims' leases ended (the store did not answer)", "completions", expired)
 	}
 	if len(batch) == 0 {
 		return true
@@ -150,7 +157,10 @@ func (g *Store) retryNow(ctx context.Context) bool {
 		entries[i] = p.e
 	}
 	sctx, cancel := context.WithTimeout(ctx, probeMax) // a silent store: try again later
-	as, err := g.completes.send(sctx, entries)
+	// Detached: a store that ignores its context holds neither this goroutine nor Close
+	as, err := Detached(g.Quiet(), sctx, "complete", func(ctx context.Context) ([]driver.Answer, error) {
+		return g.completes.send(ctx, entries)
+	})
 	cancel()
 	if err == nil && len(as) != len(entries) {
 		err = driver.ErrStoreUnavailable
@@ -175,6 +185,7 @@ func (g *Store) retryNow(ctx context.Context) bool {
 	for _, p := range again {
 		r.bytes += len(p.e.Reply)
 	}
+	g.loopLocked() // the probe's batch: no goroutine may be running
 	r.mu.Unlock()
 	return err == nil
 }
@@ -183,7 +194,7 @@ func (g *Store) retryNow(ctx context.Context) bool {
 func (g *Store) endRetries() {
 	r := &g.retry
 	r.mu.Lock()
-	n := len(r.pending) + r.dropped
+	n := len(r.pending)
 	r.pending, r.bytes, r.dropped, r.done = nil, 0, 0, nil
 	r.mu.Unlock()
 	if n > 0 {
