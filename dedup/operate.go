@@ -78,6 +78,7 @@ func (h *Handler) LookupMany(ctx context.Context, keys []string) ([]RecordInfo, 
 		row := recs[i*len(names) : (i+1)*len(names)]
 		j := former.Decide(row)
 		out[i] = RecordInfo{Handler: names[j], RecordKey: h.d.cfg.prefix + ":" + names[j] + ":" + ks[i], Record: row[j]}
+		out[i].Reply = "" // never shown to operators: its size only
 	}
 	return out, nil
 }
@@ -125,7 +126,7 @@ func (h *Handler) Forget(ctx context.Context, key string, opts ...ForgetOption) 
 		}
 	}
 	info := RecordInfo{Handler: names[j], RecordKey: h.d.cfg.prefix + ":" + names[j] + ":" + k, Record: recs[j]}
-	info.Notified = recs[0].Notified
+	info.Notified, info.Reply = recs[0].Notified, "" // the reply's size only
 	if refused == nil {
 		h.log.Info("dedup: record forgotten", "key_hash", keyHash(k), "state", info.State.String(), "notified", info.Notified)
 	}

@@ -144,6 +144,31 @@ func TestLookup(t *testing.T) {
 	}
 }
 
+// Lookup and Forget give a stored reply's size, never its bytes (they may be a
+// payment's details), on every store.
+func TestLookupAndForgetNeverShowAReplysBytes(t *testing.T) {
+	for _, bf := range recordBackends() {
+		t.Run(bf.name, func(t *testing.T) {
+			t.Parallel()
+			b := bf.new(t)
+			ctx := context.Background()
+			h := register(t, newDeduper(t, b.store, WithPrefix(b.prefix)), "orders", WithReplies(0))
+			secret := "card=4111-1111-1111-1111"
+			r := h.Run(ctx, []Item{{Key: "order-1"}}, func(ctx context.Context, _ int) error { return SetReply(ctx, []byte(secret)) })
+			if r[0].Outcome != Processed {
+				t.Fatalf("run: %+v", r[0])
+			}
+			info, err := h.Lookup(ctx, "order-1")
+			if err != nil || info.State != driver.RecordDone || !info.HasReply || info.ReplySize != len(secret) || info.Reply != "" {
+				t.Fatalf("lookup: %+v, %v", info, err)
+			}
+			if info, err = h.Forget(ctx, "order-1"); err != nil || info.State != driver.RecordDone || info.ReplySize != len(secret) || info.Reply != "" {
+				t.Fatalf("forget: %+v, %v", info, err)
+			}
+		})
+	}
+}
+
 // A store that does not implement RecordStore (here one behind a wrapper that embeds
 // Store) says so: Lookup, Forget and CountRecords wrap errors.ErrUnsupported, and
 // Register refuses former names.
