@@ -351,7 +351,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		out.set(i, ItemResult{Result: res, Err: err})
 	}
 	for i, b := range follows {
-		res := Result{Outcome: InProgress, RetryAfter: min(h.cfg.lease, time.Second)}
+		res := Result{Outcome: InProgress, Tier: TierLocal, RetryAfter: min(h.cfg.lease, time.Second)}
 		switch first := out.r[b.i]; first.Outcome {
 		case Processed, Duplicate, NotRecorded:
 			res = Result{Outcome: Duplicate, Tier: TierLocal}
@@ -385,7 +385,7 @@ func (h *Handler) joined(ctx context.Context, f *flight, fp string, r *replyRun)
 		// the run processed the key, and its completion is on its way (as check)
 		return ItemResult{Result: h.count(f.duplicate(r))}
 	case f.running && !f.processed.Load():
-		return ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)})}
+		return ItemResult{Result: h.count(Result{Outcome: InProgress, Tier: TierLocal, RetryAfter: f.retryAfter(h.cfg.lease)})}
 	case f.running: // processed, but not an answer of ours: its completion lands soon
 	case (f.res.Outcome == First || f.res.Outcome == Duplicate || f.res.Outcome == Processed) && f.fp == fp &&
 		(r == nil || f.replyKnown):
@@ -396,7 +396,7 @@ func (h *Handler) joined(ctx context.Context, f *flight, fp string, r *replyRun)
 		return ItemResult{Result: h.count(f.res), Err: f.err}
 	}
 	// another fingerprint, or the leader gave up: to be retried
-	return ItemResult{Result: h.count(Result{Outcome: InProgress, RetryAfter: min(h.cfg.lease, time.Second)})}
+	return ItemResult{Result: h.count(Result{Outcome: InProgress, Tier: TierLocal, RetryAfter: min(h.cfg.lease, time.Second)})}
 }
 
 func (h *Handler) runLeads(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {

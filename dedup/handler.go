@@ -384,7 +384,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 			// a processed run's answer not ours (stale, another fp): wait for its
 			// completion (completeCommitted's) and ask again, not InProgress for a lease
 			if !waitsForRunning(ctx) && !f.processed.Load() {
-				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
+				return nil, h.count(Result{Outcome: InProgress, Tier: TierLocal, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
 			// wait up to the run's remaining lease; a slower run answers InProgress
 			done, err := waitUpTo(ctx, f.left.done(), f.retryAfter(h.cfg.lease))
@@ -392,7 +392,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 				return nil, h.count(Result{Outcome: Cancelled}), err
 			}
 			if !done {
-				return nil, h.count(Result{Outcome: InProgress, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
+				return nil, h.count(Result{Outcome: InProgress, Tier: TierLocal, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
 			if h.processedFor(f, fp) {
 				// a duplicate, though its DONE record may not have landed yet

@@ -339,6 +339,36 @@ func TestAFailedCompletionLandsOnceTheStoreAnswers(t *testing.T) {
 	want(t, res, err, Duplicate)
 }
 
+// An InProgress answered by a run of this process says so (TierLocal), as
+// Result.Tier's doc has it; one answered by another owner's claim says TierStore.
+func TestInProgressSaysWhereTheRunWasSeen(t *testing.T) {
+	f := newFixture(t, false)
+	h := f.handler("orders")
+	ctx := context.Background()
+	started, finish := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = h.Do(ctx, "k", func(context.Context) error { close(started); <-finish; return nil })
+	}()
+	<-started
+	res, err := h.Do(ctx, "k", ok)
+	want(t, res, err, InProgress)
+	items := h.Run(ctx, []Item{{Key: "k"}}, func(context.Context, int) error { return nil })
+	close(finish)
+	<-done
+	if res.Tier != TierLocal || items[0].Outcome != InProgress || items[0].Tier != TierLocal {
+		t.Fatalf("Do: %v, Run: %v %v; want InProgress, TierLocal", res.Tier, items[0].Outcome, items[0].Tier)
+	}
+	other := newDeduperOver(t, f.store).mustRegister(t, "orders")
+	if _, err := claim1(ctx, f.mem, h.RecordKey("busy"), "someone", "", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := other.Do(ctx, "busy", ok); res.Outcome != InProgress || res.Tier != TierStore {
+		t.Fatalf("another owner's claim: %v %v (%v)", res.Outcome, res.Tier, err)
+	}
+}
+
 // Close ends the retries of completions the store never answers: none is sent after
 // it returns.
 func TestCloseEndsTheRetriesOfCompletions(t *testing.T) {
