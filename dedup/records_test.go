@@ -154,9 +154,8 @@ func TestLookupAndForgetNeverShowAReplysBytes(t *testing.T) {
 			ctx := context.Background()
 			h := register(t, newDeduper(t, b.store, WithPrefix(b.prefix)), "orders", WithReplies(0))
 			secret := "card=4111-1111-1111-1111"
-			r := h.Run(ctx, []Item{{Key: "order-1"}}, func(ctx context.Context, _ int) error { return SetReply(ctx, []byte(secret)) })
-			if r[0].Outcome != Processed {
-				t.Fatalf("run: %+v", r[0])
+			if r, err := runReply(h, ctx, "order-1", nil, func(context.Context) ([]byte, error) { return []byte(secret), nil }); r.Outcome != Processed {
+				t.Fatalf("run: %+v, %v", r, err)
 			}
 			info, err := h.Lookup(ctx, "order-1")
 			if err != nil || info.State != driver.RecordDone || !info.HasReply || info.ReplySize != len(secret) || info.Reply != "" {
