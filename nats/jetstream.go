@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -115,11 +116,13 @@ const (
 // goroutine takes up to maxBatch queued messages as one batch and hands its turn
 // on once their checks are in, so that slow fns and messages waiting for another's
 // run hold only their own slots. There is no timer: a lone message goes out at once.
+// The batches run on workers kept while messages come (workers).
 func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandler {
 	slots := make(chan struct{}, j.cfg.concurrency)
 	var mu sync.Mutex
 	var queue []jetstream.Msg
 	marking := 0 // goroutines holding a turn: taking the queue or waiting for marks
+	w := workers{wake: make(chan struct{}, batchesInFlight), done: ctx.Done()}
 	free := func(int) {
 		<-slots
 		j.running.Done()
@@ -135,7 +138,7 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 		}
 		mu.Unlock()
 		if more {
-			go drain()
+			w.start(drain)
 		}
 	}
 	// drain takes up to maxBatch queued messages and handles them as one batch. Its
@@ -175,8 +178,80 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 		}
 		mu.Unlock()
 		if start {
-			go drain()
+			w.start(drain)
 		}
+	}
+}
+
+// workers runs the batcher's drains on goroutines kept between batches: a new
+// goroutine would grow its stack in the Redis client at every batch. Up to
+// batchesInFlight wait idle, each for idleWorker at most or until done closes.
+type workers struct {
+	mu   sync.Mutex
+	idle int
+	wake chan struct{} // one token per idle worker told to take a drain
+	done <-chan struct{}
+}
+
+// idleWorker is how long a worker waits for the next batch before it ends.
+const idleWorker = 100 * time.Millisecond
+
+// parkedHook, when set (by tests only), is called with the Handler context's Done
+// channel as a worker of its batcher begins to wait.
+var parkedHook atomic.Pointer[func(<-chan struct{})]
+
+// start runs f on an idle worker, or on a new one.
+func (w *workers) start(f func()) {
+	w.mu.Lock()
+	if w.idle > 0 {
+		w.idle--
+		w.wake <- struct{}{} // never blocks: one token per idle worker at most
+		w.mu.Unlock()
+		return
+	}
+	w.mu.Unlock()
+	go w.run(f)
+}
+
+func (w *workers) run(f func()) {
+	t := time.NewTimer(idleWorker)
+	defer t.Stop()
+	for {
+		f()
+		if !w.park(t) {
+			return
+		}
+	}
+}
+
+// park waits for start to hand this worker a drain (true), or for idleWorker or
+// done (false).
+func (w *workers) park(t *time.Timer) bool {
+	w.mu.Lock()
+	if w.idle >= batchesInFlight {
+		w.mu.Unlock()
+		return false
+	}
+	w.idle++
+	w.mu.Unlock()
+	if f := parkedHook.Load(); f != nil {
+		(*f)(w.done)
+	}
+	t.Reset(idleWorker)
+	select {
+	case <-w.wake:
+		return true
+	case <-t.C:
+	case <-w.done:
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	select {
+	case <-w.wake: // start counted on it meanwhile
+		return true
+	default:
+		w.idle--
+		return false
 	}
 }
 
