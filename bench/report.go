@@ -197,6 +197,9 @@ func (b *bench) printRatios(details map[string]ratioResult) {
 			}
 			if rr.Reference {
 				verdict += " (issue 4, reference)"
+				if strings.HasSuffix(def.name, "_issue22") {
+					verdict = strings.Replace(verdict, "issue 4", "issue 22", 1)
+				}
 			}
 		}
 		what := fmt.Sprintf("%s / %s (%s)", rr.Num, rr.Den, rr.Metric)

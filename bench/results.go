@@ -128,17 +128,17 @@ type ratioDef struct {
 	figure bool
 }
 
-// ratioDefs are the ratios of a run, required ones first: issue 22's figures with
-// their targets, then issue 4's kept as references.
+// ratioDefs are the ratios of a run, required ones first: issue 28's figures with
+// their targets, then issue 22's and issue 4's kept as references.
 var ratioDefs = []ratioDef{
 	{name: "jetstream_do_vs_raw", num: []string{"jetstream/dedup-do"}, den: []string{"jetstream/raw-ack"}, metric: mOps, target: 0.55, required: true},
 	{name: "jetstream_filter_vs_raw", num: []string{"jetstream/dedup-filter"}, den: []string{"jetstream/raw-ack"}, metric: mOps, target: 0.80, required: true},
 	{name: "jetstream_filter_vs_handpipelined", num: []string{"jetstream/dedup-filter"}, den: []string{"jetstream/" + varHandPipelined}, metric: mOps, target: 1.0, required: true},
-	{name: "jetstream_do_redis_us", num: []string{"jetstream/dedup-do"}, metric: mRedisCPU, target: 3.5, atMost: true, figure: true, required: true},
+	{name: "jetstream_do_redis_us", num: []string{"jetstream/dedup-do"}, metric: mRedisCPU, target: 4.5, atMost: true, figure: true, required: true},
 	{name: "jetstream_do_client_us", num: []string{"jetstream/dedup-do"}, metric: mClientCPU, target: 6, atMost: true, figure: true, required: true},
 	{name: "store_do_c64_vs_naive", num: []string{"store/dedup-do/c64"}, den: []string{"store/naive-setnx/c64"}, metric: mOps, target: 1.0, required: true},
-	{name: "store_do_c64_vs_rueidis_setnx_setxx", num: []string{"store/dedup-do/c64"}, den: []string{"store/rueidis-setnx-setxx/c64"}, metric: mOps, target: 1.5, required: true},
-	{name: "store_filter_c64_vs_goredis_auto", num: []string{"store/dedup-filter/c64"}, den: []string{"store/goredis-auto-setnx/c64"}, metric: mOps, target: 1.25, required: true},
+	{name: "store_do_c64_vs_rueidis_setnx_setxx", num: []string{"store/dedup-do/c64"}, den: []string{"store/rueidis-setnx-setxx/c64"}, metric: mOps, target: 1.2, required: true},
+	{name: "store_filter_c64_vs_goredis_auto", num: []string{"store/dedup-filter/c64"}, den: []string{"store/goredis-auto-setnx/c64"}, metric: mOps, target: 1.0, required: true},
 	{name: "store_markmany_vs_ceiling", num: []string{"store/" + varMarkMany + "/c4"}, den: ceilings, metric: mOps, target: 0.80, required: true},
 	{name: "local_hit_vs_syncmap", num: []string{"local/lru-contains"}, den: []string{"local/syncmap-load"}, metric: mNsOp, target: 1.5, atMost: true, required: true},
 	{name: "c1_p50_vs_direct", num: []string{"latency/dedup-mark/c1"}, den: []string{"latency/direct-set-nx-get/c1"}, metric: mP50, target: 1.10, atMost: true, required: true},
@@ -147,6 +147,12 @@ var ratioDefs = []ratioDef{
 	// go-redis's AutoPipeline, which a user may hand the store instead
 	{name: "store_filter_c64_ours_vs_goredis_ap", num: []string{"store/dedup-filter/c64"}, den: []string{"store/" + varFilterGoAP + "/c64"}, metric: mOps},
 	{name: "store_do_c64_ours_vs_goredis_ap", num: []string{"store/dedup-do/c64"}, den: []string{"store/" + varDoGoAP + "/c64"}, metric: mOps},
+	// issue 22's targets that issue 28 re-scoped to the bounds measured on Redis 7.0
+	// (two plain SETs and their I/O are 4.3 µs; go-redis's own pipeline is the client
+	// floor): kept for reference
+	{name: "jetstream_do_redis_us_issue22", num: []string{"jetstream/dedup-do"}, metric: mRedisCPU, target: 3.5, atMost: true, figure: true, reference: true},
+	{name: "store_do_c64_vs_rueidis_setnx_setxx_issue22", num: []string{"store/dedup-do/c64"}, den: []string{"store/rueidis-setnx-setxx/c64"}, metric: mOps, target: 1.5, reference: true},
+	{name: "store_filter_c64_vs_goredis_auto_issue22", num: []string{"store/dedup-filter/c64"}, den: []string{"store/goredis-auto-setnx/c64"}, metric: mOps, target: 1.25, reference: true},
 	// issue 4's ratios and targets, which issue 22 re-scoped: kept for reference
 	{name: "store_filter_c64_vs_ceiling", num: []string{"store/dedup-filter/c64"}, den: ceilings, metric: mOps, target: 0.75, reference: true},
 	{name: "store_do_c64_vs_ceiling", num: []string{"store/dedup-do/c64"}, den: ceilings, metric: mOps, target: 0.40, reference: true},
@@ -193,7 +199,7 @@ type ratioResult struct {
 	Median float64    `json:"median"`
 	Target string     `json:"target,omitempty"` // e.g. ">= 0.75"
 	Met    *bool      `json:"met,omitempty"`
-	// Reference: issue 4's target, kept for reference (issue 22 re-scoped it)
+	// Reference: an earlier issue's target (4 or 22), kept for reference
 	Reference bool `json:"reference,omitempty"`
 }
 
