@@ -122,12 +122,11 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 	var mu sync.Mutex
 	var queue []jetstream.Msg
 	marking := 0 // goroutines holding a turn: taking the queue or waiting for marks
-	w := workers{wake: make(chan struct{}, batchesInFlight), done: ctx.Done()}
+	w := &workers{wake: make(chan struct{}, batchesInFlight), done: ctx.Done()}
 	free := func(int) {
 		<-slots
 		j.running.Done()
 	}
-	var drain func()
 	// handOver gives up a turn; if messages wait, another goroutine takes it.
 	handOver := func() {
 		mu.Lock()
@@ -138,13 +137,13 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 		}
 		mu.Unlock()
 		if more {
-			w.start(drain)
+			w.start()
 		}
 	}
 	// drain takes up to maxBatch queued messages and handles them as one batch. Its
 	// turn goes on once the batch's checks are in (WhenChecked, which every batch
 	// reaches, also when an fn ends this goroutine), or at the latest when it returns.
-	drain = func() {
+	w.drain = func() {
 		defer j.recovered()
 		var holding atomic.Bool // this goroutine holds a turn
 		holding.Store(true)
@@ -178,46 +177,53 @@ func (j *JetStream) batcher(ctx context.Context, fn Func) jetstream.MessageHandl
 		}
 		mu.Unlock()
 		if start {
-			w.start(drain)
+			w.start()
 		}
 	}
 }
 
-// workers runs the batcher's drains on goroutines kept between batches: a new
+// workers runs the batcher's drain on goroutines kept between batches: a new
 // goroutine would grow its stack in the Redis client at every batch. Up to
 // batchesInFlight wait idle, each for idleWorker at most or until done closes.
 type workers struct {
-	mu   sync.Mutex
-	idle int
-	wake chan struct{} // one token per idle worker told to take a drain
-	done <-chan struct{}
+	drain func()
+	done  <-chan struct{}
+	mu    sync.Mutex
+	idle  int           // parked workers not yet told to drain
+	wake  chan struct{} // a token per worker told to drain: idle+len(wake) <= batchesInFlight
 }
 
-// idleWorker is how long a worker waits for the next batch before it ends.
-const idleWorker = 100 * time.Millisecond
+// idleWorker is how long, in nanoseconds, a worker waits for the next batch before
+// it ends: 100 ms (a variable for tests).
+var idleWorker atomic.Int64
+
+func init() { idleWorker.Store(int64(100 * time.Millisecond)) }
 
 // parkedHook, when set (by tests only), is called with the Handler context's Done
 // channel as a worker of its batcher begins to wait.
 var parkedHook atomic.Pointer[func(<-chan struct{})]
 
-// start runs f on an idle worker, or on a new one.
-func (w *workers) start(f func()) {
+// start runs the drain on an idle worker, or on a new one.
+func (w *workers) start() {
 	w.mu.Lock()
 	if w.idle > 0 {
-		w.idle--
-		w.wake <- struct{}{} // never blocks: one token per idle worker at most
-		w.mu.Unlock()
-		return
+		select {
+		case w.wake <- struct{}{}: // room: park keeps idle+len(wake) within its size
+			w.idle--
+			w.mu.Unlock()
+			return
+		default:
+		}
 	}
 	w.mu.Unlock()
-	go w.run(f)
+	go w.run()
 }
 
-func (w *workers) run(f func()) {
-	t := time.NewTimer(idleWorker)
+func (w *workers) run() {
+	t := time.NewTimer(time.Duration(idleWorker.Load()))
 	defer t.Stop()
 	for {
-		f()
+		w.drain()
 		if !w.park(t) {
 			return
 		}
@@ -228,7 +234,7 @@ func (w *workers) run(f func()) {
 // done (false).
 func (w *workers) park(t *time.Timer) bool {
 	w.mu.Lock()
-	if w.idle >= batchesInFlight {
+	if w.idle+len(w.wake) >= batchesInFlight { // tokens not yet taken count as parked
 		w.mu.Unlock()
 		return false
 	}
@@ -237,7 +243,7 @@ func (w *workers) park(t *time.Timer) bool {
 	if f := parkedHook.Load(); f != nil {
 		(*f)(w.done)
 	}
-	t.Reset(idleWorker)
+	t.Reset(time.Duration(idleWorker.Load()))
 	select {
 	case <-w.wake:
 		return true
@@ -351,10 +357,12 @@ func (j *JetStream) settleBatch(ctx context.Context, msgs []jetstream.Msg, settl
 	run func(items []dedup.Item, views []*Msg, done func(int, dedup.ItemResult)) []dedup.ItemResult,
 	one func(ctx context.Context, it dedup.Item, m *Msg) (dedup.Result, error)) []dedup.ItemResult {
 	views := make([]*Msg, len(msgs))
+	slab := make([]Msg, len(msgs)) // the views, in one allocation
 	items := make([]dedup.Item, len(msgs))
 	acks := make([]acker, len(msgs))
 	for i, msg := range msgs {
-		views[i] = viewJS(msg)
+		views[i] = &slab[i]
+		setJS(views[i], msg)
 		items[i] = dedup.Item{Key: j.cfg.strategy.Key(views[i]), Payload: views[i].data}
 		acks[i] = msg
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,6 +51,8 @@ func TestBatchesRunOnTheSameWorker(t *testing.T) {
 	}
 	parkedHook.Store(&hook)
 	defer parkedHook.Store(nil)
+	was := idleWorker.Swap(int64(time.Minute)) // a slow machine does not end the worker
+	defer idleWorker.Store(was)
 	ran := make(chan uint64, 16)
 	handler := j.Handler(ctx, func(context.Context, *Msg) error {
 		ran <- goid()
@@ -85,9 +88,9 @@ func TestBatchesRunOnTheSameWorker(t *testing.T) {
 	j.Wait()
 }
 
-// A worker with no batch for idleWorker ends, whether or not the context does.
+// A worker with no batch for idleWorker (100 ms) ends, whether or not the context does.
 func TestAnIdleWorkerEnds(t *testing.T) {
-	h := registerMem(t, "idle", dedup.ModeFilter)
+	h := registerMem(t, "idle", dedup.ModeDo) // a batch of one runs fn on its worker
 	cfg, err := newConfig(h, []Option{WithConcurrency(16)})
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +107,7 @@ func TestAnIdleWorkerEnds(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for alive(id) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the worker was still there 5 s after its batch, want it gone after %v", idleWorker)
+			t.Fatalf("the worker was still there 5 s after its batch, want it gone after %v", time.Duration(idleWorker.Load()))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -118,4 +121,49 @@ func registerMem(t *testing.T, name string, mode dedup.Mode) *dedup.Handler {
 		t.Fatal(err)
 	}
 	return h
+}
+
+// Many starts while the Handler's context ends and workers park and leave: start
+// never blocks (it did, holding the workers' lock, once more workers had been told
+// to drain than the wake channel holds), every drain handed out runs, and every
+// worker ends.
+func TestWorkersStartWhileTheContextEnds(t *testing.T) {
+	for round := range 50 {
+		done := make(chan struct{})
+		var ran sync.WaitGroup
+		w := &workers{wake: make(chan struct{}, batchesInFlight), done: done}
+		w.drain = func() { ran.Done() }
+		var starters sync.WaitGroup
+		for g := range 6 {
+			starters.Go(func() {
+				for i := range 60 {
+					if g == 0 && i == 30 {
+						close(done)
+					}
+					ran.Add(1)
+					w.start()
+				}
+			})
+		}
+		finished := make(chan struct{})
+		go func() { starters.Wait(); ran.Wait(); close(finished) }()
+		select {
+		case <-finished:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: a start or a drain never ended", round)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			w.mu.Lock()
+			idle := w.idle
+			w.mu.Unlock()
+			if idle == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %d workers still parked after their context ended", round, idle)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 }
