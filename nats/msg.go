@@ -78,7 +78,14 @@ func (m *Msg) NumDelivered() uint64 {
 }
 
 func viewJS(msg jetstream.Msg) *Msg {
-	return &Msg{subject: msg.Subject(), header: msg.Headers(), data: msg.Data(), js: msg}
+	m := new(Msg)
+	setJS(m, msg)
+	return m
+}
+
+// setJS makes the zero m a view of msg.
+func setJS(m *Msg, msg jetstream.Msg) {
+	m.subject, m.header, m.data, m.js = msg.Subject(), msg.Headers(), msg.Data(), msg
 }
 
 func viewCore(msg *natsgo.Msg) *Msg {

@@ -71,6 +71,7 @@ type call struct {
 	// to, when set, takes the answer instead of a waiting caller (a completion)
 	to   Answerer
 	lazy bool
+	one  [1]driver.Entry // a completion's entry: its entries, without an allocation
 }
 
 type callState uint8
@@ -181,7 +182,10 @@ func (q *queue) sendAlone(ctx context.Context, entries []driver.Entry) ([]driver
 // CompleteLater sends the completion e with the other callers' entries, within
 // timeout; to gets the answer. Lazy: it may wait LazyDelay for company.
 func (g *Store) CompleteLater(ctx context.Context, e driver.Entry, timeout time.Duration, to Answerer, lazy bool) {
-	g.completes.add(&call{vals: ctx, deadline: time.Now().Add(timeout), entries: []driver.Entry{e}, to: to, lazy: lazy})
+	c := &call{vals: ctx, deadline: time.Now().Add(timeout), to: to, lazy: lazy}
+	c.one[0] = e
+	c.entries = c.one[:]
+	g.completes.add(c)
 }
 
 // goAlone counts a call out alone and reports true when nothing is queued or out:
