@@ -35,11 +35,11 @@ type ItemResult struct {
 // Run guards fn for every item by the handler's mode and returns their results in
 // item order. The items are checked with one store call (Claim, or Mark in
 // ModeFilter); then fn(ctx, i) runs for item i, in order, or for up to n at once with
-// Parallel(n). In ModeDo each success is completed as soon as its fn returns. An item
-// whose key appears earlier in the batch does not run: it answers Duplicate if that
-// item was processed, else InProgress. Keyless items follow the missing-key policy.
-// On a handler WithReplies, fn sets its item's reply with SetReply. A bad option or a
-// nil fn gives every item an error wrapping ErrInvalidOption. See docs/design.md §5.
+// Parallel(n). In ModeDo each success is completed as soon as its fn returns. A copy
+// of an earlier item's key answers Duplicate if that item was processed, else
+// InProgress, or, with Parallel(n > 1) under WaitForRunning, waits as Do would. Keyless
+// items follow the missing-key policy; on a handler WithReplies, fn sets its item's
+// reply with SetReply. A bad option or a nil fn: ErrInvalidOption (docs/design.md §5).
 func (h *Handler) Run(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error, opts ...RunOption) []ItemResult {
 	rc, err := runOptions(opts)
 	if err == nil {
@@ -271,6 +271,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		ctx = context.WithValue(ctx, whenCheckedKey{}, nil) // not to the fns' calls
 	}
 	filter := h.cfg.mode == ModeFilter && step == nil && rb == nil
+	joins := (h.cfg.mode == ModeDo || rb != nil) && parallel > 1 && waitsForRunning(ctx) // a copy waits as Do would
 	out := newBatchOut(len(items), done, checked)
 	out.h, out.replies = h, rb
 	defer out.sweep(h) // last: also when an fn ends this goroutine (runtime.Goexit)
@@ -303,7 +304,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			out.set(i, ItemResult{Result: h.countLocalHit()})
 			continue
 		}
-		if b, ok := first[k]; ok {
+		if b, ok := first[k]; ok && !joins { // else it joins the flight below: if the run fails, it runs
 			follows[i] = b
 			continue
 		}
@@ -318,10 +319,9 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			joiners.Add(1)
 			go func() {
 				defer joiners.Done()
-				if (h.cfg.mode == ModeDo || rb != nil) && parallel > 1 && waitsForRunning(ctx) {
+				if joins {
 					// as Do: wait for the run, then answer Duplicate or claim and run
-					run := func(c context.Context) error { return fn(c, i) }
-					r := rb.of(i)
+					run, r := func(c context.Context) error { return fn(c, i) }, rb.of(i)
 					if r != nil {
 						run = r.call
 					}
