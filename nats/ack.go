@@ -153,8 +153,7 @@ func (a *adapter) dispatcher() func(handle func()) {
 
 // Wait blocks until every message already handed to a Handler has been handled and
 // acknowledged. Stop (or drain) the subscription first, then call Wait before closing
-// the Deduper or the connection. A JetStream Handler's idle goroutines end 100 ms
-// after its last batch, or as soon as its context ends.
+// the Deduper or the connection.
 func (a *adapter) Wait() { a.running.Wait() }
 
 // Stats returns what the adapter has done so far.

@@ -85,7 +85,9 @@ func noAdapter(msg jetstream.Msg) {
 func noAdapterCtx(_ context.Context, msg jetstream.Msg) { noAdapter(msg) }
 
 // Wait blocks until every message already handed to a Handler has been handled and
-// acknowledged (see adapter.Wait). A nil *JetStream has none.
+// acknowledged. Stop (or drain) the consumer first, then call Wait before closing the
+// Deduper or the connection. A Handler's idle goroutines end 100 ms after its last
+// batch, or as soon as its context ends. A nil *JetStream has none.
 func (j *JetStream) Wait() {
 	if j != nil {
 		j.adapter.Wait()
