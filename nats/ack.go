@@ -278,6 +278,7 @@ func (a *adapter) hold(ctx context.Context, ack acker, m *Msg, res dedup.Result,
 	if a.lastDelivery(m) {
 		bound = max(bound, res.RetryAfter+copyRecheck)
 	}
+	a.stats.held.Add(1) // held, however the hold ends
 	start := time.Now()
 	deadline := start.Add(bound)
 	signalled := time.Time{}
@@ -308,7 +309,6 @@ func (a *adapter) hold(ctx context.Context, ack acker, m *Msg, res dedup.Result,
 		res, err = again(ctx)
 		every *= 2
 	}
-	a.stats.held.Add(1)
 	return res, err
 }
 

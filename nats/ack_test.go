@@ -150,6 +150,13 @@ func TestEachOutcomeGetsItsAckAction(t *testing.T) {
 		{name: "in progress elsewhere, a run longer than the hold, later delivery", msg: newFake("order-1", "a", 3),
 			setup:   claimedBy("other", 5*time.Second), // 3 s left after the hold: the backoff's 4 s is capped
 			outcome: dedup.InProgress, act: ActNakWithDelay, acks: "nak-with-delay ~3s", held: true},
+		{name: "in progress elsewhere, shutdown during the hold", msg: newFake("order-1", "a", 1),
+			setup: claimedBy("other", 5*time.Second),
+			// it ends between the checks at 350 and 750 ms: the hold is cut short, and counted
+			ctx: func() (context.Context, context.CancelFunc) {
+				return context.WithTimeout(context.Background(), 550*time.Millisecond)
+			},
+			outcome: dedup.InProgress, act: ActNakWithDelay, acks: "nak-with-delay 1s", held: true},
 		{name: "in progress elsewhere, the run ends during the hold", msg: newFake("order-1", "a", 1),
 			setup: func(t *testing.T, s *flakyStore, h *dedup.Handler) {
 				claimedBy("other", 5*time.Second)(t, s, h)
