@@ -37,9 +37,10 @@ type ItemResult struct {
 // ModeFilter); then fn(ctx, i) runs for item i, in order, or for up to n at once with
 // Parallel(n). In ModeDo each success is completed as soon as its fn returns. A copy
 // of an earlier item's key answers Duplicate if that item was processed, else
-// InProgress, or, with Parallel(n > 1) under WaitForRunning, waits as Do would. Keyless
-// items follow the missing-key policy; on a handler WithReplies, fn sets its item's
-// reply with SetReply. A bad option or a nil fn: ErrInvalidOption (docs/design.md §5).
+// InProgress; if it failed, under WaitForRunning with n > 1, the copy runs as Do after
+// the batch's fns. Keyless items follow the missing-key policy; on a handler
+// WithReplies, fn sets its item's reply with SetReply. A bad option or a nil fn:
+// ErrInvalidOption (docs/design.md §5).
 func (h *Handler) Run(ctx context.Context, items []Item, fn func(ctx context.Context, i int) error, opts ...RunOption) []ItemResult {
 	rc, err := runOptions(opts)
 	if err == nil {
@@ -114,9 +115,7 @@ type batchReplies struct {
 }
 
 // call runs item i's fn with its replyRun in ctx, for SetReply.
-func (rb *batchReplies) call(ctx context.Context, i int) error {
-	return rb.of(i).call(ctx)
-}
+func (rb *batchReplies) call(ctx context.Context, i int) error { return rb.of(i).call(ctx) }
 
 // of returns item i's replyRun, set to run item i's fn; nil without replies.
 func (rb *batchReplies) of(i int) *replyRun {
@@ -271,7 +270,15 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		ctx = context.WithValue(ctx, whenCheckedKey{}, nil) // not to the fns' calls
 	}
 	filter := h.cfg.mode == ModeFilter && step == nil && rb == nil
-	joins := (h.cfg.mode == ModeDo || rb != nil) && parallel > 1 && waitsForRunning(ctx) // a copy waits as Do would
+	joins := (h.cfg.mode == ModeDo || rb != nil) && parallel > 1 && waitsForRunning(ctx) // copies wait, as Do (again)
+	again := func(i int, key, fp string) ItemResult {
+		run, r := func(c context.Context) error { return fn(c, i) }, rb.of(i)
+		if r != nil {
+			run = r.call
+		}
+		res, err := h.do(ctx, key, fp, run, freshOf(step), r)
+		return ItemResult{Result: res, Err: err}
+	}
 	out := newBatchOut(len(items), done, checked)
 	out.h, out.replies = h, rb
 	defer out.sweep(h) // last: also when an fn ends this goroutine (runtime.Goexit)
@@ -304,7 +311,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			out.set(i, ItemResult{Result: h.countLocalHit()})
 			continue
 		}
-		if b, ok := first[k]; ok && !joins { // else it joins the flight below: if the run fails, it runs
+		if b, ok := first[k]; ok {
 			follows[i] = b
 			continue
 		}
@@ -319,14 +326,8 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			joiners.Add(1)
 			go func() {
 				defer joiners.Done()
-				if joins {
-					// as Do: wait for the run, then answer Duplicate or claim and run
-					run, r := func(c context.Context) error { return fn(c, i) }, rb.of(i)
-					if r != nil {
-						run = r.call
-					}
-					res, err := h.do(ctx, it.Key, fp, run, freshOf(step), r)
-					out.set(i, ItemResult{Result: res, Err: err})
+				if joins { // as Do: wait for the run, then answer Duplicate or claim and run
+					out.set(i, again(i, it.Key, fp))
 					return
 				}
 				out.set(i, h.joined(ctx, f, fp, rb.of(i)))
@@ -363,6 +364,11 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			}
 		case KeyReuse:
 			res = Result{Outcome: KeyReuse}
+		case Failed, Panicked: // the key is free again: under joins the copy runs, once the batch's have
+			if joins {
+				out.set(i, again(i, items[i].Key, h.fingerprint(items[i].Payload)))
+				continue
+			}
 		}
 		out.set(i, ItemResult{Result: h.count(res)})
 	}

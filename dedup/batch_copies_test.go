@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/memstore"
 )
@@ -44,5 +45,77 @@ func TestACopyInTheBatchRunsWhenTheFirstRunFails(t *testing.T) {
 				t.Fatalf("outcomes %v, %v; fn ran %d times; want %v and %d", res[0].Outcome, res[1].Outcome, calls.Load(), c.want, c.calls)
 			}
 		})
+	}
+}
+
+// A copy waiting for a run whose fn succeeded but whose DONE record was not written
+// (NotRecorded) is a Duplicate, as the design's outcome table has it (running again
+// would repeat the effects): whether only the completion failed, or, under FailOpen,
+// the store failed after the claim. The copy claimed the key and, under FailOpen, ran
+// fn a second time (a review of the change above).
+func TestACopyOfANotRecordedRunIsADuplicate(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		opts   []HandlerOption
+		failOp func(op string, claims int32) bool
+	}{
+		{"the completion fails", nil, func(op string, _ int32) bool { return op == "complete" || op == "complete-many" }},
+		{"the store fails after the claim, FailOpen", []HandlerOption{WithStoreFailure(FailOpen)},
+			func(op string, claims int32) bool { return !(op == "claim" || op == "claim-many") || claims > 1 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mem, _ := memstore.New()
+			hs := &hookStore{Store: mem}
+			var claims atomic.Int32
+			hs.onFail(func(op string) error {
+				if op == "claim" || op == "claim-many" {
+					claims.Add(1)
+				}
+				if c.failOp(op, claims.Load()) {
+					return errors.New("store down")
+				}
+				return nil
+			})
+			h := newDeduperOver(t, hs).mustRegister(t, "not-recorded", c.opts...)
+			var calls atomic.Int32
+			res := h.Run(WaitForRunning(context.Background()), []Item{{Key: "k"}, {Key: "k"}}, func(context.Context, int) error {
+				calls.Add(1)
+				return nil
+			}, Parallel(2))
+			if res[0].Outcome != NotRecorded || res[1].Outcome != Duplicate || calls.Load() != 1 {
+				t.Fatalf("outcomes %v, %v; fn ran %d times; want not-recorded, duplicate and 1", res[0].Outcome, res[1].Outcome, calls.Load())
+			}
+		})
+	}
+}
+
+// A copy that runs because the first run of its key failed runs once the batch's own
+// fns have: Parallel(n) still bounds the fns of the Run (a review of the change
+// above: a copy joining the first copy's flight ran beside them, 3 at once for n = 2).
+func TestACopysRunKeepsToParallel(t *testing.T) {
+	mem, _ := memstore.New()
+	h := newDeduperOver(t, mem).mustRegister(t, "copies-parallel")
+	var cur, peak, calls atomic.Int32
+	items := []Item{{Key: "a"}, {Key: "a"}, {Key: "b"}, {Key: "c"}}
+	res := h.Run(WaitForRunning(context.Background()), items, func(_ context.Context, i int) error {
+		n := cur.Add(1)
+		defer cur.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		calls.Add(1)
+		if i == 0 {
+			return errors.New("the first run of a fails")
+		}
+		time.Sleep(50 * time.Millisecond)
+		return nil
+	}, Parallel(2))
+	want := []Outcome{Failed, Processed, Processed, Processed}
+	for i, r := range res {
+		if r.Outcome != want[i] {
+			t.Fatalf("item %d: %v, want %v", i, r.Outcome, want[i])
+		}
+	}
+	if peak.Load() > 2 || calls.Load() != 4 {
+		t.Fatalf("%d fns at once (Parallel(2)), %d runs; want at most 2, and 4", peak.Load(), calls.Load())
 	}
 }

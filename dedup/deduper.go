@@ -227,9 +227,7 @@ func (d *Deduper) ping(ctx context.Context) error {
 
 // Breaker reports whether the Deduper's store breaker is open: calls failed in a
 // row, so claims and marks fail at once while a goroutine probes the store.
-func (d *Deduper) Breaker() (open bool) {
-	return d != nil && d.g != nil && d.g.Open()
-}
+func (d *Deduper) Breaker() (open bool) { return d != nil && d.g != nil && d.g.Open() }
 
 func (d *Deduper) giveUp() { d.abandonOnce.Do(func() { close(d.abandon) }) }
 

@@ -32,9 +32,7 @@ type forgetConfig struct{ force bool }
 
 // ForgetInProgress makes Forget delete a record IN PROGRESS too. Its owner then loses
 // its lease while another copy may run: use it only for an owner known to be gone.
-func ForgetInProgress() ForgetOption {
-	return func(c *forgetConfig) { c.force = true }
-}
+func ForgetInProgress() ForgetOption { return func(c *forgetConfig) { c.force = true } }
 
 // Lookup reports the record of key as Do would find it, former names included, in
 // one round trip, writing nothing. Errors wrap ErrInvalidOption for an empty key,
@@ -152,9 +150,7 @@ func (d *Deduper) CountRecords(ctx context.Context, handler string) (map[string]
 	return rs.CountRecords(ctx, d.cfg.prefix, handler)
 }
 
-func (h *Handler) names() []string {
-	return append([]string{h.name}, h.cfg.formerNames...)
-}
+func (h *Handler) names() []string { return append([]string{h.name}, h.cfg.formerNames...) }
 
 // recordKeys returns each key's record keys under names(), in that order.
 func (h *Handler) recordKeys(ks []string) []string {
