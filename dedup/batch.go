@@ -209,7 +209,7 @@ func (o *batchOut) leaveItem(b *batchItem) {
 	}
 	b.settleFlight(Result{Outcome: Cancelled}, ErrClosed) // no-op unless a path forgot
 	o.mu.Lock()
-	processed := o.isSet[b.i] && o.r[b.i].Outcome == Processed
+	processed := o.isSet[b.i] && (o.r[b.i].Outcome == Processed || o.r[b.i].Outcome == NotRecorded)
 	o.mu.Unlock()
 	if processed {
 		b.f.processed.Store(true)
@@ -1038,6 +1038,6 @@ func (b *batchItem) CompletionAnswered(cerr error) {
 	default:
 		res, err = h.completed(b.claimed(), cerr)
 	}
-	b.f.processed.Store(res.Outcome == Processed)
+	b.f.processed.Store(res.Outcome == Processed || res.Outcome == NotRecorded) // fn succeeded
 	c.out.set(b.i, ItemResult{Result: res, Err: err})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup/memstore"
+	"github.com/dedupkit/dedupkit/keys"
 )
 
 // A copy of a key in the same batch, under WaitForRunning (as the NATS adapter's
@@ -117,5 +118,124 @@ func TestACopysRunKeepsToParallel(t *testing.T) {
 	}
 	if peak.Load() > 2 || calls.Load() != 4 {
 		t.Fatalf("%d fns at once (Parallel(2)), %d runs; want at most 2, and 4", peak.Load(), calls.Load())
+	}
+}
+
+// A copy in another call that waits (WaitForRunning) for a run whose fn succeeded but
+// whose DONE was not written (NotRecorded) is a Duplicate, as a copy in the same batch
+// is: it claimed the key again and got InProgress from the run's claim, and, under
+// FailOpen with the store down, ran fn a second time.
+func TestAWaiterOfANotRecordedRunIsADuplicate(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		opts   []HandlerOption
+		failOp func(op string, claims int32) bool
+	}{
+		{"the completion fails", nil, func(op string, _ int32) bool { return op == "complete" || op == "complete-many" }},
+		{"the store fails after the claim, FailOpen", []HandlerOption{WithStoreFailure(FailOpen)},
+			func(op string, claims int32) bool { return !(op == "claim" || op == "claim-many") || claims > 1 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mem, _ := memstore.New()
+			hs := &hookStore{Store: mem}
+			var claims atomic.Int32
+			hs.onFail(func(op string) error {
+				if op == "claim" || op == "claim-many" {
+					claims.Add(1)
+				}
+				if c.failOp(op, claims.Load()) {
+					return errors.New("store down")
+				}
+				return nil
+			})
+			h := newDeduperOver(t, hs).mustRegister(t, "waiter", c.opts...)
+			var calls atomic.Int32
+			inside, release := make(chan struct{}), make(chan struct{})
+			first := make(chan Result, 1)
+			go func() {
+				r, _ := h.Do(context.Background(), "k", func(context.Context) error {
+					calls.Add(1)
+					close(inside)
+					<-release
+					return nil
+				})
+				first <- r
+			}()
+			<-inside
+			copied := make(chan Result, 1)
+			go func() {
+				r, _ := h.Do(WaitForRunning(context.Background()), "k", func(context.Context) error { calls.Add(1); return nil })
+				copied <- r
+			}()
+			// the copy waits once it has asked for the run's end
+			f := h.flights.lookup(keys.Normalize("k"))
+			deadline := time.Now().Add(10 * time.Second)
+			for f == nil || f.left.p.Load() == nil {
+				if time.Now().After(deadline) {
+					t.Fatal("the copy never waited for the run")
+				}
+				time.Sleep(time.Millisecond)
+				if f == nil {
+					f = h.flights.lookup(keys.Normalize("k"))
+				}
+			}
+			close(release)
+			if r := <-first; r.Outcome != NotRecorded {
+				t.Fatalf("the run: %v, want not-recorded", r.Outcome)
+			}
+			if r := <-copied; r.Outcome != Duplicate || calls.Load() != 1 {
+				t.Fatalf("the copy: %v, fn ran %d times; want duplicate and 1", r.Outcome, calls.Load())
+			}
+		})
+	}
+}
+
+// A waiter on a handler WithReplies whose run ended NotRecorded does not take a
+// Duplicate without the reply: the reply was not stored, so it is InProgress while
+// the run's claim holds (a retryable 503, not a final 409), as before the change
+// above (a review of it).
+func TestAReplyWaiterOfANotRecordedRunIsNotAReplylessDuplicate(t *testing.T) {
+	mem, _ := memstore.New()
+	hs := &hookStore{Store: mem}
+	hs.onFail(func(op string) error {
+		if op == "complete-reply" || op == "complete-many" {
+			return errors.New("store down")
+		}
+		return nil
+	})
+	h := newDeduperOver(t, hs).mustRegister(t, "reply-waiter", WithReplies(64))
+	inside, release := make(chan struct{}), make(chan struct{})
+	first := make(chan ItemResult, 1)
+	go func() {
+		r, _ := runReply(h, context.Background(), "k", nil, func(context.Context) ([]byte, error) {
+			close(inside)
+			<-release
+			return []byte("hello"), nil
+		})
+		first <- r
+	}()
+	<-inside
+	copied := make(chan ItemResult, 1)
+	go func() {
+		r, _ := runReply(h, WaitForRunning(context.Background()), "k", nil, func(context.Context) ([]byte, error) { return []byte("again"), nil })
+		copied <- r
+	}()
+	f := h.flights.lookup(keys.Normalize("k"))
+	deadline := time.Now().Add(10 * time.Second)
+	for f == nil || f.left.p.Load() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the copy never waited for the run")
+		}
+		time.Sleep(time.Millisecond)
+		if f == nil {
+			f = h.flights.lookup(keys.Normalize("k"))
+		}
+	}
+	close(release)
+	if r := <-first; r.Outcome != NotRecorded {
+		t.Fatalf("the run: %v, want not-recorded", r.Outcome)
+	}
+	if r := <-copied; r.Outcome != InProgress {
+		t.Fatalf("the copy: %v (reply %q, has %v), want in-progress", r.Outcome, r.Reply, r.HasReply)
 	}
 }

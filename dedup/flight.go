@@ -33,9 +33,9 @@ type flight struct {
 	// the RetryAfter of those that wait
 	running  bool
 	leaseEnd atomic.Int64
-	// processed: the leader's run ended Processed, so later calls answer Duplicate
+	// processed: the leader's fn succeeded (Processed, NotRecorded): callers get Duplicate
 	processed atomic.Bool
-	// the key's stored reply, when replyKnown; set before ready fires or processed is set
+	// the key's stored reply, when replyKnown: set before ready or processed (never by NotRecorded)
 	reply      string
 	hasReply   bool
 	replyKnown bool

@@ -377,7 +377,7 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 			return nil, h.count(Result{Outcome: Cancelled}), err
 		}
 		if f.running {
-			if h.processedFor(f, fp) {
+			if h.processedFor(f, fp) && (r == nil || f.replyKnown) {
 				// the run processed the key, and its completion is on its way
 				return nil, h.count(f.duplicate(r)), nil
 			}
@@ -394,8 +394,8 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 			if !done {
 				return nil, h.count(Result{Outcome: InProgress, Tier: TierLocal, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}
-			if h.processedFor(f, fp) {
-				// a duplicate, though its DONE record may not have landed yet
+			if h.processedFor(f, fp) && (r == nil || f.replyKnown) {
+				// a duplicate, though its DONE record may not have landed yet (NotRecorded)
 				return nil, h.count(f.duplicate(r)), nil
 			}
 			continue
@@ -427,7 +427,7 @@ type waitForRunningKey struct{}
 
 // WaitForRunning returns a context under which Do and Handle, finding their key being
 // run by another call in this process, wait for that run to end instead of answering
-// InProgress at once; then the key is DONE (Duplicate) or free (they claim it). The
+// InProgress at once; then they answer Duplicate if its fn succeeded, else claim. The
 // wait ends with ctx, or with InProgress after what is left of the run's lease. fn's
 // context does not carry it, so that two runs never wait for each other. A key held
 // by another process still answers InProgress. A nil ctx gives nil, which the
