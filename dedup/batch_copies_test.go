@@ -55,28 +55,9 @@ func TestACopyInTheBatchRunsWhenTheFirstRunFails(t *testing.T) {
 // the store failed after the claim. The copy claimed the key and, under FailOpen, ran
 // fn a second time (a review of the change above).
 func TestACopyOfANotRecordedRunIsADuplicate(t *testing.T) {
-	for _, c := range []struct {
-		name   string
-		opts   []HandlerOption
-		failOp func(op string, claims int32) bool
-	}{
-		{"the completion fails", nil, func(op string, _ int32) bool { return op == "complete" || op == "complete-many" }},
-		{"the store fails after the claim, FailOpen", []HandlerOption{WithStoreFailure(FailOpen)},
-			func(op string, claims int32) bool { return !(op == "claim" || op == "claim-many") || claims > 1 }},
-	} {
+	for _, c := range notRecordedCases {
 		t.Run(c.name, func(t *testing.T) {
-			mem, _ := memstore.New()
-			hs := &hookStore{Store: mem}
-			var claims atomic.Int32
-			hs.onFail(func(op string) error {
-				if op == "claim" || op == "claim-many" {
-					claims.Add(1)
-				}
-				if c.failOp(op, claims.Load()) {
-					return errors.New("store down")
-				}
-				return nil
-			})
+			hs := notRecordedStore(c.failOp)
 			h := newDeduperOver(t, hs).mustRegister(t, "not-recorded", c.opts...)
 			var calls atomic.Int32
 			res := h.Run(WaitForRunning(context.Background()), []Item{{Key: "k"}, {Key: "k"}}, func(context.Context, int) error {
@@ -126,28 +107,9 @@ func TestACopysRunKeepsToParallel(t *testing.T) {
 // is: it claimed the key again and got InProgress from the run's claim, and, under
 // FailOpen with the store down, ran fn a second time.
 func TestAWaiterOfANotRecordedRunIsADuplicate(t *testing.T) {
-	for _, c := range []struct {
-		name   string
-		opts   []HandlerOption
-		failOp func(op string, claims int32) bool
-	}{
-		{"the completion fails", nil, func(op string, _ int32) bool { return op == "complete" || op == "complete-many" }},
-		{"the store fails after the claim, FailOpen", []HandlerOption{WithStoreFailure(FailOpen)},
-			func(op string, claims int32) bool { return !(op == "claim" || op == "claim-many") || claims > 1 }},
-	} {
+	for _, c := range notRecordedCases {
 		t.Run(c.name, func(t *testing.T) {
-			mem, _ := memstore.New()
-			hs := &hookStore{Store: mem}
-			var claims atomic.Int32
-			hs.onFail(func(op string) error {
-				if op == "claim" || op == "claim-many" {
-					claims.Add(1)
-				}
-				if c.failOp(op, claims.Load()) {
-					return errors.New("store down")
-				}
-				return nil
-			})
+			hs := notRecordedStore(c.failOp)
 			h := newDeduperOver(t, hs).mustRegister(t, "waiter", c.opts...)
 			var calls atomic.Int32
 			inside, release := make(chan struct{}), make(chan struct{})
@@ -167,18 +129,7 @@ func TestAWaiterOfANotRecordedRunIsADuplicate(t *testing.T) {
 				r, _ := h.Do(WaitForRunning(context.Background()), "k", func(context.Context) error { calls.Add(1); return nil })
 				copied <- r
 			}()
-			// the copy waits once it has asked for the run's end
-			f := h.flights.lookup(keys.Normalize("k"))
-			deadline := time.Now().Add(10 * time.Second)
-			for f == nil || f.left.p.Load() == nil {
-				if time.Now().After(deadline) {
-					t.Fatal("the copy never waited for the run")
-				}
-				time.Sleep(time.Millisecond)
-				if f == nil {
-					f = h.flights.lookup(keys.Normalize("k"))
-				}
-			}
+			waitForAWaiter(t, h, "k")
 			close(release)
 			if r := <-first; r.Outcome != NotRecorded {
 				t.Fatalf("the run: %v, want not-recorded", r.Outcome)
@@ -220,22 +171,58 @@ func TestAReplyWaiterOfANotRecordedRunIsNotAReplylessDuplicate(t *testing.T) {
 		r, _ := runReply(h, WaitForRunning(context.Background()), "k", nil, func(context.Context) ([]byte, error) { return []byte("again"), nil })
 		copied <- r
 	}()
-	f := h.flights.lookup(keys.Normalize("k"))
-	deadline := time.Now().Add(10 * time.Second)
-	for f == nil || f.left.p.Load() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the copy never waited for the run")
-		}
-		time.Sleep(time.Millisecond)
-		if f == nil {
-			f = h.flights.lookup(keys.Normalize("k"))
-		}
-	}
+	waitForAWaiter(t, h, "k")
 	close(release)
 	if r := <-first; r.Outcome != NotRecorded {
 		t.Fatalf("the run: %v, want not-recorded", r.Outcome)
 	}
 	if r := <-copied; r.Outcome != InProgress {
 		t.Fatalf("the copy: %v (reply %q, has %v), want in-progress", r.Outcome, r.Reply, r.HasReply)
+	}
+}
+
+// notRecordedCases are two ways for a run's fn to succeed and its DONE not to be
+// written: the completion fails; or, under FailOpen, the store fails after the claim.
+var notRecordedCases = []struct {
+	name   string
+	opts   []HandlerOption
+	failOp func(op string, claims int32) bool
+}{
+	{"the completion fails", nil, func(op string, _ int32) bool { return op == "complete" || op == "complete-many" }},
+	{"the store fails after the claim, FailOpen", []HandlerOption{WithStoreFailure(FailOpen)},
+		func(op string, claims int32) bool { return !(op == "claim" || op == "claim-many") || claims > 1 }},
+}
+
+// notRecordedStore is a memory store whose calls fail where failOp says so, given
+// the claim calls made so far.
+func notRecordedStore(failOp func(op string, claims int32) bool) *hookStore {
+	mem, _ := memstore.New()
+	hs := &hookStore{Store: mem}
+	var claims atomic.Int32
+	hs.onFail(func(op string) error {
+		if op == "claim" || op == "claim-many" {
+			claims.Add(1)
+		}
+		if failOp(op, claims.Load()) {
+			return errors.New("store down")
+		}
+		return nil
+	})
+	return hs
+}
+
+// waitForAWaiter returns once a call waits for the end of h's run of key: it has
+// asked for the flight's end signal.
+func waitForAWaiter(t *testing.T, h *Handler, key string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if f := h.flights.lookup(keys.Normalize(key)); f != nil && f.left.p.Load() != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the copy never waited for the run")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
