@@ -78,9 +78,37 @@ func (j *JetStream) Handler(ctx context.Context, fn Func) jetstream.MessageHandl
 		return j.refuse
 	}
 	ctx = dedup.WaitForRunning(ctx)
+	var handle jetstream.MessageHandler
 	if j.cfg.concurrency > 1 {
-		return j.batcher(ctx, fn)
+		handle = j.batcher(ctx, fn)
+	} else {
+		handle = j.one(ctx, fn)
 	}
+	var once sync.Once
+	var firstLate atomic.Int64 // unix nanos: the first message after ctx ended
+	return func(msg jetstream.Msg) {
+		select {
+		case <-ctx.Done(): // it is Cancelled: left unacknowledged, for redelivery after AckWait
+			now := time.Now().UnixNano()
+			if !firstLate.CompareAndSwap(0, now) && now-firstLate.Load() >= int64(lateWarning) {
+				once.Do(func() {
+					j.cfg.logger.Warn("dedup: the consumer still delivers a second after the handler's context ended; "+
+						"those messages are left for redelivery after AckWait: stop the consumer when you cancel", "handler", j.h.Name())
+				})
+			}
+		default:
+		}
+		handle(msg)
+	}
+}
+
+// lateWarning is how long after the first message that finds the Handler's context
+// ended one more makes Handler warn: the consumer was not stopped (a shutdown's last
+// deliveries come sooner).
+const lateWarning = time.Second
+
+// one is Handler with concurrency 1: messages run one at a time, in delivery order.
+func (j *JetStream) one(ctx context.Context, fn Func) jetstream.MessageHandler {
 	dispatch := j.dispatcher()
 	return func(msg jetstream.Msg) {
 		if isNil(msg) {

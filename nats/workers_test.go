@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/dedupkit/dedupkit/dedup"
+	"github.com/dedupkit/dedupkit/internal/testenv"
 )
 
 // goid is the calling goroutine's id, from its stack's first line.
@@ -165,5 +168,48 @@ func TestWorkersStartWhileTheContextEnds(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
+	}
+}
+
+// Messages handed to a Handler whose context has ended are Cancelled: left without an
+// acknowledgement, for redelivery after AckWait. Once they still come lateWarning
+// after the first, one warning per Handler says so (a new user's trial saw 992 such
+// deliveries over 2 s and no log line), without a key; a shutdown's last deliveries,
+// sooner, do not.
+func TestAHandlerWhoseContextEndedSaysSoOnce(t *testing.T) {
+	for _, conc := range []int{1, 16} {
+		t.Run(fmt.Sprint("concurrency ", conc), func(t *testing.T) {
+			h := registerMem(t, "ended", dedup.ModeDo)
+			logs := &testenv.LogBuffer{}
+			cfg, err := newConfig(h, []Option{WithConcurrency(conc), WithLogger(slog.New(slog.NewTextHandler(logs, nil)))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			j := &JetStream{adapter{h: h, cfg: cfg}}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			ran := false
+			handler := j.Handler(ctx, func(context.Context, *Msg) error { ran = true; return nil })
+			msgs := []*fakeMsg{newFake("order-1", "a", 1), newFake("order-2", "a", 1), newFake("order-3", "a", 1), newFake("order-4", "a", 1)}
+			handler(msgs[0])
+			handler(msgs[1])
+			j.Wait()
+			if out := logs.String(); strings.Contains(out, "still delivers") {
+				t.Fatalf("a warning for a shutdown's last deliveries: %q", out)
+			}
+			time.Sleep(lateWarning)
+			handler(msgs[2])
+			handler(msgs[3])
+			j.Wait()
+			for _, m := range msgs {
+				if got := m.got(); len(got) != 0 {
+					t.Fatalf("acks %v, want none", got)
+				}
+			}
+			out := logs.String()
+			if n := strings.Count(out, "still delivers"); n != 1 || ran || strings.Contains(out, "order-") {
+				t.Fatalf("%d warnings (want 1), fn ran %v, log %q", n, ran, out)
+			}
+		})
 	}
 }
