@@ -196,10 +196,11 @@ func (b *bench) printRatios(details map[string]ratioResult) {
 				verdict = "NOT MET"
 			}
 			if rr.Reference {
-				verdict += " (issue 4, reference)"
+				issue := "4"
 				if strings.HasSuffix(def.name, "_issue22") {
-					verdict = strings.Replace(verdict, "issue 4", "issue 22", 1)
+					issue = "22"
 				}
+				verdict += " (issue " + issue + ", reference)"
 			}
 		}
 		what := fmt.Sprintf("%s / %s (%s)", rr.Num, rr.Den, rr.Metric)

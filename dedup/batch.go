@@ -271,14 +271,6 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 	}
 	filter := h.cfg.mode == ModeFilter && step == nil && rb == nil
 	joins := (h.cfg.mode == ModeDo || rb != nil) && parallel > 1 && waitsForRunning(ctx) // copies wait, as Do (again)
-	again := func(i int, key, fp string) ItemResult {
-		run, r := func(c context.Context) error { return fn(c, i) }, rb.of(i)
-		if r != nil {
-			run = r.call
-		}
-		res, err := h.do(ctx, key, fp, run, freshOf(step), r)
-		return ItemResult{Result: res, Err: err}
-	}
 	out := newBatchOut(len(items), done, checked)
 	out.h, out.replies = h, rb
 	defer out.sweep(h) // last: also when an fn ends this goroutine (runtime.Goexit)
@@ -327,7 +319,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			go func() {
 				defer joiners.Done()
 				if joins { // as Do: wait for the run, then answer Duplicate or claim and run
-					out.set(i, again(i, it.Key, fp))
+					out.set(i, h.again(ctx, i, it.Key, fp, fn, step, rb))
 					return
 				}
 				out.set(i, h.joined(ctx, f, fp, rb.of(i)))
@@ -366,7 +358,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			res = Result{Outcome: KeyReuse}
 		case Failed, Panicked: // the key is free again: under joins the copy runs, once the batch's have
 			if joins {
-				out.set(i, again(i, items[i].Key, h.fingerprint(items[i].Payload)))
+				out.set(i, h.again(ctx, i, items[i].Key, h.fingerprint(items[i].Payload), fn, step, rb))
 				continue
 			}
 		}
@@ -375,6 +367,13 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 	joiners.Wait()
 	out.flush()
 	return out.r
+}
+
+// again runs item i as Do would, after another run of its key (a reply batch's fn is
+// rb.call, which runs the item's replyRun).
+func (h *Handler) again(ctx context.Context, i int, key, fp string, fn func(context.Context, int) error, step runStep, rb *batchReplies) ItemResult {
+	res, err := h.do(ctx, key, fp, func(c context.Context) error { return fn(c, i) }, freshOf(step), rb.of(i))
+	return ItemResult{Result: res, Err: err}
 }
 
 // joined is the result of an item whose key another call in this process leads. A
