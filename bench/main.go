@@ -46,7 +46,7 @@
 // non-zero when the figure fails.
 //
 // `go run ./bench outage` prints issue 26's figure for a Redis outage (outage.go): a
-// steady transactional load (WithStoreFailure(dedup.DatabaseOnly)) while the Redis it
+// steady transactional load (default options) while the Redis it
 // spawns is SIGKILLed, its messages/s during the outage against before it, with 0
 // lost and 0 repeated effects. It exits non-zero when the figure fails.
 package main

@@ -36,8 +36,8 @@ import (
 // It spawns a redis-server of its own (never a shared one) without persistence, on a
 // free loopback port, and a go-redis client as the README builds it
 // (redis.NewClient(&redis.Options{Addr: ...}), defaults). One dedup.Deduper (default
-// options) registers one handler WithStoreFailure(dedup.DatabaseOnly), otherwise
-// default options. Its runs are dedup.DoTx on a sqltx transactor over PostgreSQL
+// options) registers one handler with default options: a transactional run claims
+// nothing in Redis, so none is needed to go on through the outage. Its runs are dedup.DoTx on a sqltx transactor over PostgreSQL
 // (-postgres) or a SQLite file (modernc.org/sqlite, as the examples open it), with
 // a marker table and an effects table of the run's own (dropped at the end); each
 // run's fn inserts one row (key, worker) into the effects table, which has no unique
@@ -262,14 +262,14 @@ func outage(ctx context.Context, cfg outageConfig, stdout io.Writer) (err error)
 		return err
 	}
 	defer dd.Close()
-	h, err := dd.Register("outage", dedup.WithStoreFailure(dedup.DatabaseOnly))
+	h, err := dd.Register("outage")
 	if err != nil {
 		return err
 	}
 
 	down := time.Duration(cfg.seconds * float64(time.Second))
 	fmt.Fprintf(stdout, "outage: redis-server %s spawned at %s without persistence (it restarts empty); database: %s\n", version, srv.Addr(), dbName)
-	fmt.Fprintf(stdout, "%d workers, dedup.DoTx on sqltx; handler WithStoreFailure(dedup.DatabaseOnly), otherwise default options; go-redis client with default options\n", cfg.workers)
+	fmt.Fprintf(stdout, "%d workers, dedup.DoTx on sqltx; handler with default options; go-redis client with default options\n", cfg.workers)
 	dupNote := "no re-runs"
 	if cfg.dupEvery > 0 {
 		dupNote = fmt.Sprintf("1 message in %d of each worker re-runs a key it committed", cfg.dupEvery)

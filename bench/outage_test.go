@@ -37,7 +37,7 @@ func TestOutageFlags(t *testing.T) {
 }
 
 // `bench outage` in a tiny configuration, on SQLite: the three phases are reported,
-// no message is lost and no effect repeated (the markers' promise under DatabaseOnly),
+// no message is lost and no effect repeated (the markers' promise),
 // the verdict is printed (PASS or FAIL on the rates: the library's business, not
 // asserted), and the temp dir (the spawned server's and SQLite's) is gone afterwards.
 func TestOutageSQLite(t *testing.T) { testOutage(t) }

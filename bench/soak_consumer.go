@@ -248,12 +248,16 @@ func (c *soakConsumer) fault(field string) {
 	}
 }
 
-// start records a run as in hand and returns its message number and claim token.
+// start records a run as in hand and returns its message number and claim token (a
+// transactional run, which claims nothing, names itself).
 func (c *soakConsumer) start(ctx context.Context, m *dnats.Msg) (i int, token string, err error) {
 	id := m.Header(jetstream.MsgIDHeader)
 	i = soakIndex(id)
 	tok, _ := c.store.tokens.Load(c.h.RecordKey(id))
 	token, _ = tok.(string)
+	if c.cfg.txDSN != "" {
+		token = "tx-" + strconv.FormatUint(rand.Uint64(), 36)
+	}
 	if i < 0 || token == "" {
 		c.fatal(fmt.Errorf("handler run without a soak message id or a claim token (seq %d)", m.Metadata().Sequence.Stream))
 		return 0, "", errors.New("soak: bad run")
@@ -269,6 +273,13 @@ func (c *soakConsumer) workTx(ctx context.Context, m *dnats.Msg, tx pgx.Tx) erro
 	if err != nil {
 		return err
 	}
+	defer func() { // out of hand: its transaction commits or rolls back next
+		lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if lerr := c.ledger.SRem(lctx, runKey(c.store.pid), runName(i, token)).Err(); lerr != nil {
+			c.fatal(fmt.Errorf("ledger: record a run's end: %w", lerr))
+		}
+	}()
 	if _, err := tx.Exec(ctx, "INSERT INTO "+c.cfg.txEffects+" (msg, token, pid) VALUES ($1, $2, $3)", i, token, c.store.pid); err != nil {
 		return err
 	}

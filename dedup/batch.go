@@ -10,6 +10,7 @@ import (
 
 	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
+	"github.com/dedupkit/dedupkit/dedup/internal/former"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
 )
@@ -430,9 +431,8 @@ type batchItem struct {
 	lost                 atomic.Bool // the heartbeat found the lease gone, or judged it may be
 	reply                string      // fn's reply, when replied (a reply batch)
 	replied, tooLarge    bool
-	// set while its completion is out (completer.addAs)
+	// set while its completion is out (completer.add)
 	comp      *completer
-	how       completionKind
 	completed bool // its completion was answered (under comp.mu)
 }
 
@@ -452,9 +452,9 @@ func (h *Handler) settle(out *batchOut, b *batchItem, res Result, err error) {
 	out.set(b.i, ItemResult{Result: res, Err: err})
 }
 
-// storeItemFailed is storeFailed for one item of a batch; step is a transactional
-// batch's, whose items then run each in a transaction of its own, on its marker alone.
-func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchItem, err error, fn func(context.Context, int) error, step runStep) {
+// storeItemFailed is storeFailed for one item of a batch; FailOpen runs it only if
+// open.
+func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchItem, err error, fn func(context.Context, int) error, open bool) {
 	switch cerr := cutShort(ctx, err); {
 	case cerr != nil:
 		h.settle(out, b, Result{Outcome: Cancelled}, cerr)
@@ -462,18 +462,7 @@ func (h *Handler) storeItemFailed(ctx context.Context, out *batchOut, b *batchIt
 	case !errors.Is(err, ErrStoreUnavailable):
 		err = fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
-	if step != nil && h.cfg.storeFailure != FailClosed {
-		h.storeWarn(err, "dedup: store unavailable, running on the database marker alone", "key_hash", keyHash(b.k), "err", err)
-		if !b.answered {
-			b.answered = true
-			b.f.answer(Result{}, nil, true)
-		}
-		c := b.claimed()
-		res, ferr := h.runOnMarker(ctx, c, out.oneFn(fn, b.i), step.fresh())
-		out.set(b.i, ItemResult{Result: res, Err: ferr})
-		return
-	}
-	if h.cfg.storeFailure == FailOpen {
+	if h.cfg.storeFailure == FailOpen && open {
 		h.met.FailOpen()
 		h.storeWarn(err, "dedup: store unavailable, running without dedup", "key_hash", keyHash(b.k), "err", err)
 		if !b.answered {
@@ -593,18 +582,32 @@ func (h *Handler) runParallel(n, parallel int, run func(k int)) {
 // errGoexit is the error of an item whose fn called runtime.Goexit.
 var errGoexit = fmt.Errorf("%w: fn called runtime.Goexit", ErrPanic)
 
+// claimBatch claims the leads' keys in one store call and runs those acquired
+// (runClaimed). A transactional batch's (step) claim nothing: each item's marker
+// guards it in the database (docs/design.md §9), and only a renamed handler's
+// former names are read first (former.Store.Look).
 func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
 	entries := make([]driver.Entry, len(leads))
 	for j, b := range leads {
 		entries[j] = driver.Entry{Key: b.rk, Token: b.token, Fingerprint: b.fp, TTL: h.cfg.lease}
 	}
 	sent := time.Now()
-	cctx, stop := batcher.StallBound(ctx, step != nil && h.cfg.storeFailure != FailClosed) // a marker guards the run
-	answers, err := h.store.Claim(cctx, entries)
-	stop()
+	var answers []driver.Answer
+	var err error
+	switch fs, renamed := h.store.(*former.Store); {
+	case step == nil:
+		answers, err = h.store.Claim(ctx, entries)
+	case renamed:
+		answers, err = fs.Look(ctx, entries)
+	default:
+		answers = make([]driver.Answer, len(leads))
+		for j := range answers {
+			answers[j].Status = driver.StatusAcquired
+		}
+	}
 	var claimed []*batchItem
-	// Items whose claim failed but that run anyway (FailOpen, or DatabaseOnly in a
-	// transactional batch) run after the claimed ones, which hold leases meanwhile.
+	// Items whose claim failed but that run anyway (FailOpen) run after the claimed
+	// ones, which hold leases meanwhile.
 	var unguarded []*batchItem
 	unguardedErr := make(map[*batchItem]error)
 	for j, b := range leads {
@@ -613,21 +616,27 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			a = answers[j]
 		}
 		if aerr := errors.Join(err, a.Err); aerr != nil {
+			if step != nil { // a former name unread: it may hold the key DONE
+				h.storeItemFailed(ctx, out, b, aerr, fn, false)
+				continue
+			}
 			h.releaseUnanswered(ctx, b.k, b.rk, b.token, aerr)
-			if cutShort(ctx, aerr) == nil && (h.cfg.storeFailure == FailOpen || (step != nil && h.cfg.storeFailure == DatabaseOnly)) {
+			if cutShort(ctx, aerr) == nil && h.cfg.storeFailure == FailOpen {
 				unguarded = append(unguarded, b)
 				unguardedErr[b] = aerr
 				b.answered = true
 				b.f.answer(Result{}, nil, true) // waiters see InProgress, as in Do
 				continue
 			}
-			h.storeItemFailed(ctx, out, b, aerr, fn, step)
+			h.storeItemFailed(ctx, out, b, aerr, fn, true)
 			continue
 		}
 		switch a.Status {
 		case driver.StatusAcquired:
 			b.f.leaseEnd.Store(sent.Add(h.cfg.lease).UnixNano())
-			h.leases.add(b)
+			if step == nil {
+				h.leases.add(b)
+			}
 			b.answered = true
 			b.f.answer(Result{}, nil, true)
 			claimed = append(claimed, b)
@@ -656,15 +665,16 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 			h.settle(out, b, Result{Outcome: Cancelled}, ErrClosed)
 			continue
 		}
-		h.storeItemFailed(ctx, out, b, unguardedErr[b], fn, step)
+		h.storeItemFailed(ctx, out, b, unguardedErr[b], fn, true)
 	}
 }
 
 // runClaimed runs the claimed items' fns and completes each success as soon as its
 // fn returns (completer). With parallel 1 they run in order on the caller's
 // goroutine, and an fn that calls runtime.Goexit ends the batch, giving back the
-// claims not run yet; otherwise they run as runParallel does. With step (RunTx) they
-// run in one transaction (beginBatch, commitBatch), with no savepoint until one
+// claims not run yet; otherwise they run as runParallel does. With step (DoTx, RunTx)
+// they hold no claim and run in one transaction (beginBatch, commitBatch), with no
+// savepoint until one
 // fails: runClaimedItem then rolls it back, and the others run again in a new one,
 // each behind a savepoint (a failure costs a rerun; a batch that fails none, none).
 func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
@@ -680,7 +690,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 		defer endFns()
 	}
 	if step != nil {
-		if claimed = h.beginBatch(ctx, fnCtx, c, claimed, step, out); len(claimed) == 0 {
+		if claimed = h.beginBatch(ctx, fnCtx, claimed, step, out); len(claimed) == 0 {
 			return
 		}
 	}
@@ -699,7 +709,9 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			}
 			for _, b := range append(held, claimed[finished:]...) {
 				h.leases.forget(b)
-				h.release(bg, b.k, b.rk, b.token)
+				if step == nil {
+					h.release(bg, b.k, b.rk, b.token)
+				}
 			}
 		}()
 		savepoints := false
@@ -707,7 +719,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			b := claimed[finished]
 			if savepoints {
 				if err := step.savepoint(fnCtx); err != nil {
-					h.unrun(ctx, b, out, fmt.Errorf("%w: database: savepoint: %w", ErrStoreUnavailable, err))
+					h.unrun(b, out, fmt.Errorf("%w: database: savepoint: %w", ErrStoreUnavailable, err))
 					finished++
 					continue
 				}
@@ -718,7 +730,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			case !ok && step != nil && !savepoints && len(claimed) > 1:
 				// b was one of several and the first to fail: the others are at least one
 				claimed, finished, held, savepoints = append(held, claimed[finished:]...), 0, nil, true
-				claimed = h.beginBatch(ctx, fnCtx, c, claimed, step, out)
+				claimed = h.beginBatch(ctx, fnCtx, claimed, step, out)
 			case !ok:
 			case step == nil:
 				c.add(b)
@@ -727,7 +739,7 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 			}
 		}
 		if step != nil {
-			h.commitBatch(ctx, c, held, step, out)
+			h.commitBatch(ctx, held, step, out)
 		}
 		return
 	}
@@ -767,7 +779,7 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Boo
 	}
 	// The lease may have lapsed while b waited its turn (a starved process). b has not
 	// run, so a claim still under its token is renewed; otherwise it is given back.
-	if !h.leases.setRunning(b, cancel) && (!h.leases.renew(ctx, b, noRenew) || !h.leases.setRunning(b, cancel)) {
+	if step == nil && !h.leases.setRunning(b, cancel) && (!h.leases.renew(ctx, b, noRenew) || !h.leases.setRunning(b, cancel)) {
 		h.leases.forget(b)
 		h.undo(ctx, b, step, savepoint)
 		h.releaseUnanswered(ctx, b.k, b.rk, b.token, nil) // a no-op unless the claim is still ours
@@ -806,9 +818,11 @@ func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Boo
 	cause := context.Cause(fctx)
 	h.leases.forget(b)
 	h.undo(ctx, b, step, savepoint)
-	bg, bgDone := batcher.Settle(ctx, h.cfg.lease)
-	h.release(bg, b.k, b.rk, b.token)
-	bgDone()
+	if step == nil {
+		bg, bgDone := batcher.Settle(ctx, h.cfg.lease)
+		h.release(bg, b.k, b.rk, b.token)
+		bgDone()
+	}
 	res, err := h.failed(b.k, panicked, ferr, cause)
 	out.set(b.i, ItemResult{Result: res, Err: err})
 	return false
@@ -841,11 +855,7 @@ func (h *Handler) undo(ctx context.Context, b *batchItem, step runStep, savepoin
 }
 
 // unrun gives back the claim of a transactional batch's item whose savepoint failed.
-func (h *Handler) unrun(ctx context.Context, b *batchItem, out *batchOut, err error) {
-	h.leases.forget(b)
-	bg, done := batcher.Settle(ctx, h.cfg.lease)
-	h.release(bg, b.k, b.rk, b.token)
-	done()
+func (h *Handler) unrun(b *batchItem, out *batchOut, err error) {
 	h.settle(out, b, Result{Outcome: StoreUnavailable}, err)
 }
 
@@ -855,43 +865,37 @@ func (b *batchItem) claimed() claimed {
 }
 
 // beginBatch opens step's transaction with the items' markers and returns the items
-// to run. A found marker answers Duplicate (claim completed) or KeyReuse (claim given
-// back); if Begin fails, every claim is given back.
-func (h *Handler) beginBatch(ctx, fnCtx context.Context, c *completer, claimed []*batchItem, step runStep, out *batchOut) []*batchItem {
+// to run. A found marker answers Duplicate (its DONE record written: writeDone) or
+// KeyReuse; a failed Begin answers every item.
+func (h *Handler) beginBatch(ctx, fnCtx context.Context, claimed []*batchItem, step runStep, out *batchOut) []*batchItem {
 	markers := make([]Marker, len(claimed))
 	for j, b := range claimed {
 		markers[j] = h.marker(b.claimed())
 	}
 	found, err := step.begin(fnCtx, markers)
-	if err != nil {
-		cause := context.Cause(fnCtx)
-		for _, b := range claimed {
-			h.leases.forget(b)
-			res, rerr := h.stepAnswered(ctx, b.claimed(), MarkerState{}, err, cause, true)
-			out.set(b.i, ItemResult{Result: res, Err: rerr})
-		}
-		return nil
-	}
 	run := claimed[:0:0]
 	for j, b := range claimed {
-		switch {
-		case !found[j].Found:
+		if err == nil && !found[j].Found {
 			run = append(run, b)
-		case storekit.FingerprintsDiffer(found[j].Fingerprint, b.fp):
-			h.leases.forget(b)
-			res, rerr := h.stepAnswered(ctx, b.claimed(), found[j], nil, nil, true)
-			out.set(b.i, ItemResult{Result: res, Err: rerr})
-		default:
-			c.addAs(b, completedEarlier)
+			continue
+		}
+		var f MarkerState
+		if err == nil {
+			f = found[j]
+		}
+		res, rerr := h.stepAnswered(b.claimed(), f, err, context.Cause(fnCtx))
+		out.set(b.i, ItemResult{Result: res, Err: rerr})
+		if res.Outcome == Duplicate { // the store learns it too
+			h.writeDone(ctx, b.claimed())
 		}
 	}
 	return run
 }
 
 // commitBatch commits step's transaction and settles the items it held: Processed
-// and completed when it commits, claims kept on an unknown outcome (CommitUnknown),
-// claims given back when it failed (Failed).
-func (h *Handler) commitBatch(ctx context.Context, c *completer, held []*batchItem, step runStep, out *batchOut) {
+// when it commits, with their DONE records written in the background (writeDone);
+// CommitUnknown or Failed when it did not.
+func (h *Handler) commitBatch(ctx context.Context, held []*batchItem, step runStep, out *batchOut) {
 	bg, done := batcher.Settle(ctx, h.cfg.lease)
 	defer done()
 	if len(held) == 0 {
@@ -900,24 +904,14 @@ func (h *Handler) commitBatch(ctx context.Context, c *completer, held []*batchIt
 	}
 	cerr := step.commit(bg)
 	for _, b := range held {
-		if cerr == nil {
-			// Processed now: the marker answers a redelivery, so the ack need not wait
-			res, err := h.committed(b.claimed(), nil)
-			b.f.processed.Store(true)
-			out.setAndLeave(b.i, ItemResult{Result: res, Err: err}, false) // left once its completion lands
-			if out.single {
-				// nobody waits for its completion: it waits up to lazyDelay for company
-				h.leases.forget(b)
-				b.left.Store(true) // the completion leaves the flight
-				h.completeCommitted(ctx, b.claimed())
-				continue
-			}
-			c.addAs(b, committedNow)
+		if cerr != nil {
+			res, err := h.commitFailed(b.claimed(), cerr)
+			out.set(b.i, ItemResult{Result: res, Err: err})
 			continue
 		}
-		h.leases.forget(b)
-		res, err := h.commitFailed(bg, b.claimed(), cerr, true)
-		out.set(b.i, ItemResult{Result: res, Err: err})
+		res, err := h.committed(b.claimed())
+		out.set(b.i, ItemResult{Result: res, Err: err}) // a copy waiting for the run is a Duplicate
+		h.writeDone(ctx, b.claimed())
 	}
 }
 
@@ -964,44 +958,24 @@ func (c *completer) wait() {
 	c.mu.Lock()
 	c.late = true
 	for _, b := range c.sent {
-		if !b.completed && b.how != committedNow { // a committed item's result is out already
+		if !b.completed {
 			late = append(late, b)
 		}
 	}
 	c.mu.Unlock()
 	cerr := fmt.Errorf("no answer by the caller's deadline: %w", context.DeadlineExceeded)
 	for _, b := range late {
-		if b.how == completedEarlier { // a found marker: a Duplicate whatever the repair
-			res, err := c.h.repaired(b.claimed(), cerr)
-			c.out.set(b.i, ItemResult{Result: res, Err: err})
-			continue
-		}
 		c.h.log.Warn("dedup: processed; DONE not written by the caller's deadline", "key_hash", keyHash(b.k))
 		c.out.set(b.i, ItemResult{Result: c.h.count(Result{Outcome: NotRecorded}), Err: fmt.Errorf("%w: %w", ErrNotRecorded, cerr)})
 	}
 }
 
-// completionKind says what an item's completion stands for, and so its result.
-type completionKind uint8
-
-const (
-	// fnSucceeded: fn succeeded; the result follows the store's answer
-	fnSucceeded completionKind = iota
-	// committedNow: the transaction committed; the result (Processed) is out already
-	committedNow
-	// completedEarlier: the marker was found; the completion repairs the store
-	completedEarlier
-)
-
-// add sends the completion of b, whose fn succeeded.
-func (c *completer) add(b *batchItem) { c.addAs(b, fnSucceeded) }
-
-// addAs sends b's completion, of kind how. b leaves the lease table first: its claim
-// stays valid for a lease after its last extension, long enough to complete.
-func (c *completer) addAs(b *batchItem, how completionKind) {
+// add sends the completion of b, whose fn succeeded. b leaves the lease table first:
+// its claim stays valid for a lease after its last extension, long enough to complete.
+func (c *completer) add(b *batchItem) {
 	c.h.leases.forget(b)
 	c.wg.Add(1)
-	b.comp, b.how = c, how
+	b.comp = c
 	c.mu.Lock()
 	c.sent = append(c.sent, b)
 	c.mu.Unlock()
@@ -1009,34 +983,19 @@ func (c *completer) addAs(b *batchItem, how completionKind) {
 	c.h.d.g.CompleteLater(c.ctx, c.h.completion(&cl), c.h.cfg.lease, b, false)
 }
 
-// CompletionAnswered takes the store's answer to b's completion (completer.addAs).
+// CompletionAnswered takes the store's answer to b's completion (completer.add).
 func (b *batchItem) CompletionAnswered(cerr error) {
 	c := b.comp
 	defer c.wg.Done()
-	h := c.h
 	c.mu.Lock()
 	b.completed = true
 	late := c.late
 	c.mu.Unlock()
-	if late { // wait answered NotRecorded meanwhile, or the result is out already
-		if b.how == committedNow {
-			h.notCompleted(b.claimed(), cerr)
-		}
+	if late { // wait answered NotRecorded meanwhile
 		c.out.leaveItem(b)
 		return
 	}
-	var res Result
-	var err error
-	switch b.how {
-	case committedNow:
-		h.notCompleted(b.claimed(), cerr)
-		c.out.leaveItem(b) // its result is out already (commitBatch)
-		return
-	case completedEarlier:
-		res, err = h.repaired(b.claimed(), cerr)
-	default:
-		res, err = h.completed(b.claimed(), cerr)
-	}
+	res, err := c.h.completed(b.claimed(), cerr)
 	b.f.processed.Store(res.Outcome == Processed || res.Outcome == NotRecorded) // fn succeeded
 	c.out.set(b.i, ItemResult{Result: res, Err: err})
 }

@@ -16,10 +16,10 @@ import (
 )
 
 // Once the store has failed batcher.BreakerTrip times in a row, claims and marks fail at
-// once, without a store call: a transactional handler under DatabaseOnly runs on its
-// marker alone at the database's speed, a FailOpen handler runs unguarded, a
-// FailClosed one answers StoreUnavailable. A probe closes the breaker once the store
-// answers again, and claims go to the store again. Nothing runs twice throughout.
+// once, without a store call: a FailOpen handler runs unguarded, a FailClosed one
+// answers StoreUnavailable, and a transactional handler, which claims nothing, runs on
+// its marker throughout. A probe closes the breaker once the store answers again, and
+// claims go to the store again. Nothing runs twice throughout.
 func TestBreakerSkipsAStoreKnownDownAndProbesItBack(t *testing.T) {
 	mem, err := memstore.New()
 	if err != nil {
@@ -41,7 +41,7 @@ func TestBreakerSkipsAStoreKnownDownAndProbesItBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	tx, _ := d.Register("tx", WithStoreFailure(DatabaseOnly))
+	tx, _ := d.Register("tx")
 	open, _ := d.Register("open", WithStoreFailure(FailOpen))
 	closed, _ := d.Register("closed")
 	db := newFakeDB()
@@ -64,7 +64,11 @@ func TestBreakerSkipsAStoreKnownDownAndProbesItBack(t *testing.T) {
 
 	down(true)
 	for i := range batcher.BreakerTrip {
-		run(fmt.Sprint("trip-", i)) // each waits for the store, fails, and runs on its marker
+		// each waits for the store, fails, and runs unguarded
+		if res, _ := open.Do(ctx, fmt.Sprint("trip-", i), func(context.Context) error { return nil }); !res.Unguarded {
+			t.Fatalf("trip-%d, store down: %+v", i, res)
+		}
+		run(fmt.Sprint("trip-", i)) // on its marker, without waiting for the store
 	}
 	if !d.Breaker() {
 		t.Fatalf("breaker closed after %d failures in a row", batcher.BreakerTrip)
@@ -96,8 +100,11 @@ func TestBreakerSkipsAStoreKnownDownAndProbesItBack(t *testing.T) {
 	if res := run("after"); res.Outcome != Processed {
 		t.Fatalf("after: %v", res.Outcome)
 	}
-	if hs.claims.Load() == claims {
-		t.Fatal("the claim did not reach the store once it was back")
+	if res, err := closed.Do(ctx, "c", func(context.Context) error { return nil }); res.Outcome != Processed || err != nil {
+		t.Fatalf("FailClosed once the store is back: %+v %v", res, err)
+	}
+	if n := hs.claims.Load() - claims; n != 1 {
+		t.Fatalf("%d claims reached the store once it was back, want 1 (FailClosed's; DoTx claims nothing)", n)
 	}
 	for _, k := range []string{"before", "trip-0", "down-0", "down-3", "down-19", "after"} {
 		if n := db.effectsOf(k); n != 1 {
@@ -218,7 +225,7 @@ func TestClaimsTheStoreDoesNotAnswerOpenTheBreaker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	tx, _ := d.Register("tx", WithStoreFailure(DatabaseOnly))
+	tx, _ := d.Register("tx")
 	db := newFakeDB()
 	out := make(chan Result, batcher.BreakerTrip)
 	for i := range batcher.BreakerTrip {
@@ -254,12 +261,10 @@ func TestClaimsTheStoreDoesNotAnswerOpenTheBreaker(t *testing.T) {
 	}
 }
 
-// A transactional run that may go on without the store (DatabaseOnly, FailOpen) waits
-// for its claim batcher.StallAfter at most: its marker guards it, so a store that
-// does not answer by then has failed. One such run, alone (the breaker stays shut),
-// goes on with its marker and commits long before its deadline, where it was
-// Cancelled at the deadline without running.
-func TestATxClaimTheStoreDoesNotAnswerRunsOnTheMarker(t *testing.T) {
+// A transactional run claims nothing: against a store whose claims hang, it commits
+// on its marker long before its deadline (it was once Cancelled at the deadline
+// without running), and the breaker stays shut.
+func TestATxRunDoesNotWaitForAStoreThatDoesNotAnswer(t *testing.T) {
 	mem, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)
@@ -271,7 +276,7 @@ func TestATxClaimTheStoreDoesNotAnswerRunsOnTheMarker(t *testing.T) {
 	}
 	defer d.Close()
 	defer close(hung.stuck) // before Close: the claim lands for nobody and is given back
-	tx, _ := d.Register("tx", WithStoreFailure(DatabaseOnly))
+	tx, _ := d.Register("tx")
 	db := newFakeDB()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

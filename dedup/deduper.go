@@ -36,9 +36,9 @@ type Deduper struct {
 	handlers map[string]*Handler
 	byName   map[string]*Handler // handlers with a local tier, by name and former names
 	notices  *notices.Listener   // nil until a handler with a local tier registers
-	// abandon is closed closeWait after Close began: store calls still out are given up
-	abandon     chan struct{}
-	abandonOnce sync.Once
+	// abandon ends closeWait after Close began (giveUp): store calls still out are given up
+	abandon context.Context
+	giveUp  context.CancelFunc
 }
 
 // New returns a Deduper over store. A nil store or a bad option is an error wrapping
@@ -58,13 +58,13 @@ func New(store driver.Store, opts ...Option) (*Deduper, error) {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	d := &Deduper{store: store, base: store, cfg: cfg, ctx: ctx, cancel: cancel,
-		handlers: make(map[string]*Handler), byName: make(map[string]*Handler), abandon: make(chan struct{}),
-		quiet: make(chan struct{})}
+		handlers: make(map[string]*Handler), byName: make(map[string]*Handler), quiet: make(chan struct{})}
+	d.abandon, d.giveUp = context.WithCancel(context.Background())
 	if err := d.instrument(); err != nil {
 		cancel(err)
 		return nil, err
 	}
-	d.g = batcher.New(d.store, batcher.Config{Logger: cfg.logger, Closing: ctx, Abandon: d.abandon, Ping: d.ping, Base: store})
+	d.g = batcher.New(d.store, batcher.Config{Logger: cfg.logger, Closing: ctx, Abandon: d.abandon.Done(), Ping: d.ping, Base: store})
 	d.store = d.g
 	return d, nil
 }
@@ -228,8 +228,6 @@ func (d *Deduper) ping(ctx context.Context) error {
 // Breaker reports whether the Deduper's store breaker is open: calls failed in a
 // row, so claims and marks fail at once while a goroutine probes the store.
 func (d *Deduper) Breaker() (open bool) { return d != nil && d.g != nil && d.g.Open() }
-
-func (d *Deduper) giveUp() { d.abandonOnce.Do(func() { close(d.abandon) }) }
 
 // enter registers a call that will reach the store; false once Close has begun.
 func (d *Deduper) enter() bool {

@@ -303,3 +303,64 @@ func TestFormerNamesCostANewKeyOneMoreRoundTrip(t *testing.T) {
 		t.Fatalf("the same, copied forward: %d round trips, want %d", n, base)
 	}
 }
+
+// A transactional run of a renamed handler claims nothing, but reads its key's
+// records under the former names first (one round trip, the marker guarding the
+// rest): DONE there answers Duplicate without running fn, in DoTx and RunTx alike;
+// IN PROGRESS there answers InProgress; a new key runs and commits once. With the
+// former names unreadable it fails closed: such a record may hold the key DONE.
+func TestTransactionalRunsOfARenamedHandlerReadTheFormerNames(t *testing.T) {
+	for _, bf := range recordBackends() {
+		t.Run(bf.name, func(t *testing.T) {
+			t.Parallel()
+			b := bf.new(t)
+			ctx := context.Background()
+			r := newRenamed(t, b, WithLocalCache(0, 0), WithLease(time.Minute))
+			db := newFakeDB()
+			var ran atomic.Int64
+			work := func(key string) func(context.Context, *fakeTx) error {
+				return func(_ context.Context, tx *fakeTx) error { ran.Add(1); tx.write(key); return nil }
+			}
+			for _, k := range []string{"order-1", "order-2"} {
+				if res, err := r.old.Do(ctx, k, func(context.Context) error { return nil }); res.Outcome != Processed {
+					t.Fatal(res.Outcome, err)
+				}
+			}
+			started, finish := make(chan struct{}), make(chan struct{})
+			go func() { // order-3 in progress under the old name
+				_, _ = r.old.Do(ctx, "order-3", func(context.Context) error { close(started); <-finish; return nil })
+			}()
+			<-started
+			defer close(finish)
+			if res, err := DoTx(ctx, r.cur, "order-1", db, work("order-1")); res.Outcome != Duplicate || res.Tier != TierStore || err != nil {
+				t.Fatalf("DoTx, DONE under a former name: %v %v %v", res.Outcome, res.Tier, err)
+			}
+			rs := RunTx(ctx, r.cur, []Item{{Key: "order-2"}, {Key: "order-3"}, {Key: "order-4"}}, db, func(ctx context.Context, tx *fakeTx, i int) error {
+				return work(fmt.Sprint("order-", i+2))(ctx, tx)
+			})
+			if rs[0].Outcome != Duplicate || rs[1].Outcome != InProgress || rs[2].Outcome != Processed {
+				t.Fatalf("RunTx: %v %v %v; want Duplicate, InProgress, Processed", rs[0].Outcome, rs[1].Outcome, rs[2].Outcome)
+			}
+			if ran.Load() != 1 || db.effectsOf("order-4") != 1 {
+				t.Fatalf("fn ran %d times, effects of order-4 %d; want once", ran.Load(), db.effectsOf("order-4"))
+			}
+		})
+	}
+	t.Run("former names unreadable", func(t *testing.T) {
+		mem, _ := memstore.New()
+		d := newDeduper(t, unreadable{mem})
+		h := register(t, d, "orders-v2", WithFormerNames("orders"), WithLocalCache(0, 0))
+		db := newFakeDB()
+		res, err := DoTx(context.Background(), h, "k", db, effect("k"))
+		if res.Outcome != StoreUnavailable || !errors.Is(err, ErrStoreUnavailable) || db.effectsOf("k") != 0 {
+			t.Fatalf("%v %v, effects %d; want StoreUnavailable, not run", res.Outcome, err, db.effectsOf("k"))
+		}
+	})
+}
+
+// unreadable is a store whose records cannot be looked up.
+type unreadable struct{ *memstore.Store }
+
+func (u unreadable) Lookup(context.Context, []string) ([]driver.Record, error) {
+	return nil, fmt.Errorf("%w: lookup: injected", ErrStoreUnavailable)
+}

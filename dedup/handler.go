@@ -707,7 +707,7 @@ func (h *Handler) noKey(ctx context.Context, fn func(context.Context) error, ste
 // cancelled fn is Failed, not Cancelled: its redelivery would be a duplicate.
 func (h *Handler) run(ctx context.Context, fn func(context.Context) error, unguarded, marked bool, step runStep) (Result, error) {
 	if step != nil {
-		return h.runOnMarker(ctx, claimed{}, fn, step)
+		return h.runKeyless(ctx, fn, step)
 	}
 	fctx, end := h.fnContext(ctx)
 	defer end()

@@ -81,8 +81,11 @@ const (
 	FailClosed StoreFailurePolicy = iota
 	// FailOpen runs fn without dedup; the result is marked Unguarded.
 	FailOpen
-	// DatabaseOnly: when the store fails, a transactional run (DoTx, RunTx) goes on
-	// with its database marker alone, still exactly once; other runs fail closed.
+	// DatabaseOnly is FailClosed. It once let a transactional run go on with its
+	// marker alone when the store failed; transactional runs now never wait for the
+	// store (DoTx), whatever the policy.
+	//
+	// Deprecated: use FailClosed.
 	DatabaseOnly
 )
 

@@ -17,8 +17,7 @@ import (
 // on a SQL database exactly once (docs/design.md §9).
 
 // ErrCommitUnknown reports a COMMIT whose outcome is unknown: it may have reached the
-// server before the connection was lost. The claim is kept until its lease ends, and
-// the redelivery's marker decides.
+// server before the connection was lost. The redelivery's marker decides.
 var ErrCommitUnknown = errors.New("dedup: commit outcome unknown")
 
 // Marker is the row a transactional run writes in its transaction. The key itself is
@@ -27,7 +26,7 @@ type Marker struct {
 	Handler     string        // the handler's name
 	Digest      [32]byte      // SHA-256 of the record key (prefix:handler:key)
 	Fingerprint string        // the payload fingerprint; "" without fingerprinting
-	Owner       string        // the run's owner token (its claim's, when it has one)
+	Owner       string        // the run's owner token
 	Retention   time.Duration // the marker expires this long after it is written
 }
 
@@ -63,15 +62,16 @@ type Transactor[T any] interface {
 // DoTx is Do for an fn whose effects are writes to a database: fn runs in a
 // transaction t opens, with the run's marker written in it, so that marker and writes
 // commit or roll back together; effects outside the transaction are not covered.
-// After the claim, a marker already committed answers Duplicate (TierDatabase) and
-// the claim is completed; a database failure answers StoreUnavailable. An error or
-// panic from fn rolls back and releases the claim. A failed COMMIT is Failed; one
-// whose outcome is unknown is CommitUnknown (the error wrapping ErrCommitUnknown)
-// and keeps the claim. Once committed the run is Processed, whatever the store
-// answers. Under WithStoreFailure(DatabaseOnly) or FailOpen, a store failure runs fn
-// on the marker alone; under ProcessMissingKey a keyless fn runs with no marker. A nil
-// t or fn, or a handler WithReplies, is an error wrapping ErrInvalidOption. See
-// docs/transactional.md.
+// The run claims nothing in the store: past the local tier it goes straight to the
+// database, where the marker's unique row makes a concurrent copy wait, and the
+// store's DONE record follows the commit in the background (docs/design.md §9). So
+// the store being down or silent changes nothing here, whatever the store-failure
+// policy. A marker already committed answers Duplicate (TierDatabase); a database
+// failure answers StoreUnavailable. An error or panic from fn rolls back. A failed
+// COMMIT is Failed; one whose outcome is unknown is CommitUnknown (the error wrapping
+// ErrCommitUnknown). Once committed the run is Processed. Under ProcessMissingKey a
+// keyless fn runs with no marker. A nil t or fn, or a handler WithReplies, is an
+// error wrapping ErrInvalidOption. See docs/transactional.md.
 func DoTx[T any](ctx context.Context, h *Handler, key string, t Transactor[T], fn func(ctx context.Context, tx T) error) (Result, error) {
 	if err := checkTx(ctx, h, t, fn == nil); err != nil {
 		return Result{}, err
@@ -92,13 +92,12 @@ func doTx[T any](ctx context.Context, h *Handler, key, fp string, t Transactor[T
 // and past 64 subtransactions PostgreSQL slows down every session's snapshots.
 const MaxTxBatch = 64
 
-// RunTx is Run for fns that write to a database through t: the claimed items' fns run
-// in order in one transaction (MaxTxBatch items at most) with their markers. A failed
-// item rolls it back; the others run again in a new one, each behind a savepoint (an
-// fn may run twice, its transaction's effects once); items answer as in DoTx. Keyless
-// items, and items whose claim failed under DatabaseOnly or FailOpen, run each in a
-// transaction of their own. It takes OnResult; Parallel(n > 1) is an error wrapping
-// ErrInvalidOption.
+// RunTx is Run for fns that write to a database through t: the items' fns run in
+// order in one transaction (MaxTxBatch items at most) with their markers, claiming
+// nothing in the store, as DoTx. A failed item rolls it back; the others run again in
+// a new one, each behind a savepoint (an fn may run twice, its transaction's effects
+// once); items answer as in DoTx. Keyless items run each in a transaction of its own.
+// It takes OnResult; Parallel(n > 1) is an error wrapping ErrInvalidOption.
 func RunTx[T any](ctx context.Context, h *Handler, items []Item, t Transactor[T], fn func(ctx context.Context, tx T, i int) error, opts ...RunOption) []ItemResult {
 	rc, err := runOptions(opts)
 	if err == nil && rc.parallel != 1 {
@@ -221,121 +220,73 @@ func (h *Handler) marker(c claimed) Marker {
 	return Marker{Handler: h.name, Digest: RecordDigest(c.rk), Fingerprint: c.fp, Owner: c.token, Retention: h.cfg.retention}
 }
 
-// beginStep opens step's transaction with c's marker.
-func (h *Handler) beginStep(ctx context.Context, step runStep, c claimed) (MarkerState, error) {
-	found, err := step.begin(ctx, []Marker{h.marker(c)})
-	if err != nil {
-		return MarkerState{}, err
-	}
-	return found[0], nil
-}
-
 // stepAnswered is the result of a transactional run whose Begin answered before fn
-// ran: a database failure (err; cause is fn's context's cause), or a found marker. A
-// claim (hasClaim) is given back, or completed (a repair) for a found marker.
-func (h *Handler) stepAnswered(ctx context.Context, c claimed, found MarkerState, err, cause error, hasClaim bool) (Result, error) {
-	bg, done := batcher.Settle(ctx, h.cfg.lease)
-	defer done()
+// ran: a database failure (err; cause is fn's context's cause), or a found marker.
+func (h *Handler) stepAnswered(c claimed, found MarkerState, err, cause error) (Result, error) {
 	switch {
+	case err != nil && cause != nil:
+		return h.count(Result{Outcome: Cancelled}), withCause(err, cause)
 	case err != nil:
-		if hasClaim {
-			h.release(bg, c.k, c.rk, c.token)
-		}
-		switch {
-		case errors.Is(cause, ErrLeaseLost):
-			return h.count(Result{Outcome: LeaseLost}), withCause(err, ErrLeaseLost)
-		case cause != nil:
-			return h.count(Result{Outcome: Cancelled}), withCause(err, cause)
-		}
 		h.log.Warn("dedup: database unavailable; not run", "key_hash", keyHash(c.k), "err", err)
 		return h.count(Result{Outcome: StoreUnavailable}), fmt.Errorf("%w: database: %w", ErrStoreUnavailable, err)
 	case storekit.FingerprintsDiffer(found.Fingerprint, c.fp):
-		if hasClaim {
-			h.release(bg, c.k, c.rk, c.token)
-		}
 		h.log.Warn("dedup: key reused with another payload", "key_hash", keyHash(c.k))
 		return h.count(Result{Outcome: KeyReuse}), nil
-	}
-	var cerr error
-	if hasClaim {
-		cerr = storekit.OnlyErr(h.store.Complete(bg, []driver.Entry{{Key: c.rk, Token: c.token, Fingerprint: c.fp, TTL: h.cfg.retention}}))
-	}
-	return h.repaired(c, cerr)
-}
-
-// repaired is the result of a run whose marker was found: Duplicate (TierDatabase).
-// cerr, logged, is the error of the completion that repaired the store.
-func (h *Handler) repaired(c claimed, cerr error) (Result, error) {
-	if cerr != nil {
-		h.log.Warn("dedup: committed earlier; DONE not repaired in the store", "key_hash", keyHash(c.k), "err", cerr)
 	}
 	h.remember(c.f.since, c.lk, h.cfg.retention)
 	return h.count(Result{Outcome: Duplicate, Tier: TierDatabase}), nil
 }
 
-// commitFailed is the result of a failed COMMIT. An unknown outcome keeps the claim,
-// so that no other run starts before its lease ends and the redelivery's marker
-// decides; a sure failure gives it back.
-func (h *Handler) commitFailed(ctx context.Context, c claimed, cerr error, hasClaim bool) (Result, error) {
+// commitFailed is the result of a failed COMMIT: CommitUnknown when it may have
+// landed (the redelivery's marker decides), else Failed.
+func (h *Handler) commitFailed(c claimed, cerr error) (Result, error) {
 	if errors.Is(cerr, ErrCommitUnknown) {
-		h.log.Warn("dedup: commit outcome unknown; the claim is kept until its lease ends", "key_hash", keyHash(c.k), "err", cerr)
+		h.log.Warn("dedup: commit outcome unknown; the redelivery's marker decides", "key_hash", keyHash(c.k), "err", cerr)
 		return h.count(Result{Outcome: CommitUnknown, RetryAfter: h.cfg.lease}), cerr
-	}
-	if hasClaim {
-		h.release(ctx, c.k, c.rk, c.token)
 	}
 	return h.count(Result{Outcome: Failed}), fmt.Errorf("dedup: commit: %w", cerr)
 }
 
-// committed is the result of a committed run: Processed, whatever the store answered
-// its completion (cerr, logged), since the marker answers a redelivery.
-func (h *Handler) committed(c claimed, cerr error) (Result, error) {
-	h.notCompleted(c, cerr)
+// committed is the result of a committed run: Processed.
+func (h *Handler) committed(c claimed) (Result, error) {
 	h.remember(c.f.since, c.lk, h.cfg.retention)
 	return h.count(Result{Outcome: Processed}), nil
 }
 
-// notCompleted logs the failed completion of a committed run's claim (cerr nil: none).
-func (h *Handler) notCompleted(c claimed, cerr error) {
+// writeDone writes the DONE record of a key whose marker is committed, in the
+// background with the other completions (lazily: internal/batcher), so that the
+// store knows it too; a failure changes nothing but a log line, since the marker
+// answers a redelivery. Close waits for it until it gives up on the store.
+func (h *Handler) writeDone(ctx context.Context, c claimed) {
+	h.d.running.Add(1)
+	w := &doneWrite{h: h, k: c.k}
+	w.stop = context.AfterFunc(h.d.abandon, h.d.running.Done)
+	h.d.g.CompleteLater(ctx, driver.Entry{Key: c.rk, Token: c.token, Fingerprint: c.fp, TTL: h.cfg.retention}, h.cfg.lease, w, true)
+}
+
+// doneWrite takes the answer to writeDone's completion.
+type doneWrite struct {
+	h    *Handler
+	k    string
+	stop func() bool
+}
+
+func (w *doneWrite) CompletionAnswered(cerr error) {
+	if w.stop() { // else Close gave up on it
+		w.h.d.running.Done()
+	}
 	if cerr != nil {
-		h.log.Warn("dedup: committed; DONE not written in the store (the marker answers a redelivery)", "key_hash", keyHash(c.k), "err", cerr)
+		w.h.log.Warn("dedup: committed; DONE not written in the store (the marker answers a redelivery)", "key_hash", keyHash(w.k), "err", cerr)
 	}
 }
 
-// completeCommitted completes a committed run's claim in the background, with the
-// other completions (lazily: internal/batcher); Close waits for it. The flight is left once it lands,
-// so that a call for the key meanwhile waits rather than find the claim IN PROGRESS.
-func (h *Handler) completeCommitted(ctx context.Context, c claimed) {
-	h.d.running.Add(1)
-	h.d.g.CompleteLater(ctx, h.completion(&c), h.cfg.lease, &committedRun{h: h, c: c}, true)
-}
-
-// committedRun takes the answer to a committed run's completion (completeCommitted).
-type committedRun struct {
-	h *Handler
-	c claimed
-}
-
-func (r *committedRun) CompletionAnswered(cerr error) {
-	defer r.h.d.running.Done()
-	r.h.notCompleted(r.c, cerr)
-	r.h.flights.leave(r.c.k, r.c.f)
-}
-
-// runOnMarker runs fn in step's transaction with no claim: guarded by its marker alone
-// (the store is down), or unguarded when c.k is "" (keyless). The caller has entered.
-func (h *Handler) runOnMarker(ctx context.Context, c claimed, fn func(context.Context) error, step runStep) (Result, error) {
+// runKeyless runs a keyless fn in step's transaction, with no marker: unguarded. The
+// caller has entered.
+func (h *Handler) runKeyless(ctx context.Context, fn func(context.Context) error, step runStep) (Result, error) {
 	fctx, end := h.fnContext(ctx)
 	defer end()
-	var found MarkerState
-	var err error
-	if c.k != "" {
-		found, err = h.beginStep(fctx, step, c)
-	} else {
-		_, err = step.begin(fctx, nil)
-	}
-	if err != nil || found.Found {
-		return h.stepAnswered(ctx, c, found, err, context.Cause(fctx), false)
+	if _, err := step.begin(fctx, nil); err != nil {
+		return h.stepAnswered(claimed{}, MarkerState{}, err, context.Cause(fctx))
 	}
 	returned := false
 	defer func() {
@@ -349,13 +300,10 @@ func (h *Handler) runOnMarker(ctx context.Context, c claimed, fn func(context.Co
 	defer done()
 	if err != nil {
 		step.rollback(bg)
-		return h.failed(c.k, panicked, err, context.Cause(fctx))
+		return h.failed("", panicked, err, context.Cause(fctx))
 	}
 	if cerr := step.commit(bg); cerr != nil {
-		return h.commitFailed(bg, c, cerr, false)
+		return h.commitFailed(claimed{}, cerr)
 	}
-	if c.k == "" {
-		return h.count(Result{Outcome: Processed, Unguarded: true}), nil
-	}
-	return h.committed(c, nil)
+	return h.count(Result{Outcome: Processed, Unguarded: true}), nil
 }

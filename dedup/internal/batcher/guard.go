@@ -142,17 +142,6 @@ func Settle(ctx context.Context, d time.Duration) (context.Context, context.Canc
 	return WaitBounded(bg, bound), func() { stop(); cancel() }
 }
 
-// StallBound returns ctx cut at StallAfter when on, else ctx: for a claim that may go
-// without the store (a transactional run its database marker guards, under
-// DatabaseOnly or FailOpen), a store that has not answered by then has failed, and
-// the run goes on with its marker rather than wait out its deadline.
-func StallBound(ctx context.Context, on bool) (context.Context, context.CancelFunc) {
-	if !on {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, StallAfter)
-}
-
 // SettleGrace is how long past the caller's deadline a settling call is waited for:
 // a store that answers at all answers in far less.
 const SettleGrace = 50 * time.Millisecond
@@ -256,7 +245,7 @@ func (g *Store) stalled(n int) func() {
 func (g *Store) failed() {
 	if g.fails.Add(1) >= BreakerTrip && g.open.CompareAndSwap(false, true) {
 		close(*g.opened.Load()) // the claims and marks still out give up
-		g.cfg.Logger.Warn("dedup: store not answering; claims and marks fail at once (handlers FailOpen and DatabaseOnly go on without it) until a probe gets an answer", "failures", BreakerTrip)
+		g.cfg.Logger.Warn("dedup: store not answering; claims and marks fail at once (FailOpen handlers and transactional runs go on without it) until a probe gets an answer", "failures", BreakerTrip)
 		// a stall timer may fire as Close waits: no probe starts once Wait has begun
 		g.probeMu.Lock()
 		if !g.waiting {

@@ -84,16 +84,11 @@ func (s *Store) settle(ctx context.Context, entries []driver.Entry, answers []dr
 			}
 			continue
 		}
-		switch {
-		case r.State == driver.RecordDone && storekit.FingerprintsDiffer(r.Fingerprint, e.Fingerprint):
-			answers[i] = driver.Answer{Status: driver.StatusConflict}
-		case r.State == driver.RecordDone:
-			answers[i] = driver.Answer{Status: driver.StatusDuplicate, TTL: r.TTL, Reply: r.Reply, HasReply: r.HasReply}
-		case r.State == driver.RecordInProgress:
-			answers[i] = driver.Answer{Status: driver.StatusInProgress, TTL: r.TTL}
-		default:
+		a, found := answerOf(r, e)
+		if !found {
 			continue
 		}
+		answers[i] = a
 		s.Log.Debug("dedup: key found under a former name", "key_hash", s.hash(e), "state", r.State.String())
 		if claims {
 			e.TTL = 0
@@ -107,6 +102,47 @@ func (s *Store) settle(ctx context.Context, entries []driver.Entry, answers []dr
 	if len(undo) > 0 {
 		s.giveBack(ctx, undo)
 	}
+}
+
+// answerOf is what r, e's record under a former name, answers; found is false when
+// it is absent.
+func answerOf(r driver.Record, e driver.Entry) (a driver.Answer, found bool) {
+	switch {
+	case r.State == driver.RecordDone && storekit.FingerprintsDiffer(r.Fingerprint, e.Fingerprint):
+		return driver.Answer{Status: driver.StatusConflict}, true
+	case r.State == driver.RecordDone:
+		return driver.Answer{Status: driver.StatusDuplicate, TTL: r.TTL, Reply: r.Reply, HasReply: r.HasReply}, true
+	case r.State == driver.RecordInProgress:
+		return driver.Answer{Status: driver.StatusInProgress, TTL: r.TTL}, true
+	}
+	return driver.Answer{Status: driver.StatusAcquired}, false
+}
+
+// Look answers entries from their records under the former names alone, in one round
+// trip, claiming nothing (a transactional run's check: its marker guards the rest):
+// as those records say, or Acquired where none is.
+func (s *Store) Look(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	n := len(s.Formers)
+	keys := make([]string, 0, len(entries)*n)
+	for _, e := range entries {
+		for _, head := range s.Formers {
+			keys = append(keys, head+e.Key[len(s.Head):])
+		}
+	}
+	recs, err := s.Records.Lookup(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	as := make([]driver.Answer, len(entries))
+	for i, e := range entries {
+		r, rerr := pick(recs[i*n : (i+1)*n])
+		if rerr != nil {
+			as[i].Err = storekit.StoreErr("look: former names", rerr)
+			continue
+		}
+		as[i], _ = answerOf(r, e)
+	}
+	return as, nil
 }
 
 func (s *Store) hash(e driver.Entry) string { return storekit.KeyHash(e.Key[len(s.Head):]) }
