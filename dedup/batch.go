@@ -607,7 +607,8 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 	}
 	var claimed []*batchItem
 	// Items whose claim failed but that run anyway (FailOpen) run after the claimed
-	// ones, which hold leases meanwhile.
+	// ones, which hold leases meanwhile (a plain batch's; a transactional one claims
+	// nothing).
 	var unguarded []*batchItem
 	unguardedErr := make(map[*batchItem]error)
 	for j, b := range leads {
@@ -672,7 +673,7 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 // runClaimed runs the claimed items' fns and completes each success as soon as its
 // fn returns (completer). With parallel 1 they run in order on the caller's
 // goroutine, and an fn that calls runtime.Goexit ends the batch, giving back the
-// claims not run yet; otherwise they run as runParallel does. With step (DoTx, RunTx)
+// claims not run yet (rolling back a transaction); otherwise they run as runParallel does. With step (DoTx, RunTx)
 // they hold no claim and run in one transaction (beginBatch, commitBatch), with no
 // savepoint until one
 // fails: runClaimedItem then rolls it back, and the others run again in a new one,
@@ -683,8 +684,10 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 	c.h, c.ctx, c.out = h, ctx, out
 	defer c.wait() // also when an fn ends this goroutine
 	noRenew := &out.renew
-	fnCtx := ctx // a batch of one's fn has a context of its own (runClaimedItem)
-	if !out.single {
+	// a batch of one's fn has a context of its own (runClaimedItem); a transaction's
+	// Begin, which may wait at another's marker, ends with Close too
+	fnCtx := ctx
+	if !out.single || step != nil {
 		var endFns func()
 		fnCtx, endFns = h.fnContext(ctx)
 		defer endFns()
@@ -763,9 +766,10 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 	})
 }
 
-// runClaimedItem runs fn for the claimed item b in a context a lost lease cancels.
-// It reports true when fn succeeded and b's claim is to be completed; otherwise b's
-// claim is given back, its transactional work undone, and its result set.
+// runClaimedItem runs fn for the claimed item b in a context a lost lease cancels
+// (step: b holds no claim, nor lease). It reports true when fn succeeded and b is to
+// be completed or committed; otherwise b's claim is given back, its transactional
+// work undone, and its result set.
 func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Bool, b *batchItem, fn func(context.Context, int) error, out *batchOut, step runStep, savepoint bool) bool {
 	run := out.oneFn(fn, b.i)
 	if out.single { // fnCtx is the caller's: as fnContext makes the batch's
@@ -854,7 +858,7 @@ func (h *Handler) undo(ctx context.Context, b *batchItem, step runStep, savepoin
 	}
 }
 
-// unrun gives back the claim of a transactional batch's item whose savepoint failed.
+// unrun settles a transactional batch's item whose savepoint failed.
 func (h *Handler) unrun(b *batchItem, out *batchOut, err error) {
 	h.settle(out, b, Result{Outcome: StoreUnavailable}, err)
 }

@@ -20,6 +20,7 @@ type fakeDB struct {
 	effects map[string]int       // committed effects, by key
 
 	begins, commits, rollbacks, savepoints int
+	waiters                                int // Begins waiting at a marker another transaction holds
 
 	failBegin  error // Begin fails with it
 	failCommit error // Commit fails with it, rolled back
@@ -72,7 +73,9 @@ func (db *fakeDB) Begin(ctx context.Context, markers []Marker) (*fakeTx, []Marke
 				tx.release()
 				return nil, nil, ctx.Err()
 			}
+			db.waiters++
 			db.changed.Wait()
+			db.waiters--
 		}
 		if old, ok := db.markers[m.Digest]; ok && time.Now().Before(old.expires) {
 			found[i] = MarkerState{Found: true, Fingerprint: old.fp}
@@ -188,4 +191,11 @@ func (db *fakeDB) counts() (begins, commits, rollbacks, savepoints int) {
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	return db.begins, db.commits, db.rollbacks, db.savepoints
+}
+
+// waiting returns how many Begins wait at a marker another transaction holds.
+func (db *fakeDB) waiting() int {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return db.waiters
 }

@@ -346,16 +346,18 @@ func TestTransactionalRunsOfARenamedHandlerReadTheFormerNames(t *testing.T) {
 			}
 		})
 	}
-	t.Run("former names unreadable", func(t *testing.T) {
-		mem, _ := memstore.New()
-		d := newDeduper(t, unreadable{mem})
-		h := register(t, d, "orders-v2", WithFormerNames("orders"), WithLocalCache(0, 0))
-		db := newFakeDB()
-		res, err := DoTx(context.Background(), h, "k", db, effect("k"))
-		if res.Outcome != StoreUnavailable || !errors.Is(err, ErrStoreUnavailable) || db.effectsOf("k") != 0 {
-			t.Fatalf("%v %v, effects %d; want StoreUnavailable, not run", res.Outcome, err, db.effectsOf("k"))
-		}
-	})
+	for _, p := range []StoreFailurePolicy{FailClosed, FailOpen} {
+		t.Run(fmt.Sprint("former names unreadable, policy ", p), func(t *testing.T) {
+			mem, _ := memstore.New()
+			d := newDeduper(t, unreadable{mem})
+			h := register(t, d, "orders-v2", WithFormerNames("orders"), WithLocalCache(0, 0), WithStoreFailure(p))
+			db := newFakeDB()
+			res, err := DoTx(context.Background(), h, "k", db, effect("k"))
+			if res.Outcome != StoreUnavailable || !errors.Is(err, ErrStoreUnavailable) || db.effectsOf("k") != 0 {
+				t.Fatalf("%v %v, effects %d; want StoreUnavailable, not run", res.Outcome, err, db.effectsOf("k"))
+			}
+		})
+	}
 }
 
 // unreadable is a store whose records cannot be looked up.

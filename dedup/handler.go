@@ -381,8 +381,8 @@ func (h *Handler) check(ctx context.Context, k, lk, fp string, r *replyRun) (*fl
 				// the run processed the key, and its completion is on its way
 				return nil, h.count(f.duplicate(r)), nil
 			}
-			// a processed run's answer not ours (stale, another fp): wait for its
-			// completion (completeCommitted's) and ask again, not InProgress for a lease
+			// a processed run's answer not ours (stale, another fp): wait for it to
+			// end and ask again, not InProgress for a lease
 			if !waitsForRunning(ctx) && !f.processed.Load() {
 				return nil, h.count(Result{Outcome: InProgress, Tier: TierLocal, RetryAfter: f.retryAfter(h.cfg.lease)}), nil
 			}

@@ -82,8 +82,8 @@ const (
 	// FailOpen runs fn without dedup; the result is marked Unguarded.
 	FailOpen
 	// DatabaseOnly is FailClosed. It once let a transactional run go on with its
-	// marker alone when the store failed; transactional runs now never wait for the
-	// store (DoTx), whatever the policy.
+	// marker alone when the store failed; transactional runs now claim nothing in
+	// the store (DoTx), whatever the policy.
 	//
 	// Deprecated: use FailClosed.
 	DatabaseOnly

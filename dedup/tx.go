@@ -66,7 +66,8 @@ type Transactor[T any] interface {
 // database, where the marker's unique row makes a concurrent copy wait, and the
 // store's DONE record follows the commit in the background (docs/design.md §9). So
 // the store being down or silent changes nothing here, whatever the store-failure
-// policy. A marker already committed answers Duplicate (TierDatabase); a database
+// policy; a handler WithFormerNames excepted, which reads the former names' records
+// first and fails closed when it cannot. A marker already committed answers Duplicate (TierDatabase); a database
 // failure answers StoreUnavailable. An error or panic from fn rolls back. A failed
 // COMMIT is Failed; one whose outcome is unknown is CommitUnknown (the error wrapping
 // ErrCommitUnknown). Once committed the run is Processed. Under ProcessMissingKey a

@@ -654,7 +654,7 @@ func TestCallDuringALazyCompletionIsADuplicate(t *testing.T) {
 // Duplicate from the marker: it does not answer InProgress for what is left of a
 // lease that nothing holds (the outage benchmark's 30 s stall), nor wait for the
 // store.
-func TestCallAfterAForgetDuringALazyCompletionWaitsForIt(t *testing.T) {
+func TestCallAfterAForgetDuringALazyDoneWriteIsADuplicateAtOnce(t *testing.T) {
 	f := newFixture(t, true)
 	h := f.handler("orders", WithLease(30*time.Second))
 	db := newFakeDB()
@@ -752,4 +752,48 @@ func (s *heldCompletions) Complete(ctx context.Context, entries []driver.Entry) 
 		}
 	}
 	return s.Store.Complete(ctx, entries)
+}
+
+// Close ends a transactional run that waits at another process's marker (its
+// Begin): Cancelled with ErrClosed, in DoTx and RunTx alike, and Close returns.
+func TestCloseEndsATxRunWaitingAtTheMarker(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprint("batch ", batch), func(t *testing.T) {
+			f := newFixture(t, true)
+			a := f.handler("orders")
+			other := newDeduperOver(t, f.store)
+			b := other.mustRegister(t, "orders") // another process
+			db := newFakeDB()
+			ctx := context.Background()
+			inFn, release := make(chan struct{}), make(chan struct{})
+			aDone := make(chan struct{})
+			go func() {
+				defer close(aDone)
+				_, _ = DoTx(ctx, a, "o-1", db, func(_ context.Context, tx *fakeTx) error { close(inFn); <-release; tx.write("o-1"); return nil })
+			}()
+			defer func() { close(release); <-aDone }()
+			<-inFn
+			bDone := make(chan ItemResult, 1)
+			go func() {
+				if batch {
+					rs := RunTx(ctx, b, []Item{{Key: "o-1"}, {Key: "o-2"}}, db, func(context.Context, *fakeTx, int) error { return nil })
+					bDone <- rs[0]
+					return
+				}
+				r, err := DoTx(ctx, b, "o-1", db, effect("o-1"))
+				bDone <- ItemResult{Result: r, Err: err}
+			}()
+			testenv.Eventually(t, 5*time.Second, "B waiting at A's marker", func() bool { return db.waiting() > 0 })
+			closed := make(chan struct{})
+			go func() { other.Close(); close(closed) }()
+			select {
+			case <-closed:
+			case <-time.After(3 * time.Second):
+				t.Fatal("Close still waits for the run at the marker after 3s")
+			}
+			if r := <-bDone; r.Outcome != Cancelled || !errors.Is(r.Err, ErrClosed) {
+				t.Fatalf("B: %v %v, want Cancelled (ErrClosed)", r.Outcome, r.Err)
+			}
+		})
+	}
 }

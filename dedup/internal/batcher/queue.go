@@ -31,7 +31,7 @@ const (
 // eager one comes: then committed runs share a round trip.
 const (
 	// LazyDelay is how long a lazy completion waits for company.
-	LazyDelay = 2 * time.Millisecond
+	LazyDelay = 10 * time.Millisecond
 	lazyBatch = 32
 )
 
