@@ -24,15 +24,15 @@ import (
 //   - marker-only: the same with the marker written in the transaction, and no Redis
 //     (the inbox tables' way: pgxtx's Begin, which sends BEGIN and the marker's INSERT
 //     in one round trip);
-//   - dedup-tx: the same through dedup.DoTx (the local tier, the Redis claim, the
-//     marker, COMMIT, the completion);
-//   - dedup-tx-batch64: dedup.RunTx of 64 messages (one Claim of 64 entries, one
-//     transaction, one marker statement, a savepoint per message, one COMMIT); its
-//     operations are messages;
+//   - dedup-tx: the same through dedup.DoTx (the local tier, the marker, COMMIT, and
+//     the DONE record written to Redis in the background; no claim);
+//   - dedup-tx-batch64: dedup.RunTx of 64 messages (one transaction, one marker
+//     statement, one COMMIT, no savepoint unless an item fails); its operations are
+//     messages;
 //   - dup-marker-only, dup-dedup, dup-dedup-store: a message already committed, again:
 //     through the marker alone (a transaction that finds it and rolls back), through
 //     DoTx (answered by the local tier), and through DoTx on a handler without a local
-//     tier (answered by Redis).
+//     tier (answered by the marker, and its DONE record written again).
 //
 // Before each measurement both tables are emptied (outside the timer and the CPU
 // meters) and, for the dup-* variants, -tx-dup-keys messages (2000) committed through
