@@ -592,7 +592,7 @@ func (h *Handler) storeWarn(err error, msg string, args ...any) {
 func (h *Handler) failed(k string, panicked bool, err, cause error) (Result, error) {
 	switch {
 	case panicked:
-		h.log.Error("dedup: handler panicked; claim released", "key_hash", keyHash(k))
+		h.log.Error("dedup: handler panicked; its claim released or its transaction rolled back", "key_hash", keyHash(k))
 		return h.count(Result{Outcome: Panicked}), err
 	case errors.Is(cause, ErrLeaseLost):
 		return h.count(Result{Outcome: LeaseLost}), withCause(err, ErrLeaseLost)

@@ -261,7 +261,10 @@ func (h *Handler) committed(c claimed) (Result, error) {
 func (h *Handler) writeDone(ctx context.Context, c claimed) {
 	h.d.running.Add(1)
 	w := &doneWrite{h: h, k: c.k}
-	w.stop = context.AfterFunc(h.d.abandon, h.d.running.Done)
+	w.stop = context.AfterFunc(h.d.abandon, func() {
+		h.log.Warn("dedup: committed; DONE not written in the store by Close (the marker answers a redelivery)", "key_hash", keyHash(c.k))
+		h.d.running.Done()
+	})
 	h.d.g.CompleteLater(ctx, driver.Entry{Key: c.rk, Token: c.token, Fingerprint: c.fp, TTL: h.cfg.retention}, h.cfg.lease, w, true)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"sync"
@@ -795,5 +796,32 @@ func TestCloseEndsATxRunWaitingAtTheMarker(t *testing.T) {
 				t.Fatalf("B: %v %v, want Cancelled (ErrClosed)", r.Outcome, r.Err)
 			}
 		})
+	}
+}
+
+// A committed run's DONE write that Close gives up on (the store does not answer) is
+// logged, by key hash: the marker answers a redelivery, but an operator looking up
+// the key in Redis finds nothing.
+func TestADoneWriteCloseGivesUpOnIsLogged(t *testing.T) {
+	mem, _ := memstore.New()
+	hold := &heldCompletions{Store: mem, key: ":k", held: make(chan struct{}, 1), release: make(chan struct{})}
+	defer close(hold.release)
+	logs := &testenv.LogBuffer{}
+	d, err := New(hold, WithLogger(slog.New(slog.NewJSONHandler(logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := d.Register("orders")
+	if res, err := DoTx(context.Background(), h, "k", newFakeDB(), effect("k")); res.Outcome != Processed {
+		t.Fatal(res.Outcome, err)
+	}
+	<-hold.held
+	start := time.Now()
+	d.Close()
+	if took := time.Since(start); took > 1500*time.Millisecond {
+		t.Errorf("Close took %v", took)
+	}
+	if !strings.Contains(logs.String(), "DONE not written in the store by Close") {
+		t.Fatalf("no log line for the DONE write Close gave up on:\n%s", logs.String())
 	}
 }

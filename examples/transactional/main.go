@@ -1,9 +1,9 @@
 // Command transactional bills orders from JetStream exactly once: each billing row is
 // written in a SQL transaction with the order's dedup marker (dnats.TxHandler, sqltx),
-// so row and "processed" commit together; Redis, in front, answers known duplicates
-// and keeps two instances from billing one order at once. Orders come again (after a
-// failed attempt rolled back, or republished once Redis lost every record: the markers
-// answer then). It exits non-zero unless every order has exactly one row. Bare, it runs
+// so row and "processed" commit together; the marker's row keeps two instances from
+// billing one order at once, and Redis gets a DONE record of each. Orders come again
+// (after a failed attempt rolled back, or republished once Redis lost every record:
+// the markers answer). It exits non-zero unless every order has exactly one row. Bare, it runs
 // on in-process servers and SQLite; it deletes its stream, records and tables at exit.
 //
 //	go run ./examples/transactional

@@ -198,7 +198,7 @@ func (g *Store) endRetries() {
 	r.pending, r.bytes, r.dropped, r.done = nil, 0, 0, nil
 	r.mu.Unlock()
 	if n > 0 {
-		g.cfg.Logger.Warn("dedup: closed with completions still to retry; not written (their runs were NotRecorded)", "completions", n)
+		g.cfg.Logger.Warn("dedup: closed with completions still to retry; not written (their runs were NotRecorded, or committed: their markers answer)", "completions", n)
 	}
 }
 
