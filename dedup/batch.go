@@ -673,11 +673,11 @@ func (h *Handler) claimBatch(ctx context.Context, leads []*batchItem, parallel i
 // runClaimed runs the claimed items' fns and completes each success as soon as its
 // fn returns (completer). With parallel 1 they run in order on the caller's
 // goroutine, and an fn that calls runtime.Goexit ends the batch, giving back the
-// claims not run yet (rolling back a transaction); otherwise they run as runParallel does. With step (DoTx, RunTx)
-// they hold no claim and run in one transaction (beginBatch, commitBatch), with no
-// savepoint until one
-// fails: runClaimedItem then rolls it back, and the others run again in a new one,
-// each behind a savepoint (a failure costs a rerun; a batch that fails none, none).
+// claims not run yet (rolling back a transaction); otherwise they run as runParallel
+// does. With step (DoTx, RunTx) they hold no claim and run in one transaction
+// (beginBatch, commitBatch), with no savepoint until one fails: runClaimedItem then
+// rolls it back, and the others run again in a new one, each behind a savepoint (a
+// failure costs a rerun; a batch that fails none, none).
 func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel int, fn func(context.Context, int) error, out *batchOut, step runStep) {
 	out.flush() // every flight is answered and the lease table has the claims: now the results known so far
 	c := &out.comp

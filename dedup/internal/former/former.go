@@ -5,6 +5,7 @@ package former
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -130,6 +131,9 @@ func (s *Store) Look(ctx context.Context, entries []driver.Entry) ([]driver.Answ
 		}
 	}
 	recs, err := s.Records.Lookup(ctx, keys)
+	if err == nil && len(recs) != len(keys) {
+		err = storekit.StoreErr("look: former names", fmt.Errorf("%d records for %d keys", len(recs), len(keys)))
+	}
 	if err != nil {
 		return nil, err
 	}
