@@ -239,11 +239,15 @@ func TestFormerNamesCostANewKeyOneMoreRoundTrip(t *testing.T) {
 	}
 	n := 0
 	key := func() string { n++; return fmt.Sprintf("k%d", n) }
-	// warm the script caches, and the store's probe of the server (its first batch
-	// call asks INFO once)
+	// warm the script caches (a duplicate's claim goes to the claim script: a server
+	// of the test's own has not loaded it yet), and the store's probe of the server
+	// (its first batch call asks INFO once)
 	for _, h := range []*Handler{plain, renamedDo} {
-		res, err := h.Do(ctx, key(), ok)
+		k := key()
+		res, err := h.Do(ctx, k, ok)
 		want(t, res, err, Processed)
+		res, err = h.Do(ctx, k, ok)
+		want(t, res, err, Duplicate)
 	}
 	plain.Run(ctx, []Item{{Key: key()}, {Key: key()}}, func(context.Context, int) error { return nil }) // a batch: one of one is a single call
 	// A batch's completions go out as its fns return, coalesced as they come: its
