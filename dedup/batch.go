@@ -772,12 +772,13 @@ func (h *Handler) runClaimed(ctx context.Context, claimed []*batchItem, parallel
 // work undone, and its result set.
 func (h *Handler) runClaimedItem(ctx, fnCtx context.Context, noRenew *atomic.Bool, b *batchItem, fn func(context.Context, int) error, out *batchOut, step runStep, savepoint bool) bool {
 	run := out.oneFn(fn, b.i)
-	if out.single { // fnCtx is the caller's: as fnContext makes the batch's
+	own := out.single && step == nil // fnCtx is the caller's (runClaimed): as fnContext makes the others'
+	if own {
 		fnCtx = noWait(fnCtx)
 	}
 	fctx, cancel := context.WithCancelCause(fnCtx)
 	defer cancel(nil) // deferred, as the others: fn may end its goroutine (runtime.Goexit)
-	if out.single {
+	if own {
 		stop := context.AfterFunc(h.d.ctx, func() { cancel(ErrClosed) })
 		defer stop()
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dedupkit/dedupkit/dedup/driver"
 	"github.com/dedupkit/dedupkit/dedup/internal/batcher"
 	"github.com/dedupkit/dedupkit/internal/storekit"
 	"github.com/dedupkit/dedupkit/keys"
@@ -265,7 +264,7 @@ func (h *Handler) writeDone(ctx context.Context, c claimed) {
 		h.log.Warn("dedup: committed; DONE not written in the store by Close (the marker answers a redelivery)", "key_hash", keyHash(c.k))
 		h.d.running.Done()
 	})
-	h.d.g.CompleteLater(ctx, driver.Entry{Key: c.rk, Token: c.token, Fingerprint: c.fp, TTL: h.cfg.retention}, h.cfg.lease, w, true)
+	h.d.g.CompleteLater(ctx, h.completion(&c), h.cfg.lease, w, true)
 }
 
 // doneWrite takes the answer to writeDone's completion.
