@@ -10,7 +10,7 @@
 //     must send, against one go-redis SetNX per call through go-redis's AutoPipeline,
 //     and against the ceiling (redis-benchmark -P 64 SET NX PX, when it is
 //     on PATH and the server is real; and go-redis pipelines of 64); plus the latency
-//     of one Mark at concurrency 1 against the same SET NX GET sent directly,
+//     of one Mark at concurrency 1 against the SET NX PX it sends, sent directly,
 //     interleaved;
 //   - c: a duplicate-heavy Zipf mix in filter mode, with the local tier's hit ratio;
 //   - d: JetStream end to end: consuming a stream with Ack only, through the dnats

@@ -107,7 +107,7 @@ func fmtShare(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
 var scenarioTitles = map[string]string{
 	"local":     "a. local tier hit (GOMAXPROCS goroutines; ns/op is wall time over all of them)",
 	"ceiling":   "b. ceiling: SET NX PX pipelined 64 deep on 50 connections",
-	"latency":   "b. one check at concurrency 1: Mark vs the SET NX PX GET it sends, sent directly (interleaved)",
+	"latency":   "b. one check at concurrency 1: Mark vs the SET NX PX it sends for a new key, sent directly (interleaved)",
 	"store":     "b. unique keys (each goroutine checks a new key per call; CPU per op: this whole process, Redis's INFO cpu, and every CPU of the host)",
 	"zipf":      fmt.Sprintf("c. Zipf mix (s=%g over %d keys; local tier %d keys)", zipfS, zipfUniverse, zipfLocalSize),
 	"jetstream": "d. JetStream end to end (msgs/s until every message is acked; CPU per message: this process, Redis, and every CPU of the host, nats-server's included)",

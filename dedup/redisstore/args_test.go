@@ -13,34 +13,44 @@ import (
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
-// A Mark of several entries (markMany): its commands share one argument slab and one
-// boxed TTL: four allocations per entry (its command, its key and record boxed, the
-// record's bytes) and four per batch, where a []any per command took six per entry.
-// The arguments are those of a Mark of one entry, TTL changes within a batch included.
+// A Mark of several entries (markMany): its commands share one argument slab, one
+// boxed TTL and, while the entries' token and fingerprint repeat (a Mark call's share
+// its token), one encoded record: two allocations per entry (its command, its key
+// boxed) and a few per batch, where a []any per command took six per entry. The
+// arguments are those of a Mark of one entry (SET NX PX, or SET NX PX GET), TTL
+// and token changes within a batch included.
 func TestMarkManyCommandAllocations(t *testing.T) {
 	ctx := context.Background()
 	const n = 64
 	entries := make([]driver.Entry, n)
 	for i := range entries {
-		entries[i] = driver.Entry{Key: fmt.Sprintf("dk:h:k%d", i), Token: fmt.Sprintf("tok%d", i), Fingerprint: "fp", TTL: time.Hour}
+		entries[i] = driver.Entry{Key: fmt.Sprintf("dk:h:k%d", i), Token: "tok", Fingerprint: "fp", TTL: time.Hour}
 	}
 	entries[10].TTL, entries[11].TTL = time.Minute, 2*time.Minute
-	cmds, sent := markCmds(ctx, entries)
-	for i, e := range entries {
-		want := setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)
-		if got := cmds[i].Args(); !reflect.DeepEqual(got, want) || cap(got) != len(got) {
-			t.Fatalf("entry %d: args %v (cap %d), want %v with no room to grow into the next", i, got, cap(got), want)
-		}
-		if sent[i] != cmds[i] {
-			t.Fatalf("entry %d: sent is not the command read", i)
+	entries[20].Token, entries[21].Fingerprint = "other", "fp2"
+	for _, get := range []bool{false, true} {
+		cmds, sent := markCmds(ctx, entries, get)
+		for i, e := range entries {
+			want := setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)
+			if !get {
+				want = want[:len(want)-1] // no GET
+			}
+			if got := cmds[i].Args(); !reflect.DeepEqual(got, want) || cap(got) != len(got) {
+				t.Fatalf("get %v, entry %d: args %v (cap %d), want %v with no room to grow into the next", get, i, got, cap(got), want)
+			}
+			if sent[i] != cmds[i] {
+				t.Fatalf("entry %d: sent is not the command read", i)
+			}
 		}
 	}
 	for i := range entries {
-		entries[i].TTL = time.Hour
+		entries[i].TTL, entries[i].Token, entries[i].Fingerprint = time.Hour, "tok", "fp"
 	}
-	allocs := testing.AllocsPerRun(20, func() { markCmds(ctx, entries) })
-	if limit := float64(4*n + 4); allocs > limit {
-		t.Errorf("building %d commands allocates %.0f times, want at most %.0f", n, allocs, limit)
+	for _, get := range []bool{false, true} {
+		allocs := testing.AllocsPerRun(20, func() { markCmds(ctx, entries, get) })
+		if limit := float64(2*n + 6); allocs > limit {
+			t.Errorf("get %v: building %d commands allocates %.0f times, want at most %.0f", get, n, allocs, limit)
+		}
 	}
 }
 

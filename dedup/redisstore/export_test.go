@@ -6,9 +6,10 @@ import (
 	"github.com/dedupkit/dedupkit/dedup/driver"
 )
 
-// ScriptFirst returns s with every Claim sent as a store whose recent claims keep
-// finding records sends it: straight to the claim scripts. The conformance suite and
-// the model run it too, so that both ways of claiming answer alike.
+// ScriptFirst returns s with every Claim and Mark sent as a store whose recent claims
+// and marks keep finding records sends it: straight to the claim scripts, or to SET
+// NX PX GET. The conformance suite and the model run it too, so that both ways of
+// claiming and of marking answer alike.
 func ScriptFirst(s *Store) driver.Store { return scriptFirst{s} }
 
 type scriptFirst struct{ *Store }
@@ -19,4 +20,9 @@ func (s scriptFirst) Claim(ctx context.Context, entries []driver.Entry) ([]drive
 		panic("ScriptFirst: the store would send SET NX first")
 	}
 	return s.Store.Claim(ctx, entries)
+}
+
+func (s scriptFirst) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
+	s.found.Store(foundMax)
+	return s.Store.Mark(ctx, entries)
 }

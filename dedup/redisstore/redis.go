@@ -52,18 +52,19 @@ type Store struct {
 	probedAt atomic.Int64
 	probing  atomic.Bool // one probe at a time; calls meanwhile go per key
 	honours  bool        // the client has ContextTimeoutEnabled and read and write timeouts
-	// found rises by one for each recent claim that found a record and falls by one
-	// for each that found the key free, within [0, foundMax] (see findsRecords)
+	// found rises by one for each recent claim or mark that found a record and falls
+	// by one for each that found the key free, within [0, foundMax] (see findsRecords)
 	found atomic.Int32
 }
 
 // foundMax bounds Store.found; at half of it claims go straight to the claim script.
 const foundMax = 8
 
-// findsRecords reports whether recent claims found records more often than free keys.
-// Claims then go straight to the claim script, one round trip where SET NX first costs
-// two for a key that holds a record; otherwise SET NX first, no script for a free key.
-// Either way the answers are the same; only the cost differs.
+// findsRecords reports whether recent claims and marks found records more often than
+// free keys. They then go straight to the claim script, or to SET NX PX GET, one round
+// trip where SET NX first costs two for a key that holds a record; otherwise SET NX
+// first, and nothing more for a free key. Either way the answers are the same; only
+// the cost differs.
 func (s *Store) findsRecords() bool { return s.found.Load() >= foundMax/2 }
 
 // sawClaims moves found by the claims that found a record less those that found the
@@ -339,12 +340,16 @@ func appendSetNXGet(dst []any, key, record, ttlMillis any) []any {
 	return append(dst, "set", key, record, "px", ttlMillis, "nx", "get")
 }
 
-// batchArgs holds a batch's command arguments in one backing array, each key and
-// each run of equal TTLs boxed once, to save allocations.
+// batchArgs holds a batch's command arguments in one backing array, each key, each
+// run of equal TTLs and each run of equal records boxed once, to save allocations.
 type batchArgs struct {
 	args  []any
 	ttl   time.Duration
 	boxed any // ms(ttl), boxed
+	// the last record encoded, boxed: a Mark's entries share their call's token
+	state     byte
+	tok, fp   string
+	lastBoxed any
 }
 
 func newBatchArgs(n, perEntry int) *batchArgs {
@@ -369,23 +374,32 @@ func (b *batchArgs) ms(ttl time.Duration) any {
 	return b.boxed
 }
 
+// record is e's record in state, encoded and boxed once while they repeat.
+func (b *batchArgs) record(state byte, e driver.Entry) any {
+	if b.lastBoxed == nil || state != b.state || e.Token != b.tok || e.Fingerprint != b.fp {
+		b.state, b.tok, b.fp = state, e.Token, e.Fingerprint
+		b.lastBoxed = storekit.Encode(state, e.Token, e.Fingerprint)
+	}
+	return b.lastBoxed
+}
+
 // setNXGet is the package's setNXGet for e, its key boxed by the caller.
 func (b *batchArgs) setNXGet(state byte, key any, e driver.Entry) []any {
 	i := len(b.args)
-	b.args = appendSetNXGet(b.args, key, storekit.Encode(state, e.Token, e.Fingerprint), b.ms(e.TTL))
+	b.args = appendSetNXGet(b.args, key, b.record(state, e), b.ms(e.TTL))
 	return b.since(i)
 }
 
 // setDone is SET key <DONE record> PX retention for e.
 func (b *batchArgs) setDone(e driver.Entry) []any {
-	return b.add("set", e.Key, storekit.Encode(storekit.StateDone, e.Token, e.Fingerprint), "px", b.ms(e.TTL))
+	return b.add("set", e.Key, b.record(storekit.StateDone, e), "px", b.ms(e.TTL))
 }
 
 // setNX is SET key <record> PX ttl NX for e: OK when the key was free, nil (no GET:
 // the claim script reads what is there) when not. An OK reply also spares go-redis
 // its error path.
 func (b *batchArgs) setNX(state byte, e driver.Entry) []any {
-	return b.add("set", e.Key, storekit.Encode(state, e.Token, e.Fingerprint), "px", b.ms(e.TTL), "nx")
+	return b.add("set", e.Key, b.record(state, e), "px", b.ms(e.TTL), "nx")
 }
 
 func claimAnswer(v any) (driver.Answer, error) {
@@ -580,8 +594,11 @@ func (s *Store) Extend(ctx context.Context, entries []driver.Entry) ([]error, er
 
 func extendArgs(e driver.Entry) []any { return []any{e.Token, ms(e.TTL)} }
 
-// Mark implements driver.Store with SET NX PX GET: one command writes the DONE record
-// and returns what was there. With WithWaitReplicas a WAIT follows the writes.
+// Mark implements driver.Store. A free key costs one SET NX PX, which writes the DONE
+// record; a key that holds a record costs a second round trip, a SET NX PX GET, which
+// writes it if the key is free by then and returns what is there otherwise. While
+// recent claims and marks find records more often than free keys (findsRecords), the
+// SET NX PX GET goes first. With WithWaitReplicas, SET NX PX GET and a WAIT.
 func (s *Store) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	if err := storekit.CheckEntries(entries, "retention"); err != nil {
 		return nil, err
@@ -598,6 +615,16 @@ func (s *Store) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answ
 }
 
 func (s *Store) markOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
+	if !s.findsRecords() {
+		err := s.process(ctx, redis.NewStatusCmd(ctx, newBatchArgs(1, 6).setNX(storekit.StateDone, e)...))
+		switch {
+		case err == nil: // OK: the key was free
+			s.sawClaims(0, 1)
+			return driver.Answer{Status: driver.StatusAcquired}, nil
+		case !errors.Is(err, redis.Nil):
+			return failedAnswer("mark", err)
+		}
+	}
 	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 	err := s.process(ctx, cmd)
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -605,6 +632,7 @@ func (s *Store) markOne(ctx context.Context, e driver.Entry) (driver.Answer, err
 	}
 	a, err := markAnswer(cmd.Val(), err, e.Token, e.Fingerprint)
 	a.Err = err
+	s.sawBatch([]driver.Answer{a})
 	return a, nil
 }
 
@@ -1009,22 +1037,46 @@ func (s *Store) completeMany(ctx context.Context, entries []driver.Entry) ([]err
 	return out, nil
 }
 
-// markMany is Mark of several entries, in one pipeline of SET NX PX GET.
+// markMany is Mark of several entries: one pipeline of SET NX PX, then one of SET NX
+// PX GET for those that found a record (or SET NX PX GET at once: findsRecords).
 func (s *Store) markMany(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
-	cmds, sent := markCmds(ctx, entries)
+	out, err := s.marks(ctx, entries, s.findsRecords())
+	if err == nil {
+		s.sawBatch(out)
+	}
+	return out, err
+}
+
+// marks sends entries' SET NX PX, with GET when get is true, then SET NX PX GET for
+// those that found a record.
+func (s *Store) marks(ctx context.Context, entries []driver.Entry, get bool) ([]driver.Answer, error) {
+	cmds, sent := markCmds(ctx, entries, get)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, storekit.StoreErr("mark", err)
 	}
 	out := make([]driver.Answer, len(entries))
+	var found []int
 	for i, c := range cmds {
 		old, err := c.Result()
-		var a driver.Answer
-		if err != nil && !errors.Is(err, redis.Nil) {
-			a.Err = storekit.StoreErr("mark", err)
-		} else if a, err = markAnswer(old, err, entries[i].Token, entries[i].Fingerprint); err != nil {
-			a.Err = err
+		switch {
+		case err != nil && !errors.Is(err, redis.Nil):
+			out[i].Err = storekit.StoreErr("mark", err)
+		case !get && err == nil: // OK: the key was free
+			out[i].Status = driver.StatusAcquired
+		case !get:
+			found = append(found, i)
+		default:
+			out[i], err = markAnswer(old, err, entries[i].Token, entries[i].Fingerprint)
+			out[i].Err = err
 		}
-		out[i] = a
+	}
+	if len(found) > 0 {
+		again, err := s.marks(ctx, entriesAt(entries, found), true)
+		for j, i := range found {
+			if out[i].Err = err; err == nil {
+				out[i] = again[j]
+			}
+		}
 	}
 	return out, nil
 }
@@ -1046,17 +1098,17 @@ func claimCmds(ctx context.Context, entries []driver.Entry) (sets []*redis.Statu
 	return sets, ttls, gets, sent
 }
 
-func markCmds(ctx context.Context, entries []driver.Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
-	return setNXGetCmds(ctx, storekit.StateDone, entries)
-}
-
-// setNXGetCmds builds a SET NX PX GET of a record in state per entry.
-func setNXGetCmds(ctx context.Context, state byte, entries []driver.Entry) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
+// markCmds builds a Mark's SET NX PX per entry, with GET when get is true.
+func markCmds(ctx context.Context, entries []driver.Entry, get bool) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
 	cmds = make([]*redis.StatusCmd, len(entries))
 	sent = make([]redis.Cmder, len(entries))
 	args := newBatchArgs(len(entries), 7)
 	for i, e := range entries {
-		cmds[i] = redis.NewStatusCmd(ctx, args.setNXGet(state, e.Key, e)...)
+		if get {
+			cmds[i] = redis.NewStatusCmd(ctx, args.setNXGet(storekit.StateDone, e.Key, e)...)
+		} else {
+			cmds[i] = redis.NewStatusCmd(ctx, args.setNX(storekit.StateDone, e)...)
+		}
 		sent[i] = cmds[i]
 	}
 	return cmds, sent

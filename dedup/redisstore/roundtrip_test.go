@@ -389,3 +389,77 @@ func TestClaimsThatKeepFindingRecordsGoStraightToTheScript(t *testing.T) {
 		})
 	}
 }
+
+// A Mark of a free key is one SET NX PX, with no GET: Redis does one lookup, and the
+// OK reply spares go-redis its nil-reply path. A key that holds a record goes again,
+// as SET NX PX GET, which answers as one command would have. Once marks keep finding
+// records, SET NX PX GET goes first: one round trip for a duplicate. Alone or in a
+// batch, the answers are the same either way.
+func TestMarksOfKeysThatHoldARecordGoAgainWithGet(t *testing.T) {
+	for name, mk := range countedRedis(t) {
+		t.Run(name, func(t *testing.T) {
+			s, tc, prefix := mk(t)
+			ctx := context.Background()
+			key := func(what string) string { return prefix + ":h:" + what }
+			if _, err := only(s.Claim(ctx, entry(key("held"), "X", "", time.Minute))); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := only(s.Mark(ctx, entry(key("done"), "X", "f", time.Minute))); err != nil {
+				t.Fatal(err)
+			}
+			mark := func(k, tok, fp string, want driver.Status, trips int64) {
+				t.Helper()
+				tc.Reset()
+				a, err := only(s.Mark(ctx, entry(k, tok, fp, time.Minute)))
+				if err != nil || a.Err != nil || a.Status != want {
+					t.Fatalf("mark of %s by %s: %v %v %v, want %v", k, tok, a.Status, err, a.Err, want)
+				}
+				testenv.ExpectTrips(t, "mark of "+k, tc, trips, trips)
+				if got := tc.String(); trips == 2 && got != "set×1, set×1" {
+					t.Fatalf("mark of %s sent %s, want two SETs", k, got)
+				}
+			}
+			s.found.Store(0)
+			mark(key("free"), "T", "", driver.StatusAcquired, 1)
+			mark(key("done"), "T", "f", driver.StatusDuplicate, 2)
+			mark(key("done"), "T", "g", driver.StatusConflict, 2)
+			mark(key("held"), "T", "", driver.StatusInProgress, 2)
+			if s.findsRecords() {
+				t.Fatal("three marks found records, and marks already go with GET first")
+			}
+			mark(key("done"), "T", "f", driver.StatusDuplicate, 2)
+			if !s.findsRecords() {
+				t.Fatal("four marks found records, and marks still go without GET first")
+			}
+			mark(key("done"), "T", "f", driver.StatusDuplicate, 1)
+			mark(key("done"), "X", "f", driver.StatusAcquired, 1) // our own mark, retried
+			mark(key("free2"), "T", "", driver.StatusAcquired, 1)
+			s.found.Store(0)
+			mark(key("done"), "X", "f", driver.StatusAcquired, 2)
+			for get, found := range map[bool]int32{false: 0, true: foundMax} {
+				s.found.Store(found)
+				batch := []driver.Entry{
+					{Key: key(fmt.Sprint("new-", get)), Token: "T", TTL: time.Minute},
+					{Key: key("done"), Token: "T", Fingerprint: "f", TTL: time.Minute},
+					{Key: key("held"), Token: "T", TTL: time.Minute},
+					{Key: key("done"), Token: "T", Fingerprint: "g", TTL: time.Minute},
+				}
+				tc.Reset()
+				got, err := s.Mark(ctx, batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				trips, cmds := int64(2), int64(len(batch)+3)
+				if get {
+					trips, cmds = 1, int64(len(batch))
+				}
+				testenv.ExpectTrips(t, fmt.Sprintf("batch, GET first %v", get), tc, trips, cmds)
+				for i, want := range []driver.Status{driver.StatusAcquired, driver.StatusDuplicate, driver.StatusInProgress, driver.StatusConflict} {
+					if got[i].Err != nil || got[i].Status != want {
+						t.Fatalf("batch, GET first %v, entry %d: %v %v, want %v", get, i, got[i].Status, got[i].Err, want)
+					}
+				}
+			}
+		})
+	}
+}
