@@ -287,6 +287,7 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 		}
 	}()
 	var keyless []int
+	var token string
 	for i, it := range items {
 		if it.Key == "" {
 			keyless = append(keyless, i)
@@ -328,7 +329,10 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			continue
 		}
 		f.fp = fp
-		slab = append(slab, batchItem{i: i, k: k, lk: lk, fp: fp, rk: h.keyHead + k, token: newToken(), f: f})
+		if token == "" { // one owner token for the batch, whose keys are distinct
+			token = newToken()
+		}
+		slab = append(slab, batchItem{i: i, k: k, lk: lk, fp: fp, rk: h.keyHead + k, token: token, f: f})
 		b := &slab[len(slab)-1]
 		first[k] = b
 		leads = append(leads, b)
