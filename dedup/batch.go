@@ -329,7 +329,9 @@ func (h *Handler) handleBatch(ctx context.Context, items []Item, parallel int, f
 			continue
 		}
 		f.fp = fp
-		if token == "" { // one owner token for the batch, whose keys are distinct
+		// One owner token for the batch. A store takes a record found under its own
+		// token as its own (a retried claim), so no key may appear twice: first sees to it.
+		if token == "" {
 			token = newToken()
 		}
 		slab = append(slab, batchItem{i: i, k: k, lk: lk, fp: fp, rk: h.keyHead + k, token: token, f: f})

@@ -9,8 +9,7 @@ import (
 )
 
 // A batch's claims share one owner token (the keys of a store call are distinct), so
-// its records encode once per batch; another batch, or a copy that runs again after
-// one (h.do), takes its own.
+// its records encode once per batch; another batch takes its own.
 func TestABatchsItemsShareOneOwnerToken(t *testing.T) {
 	mem, _ := memstore.New()
 	d, _ := New(mem, WithLogger(quiet))

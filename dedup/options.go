@@ -95,8 +95,8 @@ type Mode uint8
 const (
 	// ModeDo claims the key with a lease, runs fn, then records DONE (the default).
 	ModeDo Mode = iota
-	// ModeFilter records DONE first, in one round trip, and runs fn on first sight
-	// only: a crash or a failed fn is not retried.
+	// ModeFilter records DONE first, in one round trip for a new key, and runs fn on
+	// first sight only: a crash or a failed fn is not retried.
 	ModeFilter
 )
 

@@ -32,7 +32,7 @@ func countedRedis(t *testing.T) map[string]func(t *testing.T) (*redisstore.Store
 
 // In filter mode a Mark through the engine is one command, one round trip, for a new
 // key; a duplicate's SET NX PX finds the record, and a SET NX PX GET reads it.
-func TestAMarkIsOneCommand(t *testing.T) {
+func TestAMarkOfANewKeyIsOneCommand(t *testing.T) {
 	for name, mk := range countedRedis(t) {
 		t.Run(name, func(t *testing.T) {
 			s, tc, prefix := mk(t)

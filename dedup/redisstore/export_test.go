@@ -24,5 +24,8 @@ func (s scriptFirst) Claim(ctx context.Context, entries []driver.Entry) ([]drive
 
 func (s scriptFirst) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	s.found.Store(foundMax)
+	if !s.findsRecords() {
+		panic("ScriptFirst: the store would send SET NX PX first")
+	}
 	return s.Store.Mark(ctx, entries)
 }

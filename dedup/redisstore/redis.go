@@ -41,8 +41,8 @@ var (
 
 // Store is a dedup store on Redis: a driver.Store, RecordStore, HealthChecker and
 // Pinger. A call of one entry names one key, so it runs on Redis Cluster; a call of
-// several is one round trip, two for a Claim's keys that hold a record. docs/design.md
-// §3 says what each call sends.
+// several is one round trip, two for a Claim's or a Mark's keys that hold a record.
+// docs/design.md §3 says what each call sends.
 type Store struct {
 	c    redis.UniversalClient
 	wait *replicaWait // WithWaitReplicas; nil: DONE writes do not wait
@@ -53,11 +53,13 @@ type Store struct {
 	probing  atomic.Bool // one probe at a time; calls meanwhile go per key
 	honours  bool        // the client has ContextTimeoutEnabled and read and write timeouts
 	// found rises by one for each recent claim or mark that found a record and falls
-	// by one for each that found the key free, within [0, foundMax] (see findsRecords)
+	// by one for each that found the key free (a mark's WAIT path counts neither), within
+	// [0, foundMax] (see findsRecords)
 	found atomic.Int32
 }
 
-// foundMax bounds Store.found; at half of it claims go straight to the claim script.
+// foundMax bounds Store.found; at half of it claims go straight to the claim script,
+// and marks to SET NX PX GET.
 const foundMax = 8
 
 // findsRecords reports whether recent claims and marks found records more often than
@@ -281,16 +283,8 @@ func (s *Store) Claim(ctx context.Context, entries []driver.Entry) ([]driver.Ans
 
 // claimOne claims one entry; its error is the call's (failedOne).
 func (s *Store) claimOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
-	if !s.findsRecords() {
-		cmd := redis.NewStatusCmd(ctx, newBatchArgs(1, 6).setNX(storekit.StateInProgress, e)...)
-		err := s.process(ctx, cmd)
-		switch {
-		case err == nil: // OK: the key was free
-			s.sawClaims(0, 1)
-			return driver.Answer{Status: driver.StatusAcquired}, nil
-		case !errors.Is(err, redis.Nil):
-			return failedAnswer("claim", err)
-		}
+	if a, done, err := s.setNXFirst(ctx, "claim", storekit.StateInProgress, e); done {
+		return a, err
 	}
 	v, err := s.eval(ctx, claimScript, claimLua, e.Key, e.Token, e.Fingerprint, ms(e.TTL))
 	if err != nil {
@@ -614,16 +608,27 @@ func (s *Store) Mark(ctx context.Context, entries []driver.Entry) ([]driver.Answ
 	return s.markMany(ctx, entries)
 }
 
+// setNXFirst sends e's SET NX PX of a record in state, unless recent calls found
+// records (findsRecords). done reports an answer: Acquired for a free key, or the
+// failure of the command; a key that holds a record is for the caller to read.
+func (s *Store) setNXFirst(ctx context.Context, op string, state byte, e driver.Entry) (a driver.Answer, done bool, err error) {
+	if s.findsRecords() {
+		return a, false, nil
+	}
+	switch err := s.process(ctx, redis.NewStatusCmd(ctx, newBatchArgs(1, 6).setNX(state, e)...)); {
+	case err == nil: // OK: the key was free
+		s.sawClaims(0, 1)
+		return driver.Answer{Status: driver.StatusAcquired}, true, nil
+	case !errors.Is(err, redis.Nil):
+		a, err = failedAnswer(op, err)
+		return a, true, err
+	}
+	return a, false, nil
+}
+
 func (s *Store) markOne(ctx context.Context, e driver.Entry) (driver.Answer, error) {
-	if !s.findsRecords() {
-		err := s.process(ctx, redis.NewStatusCmd(ctx, newBatchArgs(1, 6).setNX(storekit.StateDone, e)...))
-		switch {
-		case err == nil: // OK: the key was free
-			s.sawClaims(0, 1)
-			return driver.Answer{Status: driver.StatusAcquired}, nil
-		case !errors.Is(err, redis.Nil):
-			return failedAnswer("mark", err)
-		}
+	if a, done, err := s.setNXFirst(ctx, "mark", storekit.StateDone, e); done {
+		return a, err
 	}
 	cmd := redis.NewStatusCmd(ctx, setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
 	err := s.process(ctx, cmd)

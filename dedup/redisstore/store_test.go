@@ -45,8 +45,9 @@ func newStore(t *testing.T, c redis.UniversalClient) *redisstore.Store {
 	return s
 }
 
-// scriptFirst is b with every Claim sent straight to the claim scripts, as a store
-// whose claims keep finding records sends it (redisstore.ScriptFirst).
+// scriptFirst is b with every Claim sent straight to the claim scripts, and every
+// Mark as SET NX PX GET, as a store whose claims and marks keep finding records sends
+// them (redisstore.ScriptFirst).
 func scriptFirst(b func(t *testing.T) storetest.Backend) func(t *testing.T) storetest.Backend {
 	return func(t *testing.T) storetest.Backend {
 		be := b(t)
