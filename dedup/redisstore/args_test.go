@@ -13,7 +13,7 @@ import (
 	"github.com/dedupkit/dedupkit/internal/storekit"
 )
 
-// A Mark of several entries (markMany): its commands share one argument slab, one
+// A Mark of several entries (markMany, setNXCmds): its commands share one argument slab, one
 // boxed TTL and, while the entries' token and fingerprint repeat (a Mark call's share
 // its token), one encoded record: two allocations per entry (its command, its key
 // boxed) and a few per batch, where a []any per command took six per entry. The
@@ -29,7 +29,7 @@ func TestMarkManyCommandAllocations(t *testing.T) {
 	entries[10].TTL, entries[11].TTL = time.Minute, 2*time.Minute
 	entries[20].Token, entries[21].Fingerprint = "other", "fp2"
 	for _, get := range []bool{false, true} {
-		cmds, sent := markCmds(ctx, entries, get)
+		cmds, sent := setNXCmds(ctx, storekit.StateDone, entries, get)
 		for i, e := range entries {
 			want := setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)
 			if !get {
@@ -47,7 +47,7 @@ func TestMarkManyCommandAllocations(t *testing.T) {
 		entries[i].TTL, entries[i].Token, entries[i].Fingerprint = time.Hour, "tok", "fp"
 	}
 	for _, get := range []bool{false, true} {
-		allocs := testing.AllocsPerRun(20, func() { markCmds(ctx, entries, get) })
+		allocs := testing.AllocsPerRun(20, func() { setNXCmds(ctx, storekit.StateDone, entries, get) })
 		if limit := float64(2*n + 6); allocs > limit {
 			t.Errorf("get %v: building %d commands allocates %.0f times, want at most %.0f", get, n, allocs, limit)
 		}

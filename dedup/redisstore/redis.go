@@ -742,13 +742,7 @@ func (s *Store) claimManySingle(ctx context.Context, entries []driver.Entry) ([]
 		}
 		return answers, err
 	}
-	cmds := make([]*redis.StatusCmd, len(entries))
-	sent := make([]redis.Cmder, len(entries))
-	args := newBatchArgs(len(entries), 6)
-	for i, e := range entries {
-		cmds[i] = redis.NewStatusCmd(ctx, args.setNX(storekit.StateInProgress, e)...)
-		sent[i] = cmds[i]
-	}
+	cmds, sent := setNXCmds(ctx, storekit.StateInProgress, entries, false)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, storekit.StoreErr("claim", err)
 	}
@@ -1055,7 +1049,7 @@ func (s *Store) markMany(ctx context.Context, entries []driver.Entry) ([]driver.
 // marks sends entries' SET NX PX, with GET when get is true, then SET NX PX GET for
 // those that found a record.
 func (s *Store) marks(ctx context.Context, entries []driver.Entry, get bool) ([]driver.Answer, error) {
-	cmds, sent := markCmds(ctx, entries, get)
+	cmds, sent := setNXCmds(ctx, storekit.StateDone, entries, get)
 	if err := s.exec(ctx, sent...); failedRoundTrip(err) {
 		return nil, storekit.StoreErr("mark", err)
 	}
@@ -1103,16 +1097,17 @@ func claimCmds(ctx context.Context, entries []driver.Entry) (sets []*redis.Statu
 	return sets, ttls, gets, sent
 }
 
-// markCmds builds a Mark's SET NX PX per entry, with GET when get is true.
-func markCmds(ctx context.Context, entries []driver.Entry, get bool) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
+// setNXCmds builds a SET NX PX of a record in state per entry, with GET when get is
+// true: a Mark's (DONE), or a single server's Claim of several (IN PROGRESS, no GET).
+func setNXCmds(ctx context.Context, state byte, entries []driver.Entry, get bool) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
 	cmds = make([]*redis.StatusCmd, len(entries))
 	sent = make([]redis.Cmder, len(entries))
 	args := newBatchArgs(len(entries), 7)
 	for i, e := range entries {
 		if get {
-			cmds[i] = redis.NewStatusCmd(ctx, args.setNXGet(storekit.StateDone, e.Key, e)...)
+			cmds[i] = redis.NewStatusCmd(ctx, args.setNXGet(state, e.Key, e)...)
 		} else {
-			cmds[i] = redis.NewStatusCmd(ctx, args.setNX(storekit.StateDone, e)...)
+			cmds[i] = redis.NewStatusCmd(ctx, args.setNX(state, e)...)
 		}
 		sent[i] = cmds[i]
 	}

@@ -134,10 +134,9 @@ func (s *Store) completeManyWaiting(ctx context.Context, entries []driver.Entry)
 // markManyWaiting is Mark with a WAIT; an Acquired mark's shortfall is only counted.
 func (s *Store) markManyWaiting(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	pipe := s.c.Pipeline()
-	cmds := make([]*redis.StatusCmd, len(entries))
-	for i, e := range entries {
-		cmds[i] = redis.NewStatusCmd(ctx, setNXGet(storekit.StateDone, e.Key, e.Token, e.Fingerprint, e.TTL)...)
-		_ = pipe.Process(ctx, cmds[i])
+	cmds, sent := setNXCmds(ctx, storekit.StateDone, entries, true)
+	for _, c := range sent {
+		_ = pipe.Process(ctx, c)
 	}
 	wait := s.wait.queue(ctx, pipe)
 	if _, err := pipe.Exec(ctx); failedRoundTrip(err) {
