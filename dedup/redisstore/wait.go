@@ -135,9 +135,7 @@ func (s *Store) completeManyWaiting(ctx context.Context, entries []driver.Entry)
 func (s *Store) markManyWaiting(ctx context.Context, entries []driver.Entry) ([]driver.Answer, error) {
 	pipe := s.c.Pipeline()
 	cmds, sent := setNXCmds(ctx, storekit.StateDone, entries, true)
-	for _, c := range sent {
-		_ = pipe.Process(ctx, c)
-	}
+	_ = pipe.BatchProcess(ctx, sent...)
 	wait := s.wait.queue(ctx, pipe)
 	if _, err := pipe.Exec(ctx); failedRoundTrip(err) {
 		return nil, storekit.StoreErr("mark", err)
