@@ -163,6 +163,7 @@ var ratioDefs = []ratioDef{
 	{name: "mark_local_hit_vs_syncmap", num: []string{"local/mark-local-hit"}, den: []string{"local/syncmap-load"}, metric: mNsOp, atMost: true},
 	{name: "store_filter_c64_vs_go_pipeline", num: []string{"store/dedup-filter/c64"}, den: []string{ceilingGo}, metric: mOps},
 	{name: "zipf_filter_vs_naive", num: []string{"zipf/dedup-filter/c64"}, den: []string{"zipf/naive-setnx/c64"}, metric: mOps},
+	{name: "jetstream_filter_nolocal_vs_handpipelined", num: []string{"jetstream/" + varFilterNoLocal}, den: []string{"jetstream/" + varHandPipelined}, metric: mOps},
 	{name: "jetstream_naive_vs_raw", num: []string{"jetstream/naive-setnx"}, den: []string{"jetstream/raw-ack"}, metric: mOps},
 	{name: "rueidis_c64_vs_ceiling", num: []string{"store/rueidis-setnx/c64"}, den: ceilings, metric: mOps},
 	{name: "store_filter_c64_vs_rueidis", num: []string{"store/dedup-filter/c64"}, den: []string{"store/rueidis-setnx/c64"}, metric: mOps},

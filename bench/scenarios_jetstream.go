@@ -31,6 +31,9 @@ import (
 //   - dedup-filter, dedup-do: the dnats adapter's Handler around an empty fn, on a
 //     filter-mode and a Do-mode handler (new handler names each round, so no round
 //     sees another's records);
+//   - dedup-filter-nolocal: dedup-filter without a local tier (WithLocalCache(0, 0)):
+//     what the local tier's lookup and its insert of each first sighting cost on a
+//     stream of unique keys, where it answers nothing;
 //   - naive-setnx: the callback sends one SetNX of the Nats-Msg-Id and then acks;
 //   - handpipelined: what a user writes by hand in thirty lines (issue 22): the
 //     callback queues the message, and 4 workers each take up to 64 queued messages,
@@ -41,11 +44,12 @@ import (
 // the ratios are about.
 
 // JetStream variants, in the order of the chart.
-var jsVariants = []string{"raw-ack", varFilter, varDo, varNaive, varHandPipelined}
+var jsVariants = []string{"raw-ack", varFilter, varDo, varNaive, varHandPipelined, varFilterNoLocal}
 
 // The hand-pipelined variant: its workers and the most messages one pipeline carries.
 const (
 	varHandPipelined = "handpipelined"
+	varFilterNoLocal = "dedup-filter-nolocal"
 	handWorkers      = 4
 	handBatch        = 64
 )
@@ -288,12 +292,15 @@ func (b *bench) consumeAll(ctx context.Context, r int, v string) (metrics, error
 func (b *bench) jsHandler(ctx context.Context, r int, v string, cons jetstream.Consumer) (func(jetstream.Msg), func(), error) {
 	none := func() {}
 	switch v {
-	case varFilter, varDo:
-		mode := dedup.ModeFilter
-		if v == varDo {
-			mode = dedup.ModeDo
+	case varFilter, varDo, varFilterNoLocal:
+		opts := []dedup.HandlerOption{dedup.WithMode(dedup.ModeFilter), dedup.WithRetention(retention)}
+		switch v {
+		case varDo:
+			opts[0] = dedup.WithMode(dedup.ModeDo)
+		case varFilterNoLocal:
+			opts = append(opts, dedup.WithLocalCache(0, 0))
 		}
-		h, err := b.dd.Register(fmt.Sprintf("js-%s-r%d", v, r), dedup.WithMode(mode), dedup.WithRetention(retention))
+		h, err := b.dd.Register(fmt.Sprintf("js-%s-r%d", v, r), opts...)
 		if err != nil {
 			return nil, nil, err
 		}

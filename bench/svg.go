@@ -97,7 +97,7 @@ var palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#
 var variantColours = map[string]string{
 	varFilter: "#1f77b4", varDo: "#ff7f0e", varNaive: "#2ca02c", jsVariants[0]: "#7f7f7f",
 	varRueidis: "#e377c2", varRueidis2: "#17becf",
-	varGoAuto: "#bcbd22", varFilterGoAP: "#9467bd", varDoGoAP: "#8c564b",
+	varGoAuto: "#bcbd22", varFilterGoAP: "#9467bd", varDoGoAP: "#8c564b", varFilterNoLocal: "#aec7e8",
 }
 
 func colour(name string, i int) string {
