@@ -1100,7 +1100,11 @@ func claimCmds(ctx context.Context, entries []driver.Entry) (sets []*redis.Statu
 func setNXCmds(ctx context.Context, state byte, entries []driver.Entry, get bool) (cmds []*redis.StatusCmd, sent []redis.Cmder) {
 	cmds = make([]*redis.StatusCmd, len(entries))
 	sent = make([]redis.Cmder, len(entries))
-	args := newBatchArgs(len(entries), 7)
+	per := 6 // SET key rec PX ms NX
+	if get {
+		per = 7 // GET
+	}
+	args := newBatchArgs(len(entries), per)
 	for i, e := range entries {
 		if get {
 			cmds[i] = redis.NewStatusCmd(ctx, args.setNXGet(state, e.Key, e)...)
