@@ -185,8 +185,8 @@ func (h *Handler) replied(res Result, err error, reply string, has bool) ItemRes
 }
 
 // Mark is filter mode: one round trip records a new key as DONE and answers First
-// (a key that holds a record may take a second, on Redis); Duplicate afterwards. There is no lease: run the side effect after
-// First, accepting that a crash loses it. An empty key answers NoKey, or First
+// (a key that holds a record may take a second, on Redis); Duplicate afterwards.
+// There is no lease: run the side effect after First, accepting that a crash loses it. An empty key answers NoKey, or First
 // Unguarded under ProcessMissingKey; a store failure answers StoreUnavailable (the
 // error wrapping ErrStoreUnavailable), or First Unguarded under FailOpen. A key that
 // a run of this process holds answers InProgress; one another process runs,

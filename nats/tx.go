@@ -16,8 +16,7 @@ type TxFunc[T any] func(ctx context.Context, m *Msg, tx T) error
 // HandleTx is JetStream.Handle for a transactional fn: the message runs through
 // dedup.RunTx, in a transaction t opens with the run's marker, and is acknowledged
 // by the result (after CommitUnknown, redelivered after a delay, for the marker to
-// decide). t is a Transactor such as *sqltx.Transactor
-// or *pgxtx.Transactor.
+// decide). t is a Transactor such as *sqltx.Transactor or *pgxtx.Transactor.
 func HandleTx[T any](ctx context.Context, j *JetStream, msg jetstream.Msg, t dedup.Transactor[T], fn TxFunc[T]) (dedup.Result, Action) {
 	if j == nil {
 		noAdapterCtx(ctx, msg)
@@ -61,9 +60,9 @@ func TxHandler[T any](ctx context.Context, j *JetStream, t dedup.Transactor[T], 
 }
 
 // HandleBatchTx is JetStream.HandleBatch for a transactional fn: the messages the
-// local tier does not answer run in one transaction (at most
-// dedup.MaxTxBatch per transaction), as dedup.RunTx runs them: with no savepoint
-// until one fails, then again, each behind a savepoint. Each message is acknowledged
+// local tier does not answer run in one transaction (at most dedup.MaxTxBatch per
+// transaction), as dedup.RunTx runs them: with no savepoint until one fails, then
+// again, each behind a savepoint. Each message is acknowledged
 // once its result is final. It returns batch.Error().
 func HandleBatchTx[T any](ctx context.Context, j *JetStream, batch jetstream.MessageBatch, t dedup.Transactor[T], fn TxFunc[T]) ([]dedup.ItemResult, error) {
 	if j == nil || isNil(batch) {
