@@ -3,9 +3,8 @@
 // so row and "processed" commit together; the marker's row keeps two instances from
 // billing one order at once, and Redis gets a DONE record of each. Orders come again
 // (after a failed attempt rolled back, or republished once Redis lost every record:
-// the markers answer). It exits non-zero unless every order has exactly one row.
-// Bare, it runs on in-process servers and SQLite; it deletes its stream, records and
-// tables at exit.
+// the markers answer). It exits non-zero unless every order has exactly one row. Bare,
+// it runs on in-process servers and SQLite; it deletes its stream, records and tables.
 //
 //	go run ./examples/transactional
 //	go run ./examples/transactional -nats nats://127.0.0.1:4222 -redis 127.0.0.1:6379 \
